@@ -1,0 +1,41 @@
+# Two set-up commands: `make serve` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: serve test bench bench-quick debian-deps clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(PY) -m nestgate serve
+
+# Debian tools the tests and benchmarks drive (nginx as a peer and upstream, wrk, h2load).
+# Installed only when missing and only when running as root.
+debian-deps:
+	@missing=""; \
+	command -v nginx  >/dev/null || missing="$$missing nginx-light"; \
+	command -v wrk    >/dev/null || missing="$$missing wrk"; \
+	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "missing Debian packages:$$missing (run as root or apt-get install them)"; fi; \
+	fi
+
+test: $(STAMP) debian-deps
+	$(PY) -m pytest
+
+bench-quick: $(STAMP) debian-deps
+	$(PY) -m nestgate bench --quick
+
+bench: $(STAMP) debian-deps
+	$(PY) -m nestgate bench
+
+clean:
+	rm -rf $(VENV) results .pytest_cache
