@@ -1,0 +1,5 @@
+import sys
+
+from nestgate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,51 @@
+"""The command line: nestgate serve | check | bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nestgate import __version__
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE",
+                        help="config file (default: ./nestgate.toml, else the embedded default)")
+    parser.add_argument("--listen", metavar="HOST:PORT", action="append",
+                        help="replace the configured plain listeners (repeatable)")
+    parser.add_argument("--workers", metavar="N", type=int, help="number of worker processes")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from nestgate.bench.cli import main as bench_main
+        return bench_main(argv[1:])
+
+    parser = argparse.ArgumentParser(prog="nestgate", description="The front door of a "
+                                     "self-hosted server.")
+    parser.add_argument("--version", action="version", version=f"nestgate {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_config_flags(commands.add_parser("serve", help="run the server"))
+    _add_config_flags(commands.add_parser("check", help="validate the config and exit"))
+    commands.add_parser("bench", help="benchmark against nginx (see `nestgate bench -h`)")
+    args = parser.parse_args(argv)
+
+    from nestgate.config import ConfigError
+    from nestgate.supervisor import Supervisor, load
+    try:
+        config = load(args.config, args.listen, args.workers)
+    except ConfigError as exc:
+        print("nestgate: the config has problems:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    if args.command == "check":
+        print(f"{config.source}: ok ({len(config.listeners)} listeners, "
+              f"{len(config.sites)} sites)")
+        return 0
+    try:
+        return Supervisor(config, args.config, args.listen, args.workers).run()
+    except OSError as exc:
+        print(f"nestgate: cannot start: {exc}", file=sys.stderr)
+        return 1

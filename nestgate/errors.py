@@ -1,0 +1,26 @@
+"""Errors that carry the HTTP status they map to, one small hierarchy per layer.
+
+The engine translates them once, at its edge: a `RequestError` raised while parsing
+becomes its status and the connection closes; a `HandlerError` raised by a handler
+becomes its status if no response byte was sent yet, otherwise the connection is cut.
+"""
+
+
+class NestgateError(Exception):
+    status = 500
+
+
+class RequestError(NestgateError):
+    """The client's request breaks the protocol or a limit: answer `status`, then close."""
+
+    def __init__(self, status: int, detail: str = "") -> None:
+        super().__init__(detail or str(status))
+        self.status = status
+
+
+class HandlerError(NestgateError):
+    """A handler could not produce a response (upstream down, storage failed, ...)."""
+
+    def __init__(self, status: int, detail: str = "") -> None:
+        super().__init__(detail or str(status))
+        self.status = status

@@ -1,0 +1,32 @@
+"""Redirects: a fixed target, and plain listeners told to send everyone to HTTPS."""
+
+from __future__ import annotations
+
+from nestgate.responses import Prebuilt, html_page
+from nestgate.routing import host_name
+
+
+def fixed_redirect(to: str, status: int) -> Prebuilt:
+    return Prebuilt(status, html_page(status, to), "text/html; charset=utf-8", [("location", to)])
+
+
+class HttpsRedirect:
+    """Send the same Host and path to https. The target host is the one the client
+    asked for, so this cannot redirect anywhere the client did not already name;
+    a Host with characters outside a host name gets 400 instead."""
+
+    is_async = True
+
+    def __init__(self, https_port: int) -> None:
+        self.port_suffix = b"" if https_port == 443 else b":%d" % https_port
+
+    async def handle(self, request) -> None:
+        host = host_name(request.host)
+        if not host or not all(c in _HOST_CHARS for c in host):
+            await request.send(400, [], b"bad Host\n")
+            return
+        location = b"https://" + host + self.port_suffix + request.raw_target
+        await request.send(308, [(b"location", location)], b"")
+
+
+_HOST_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789.-[]:")

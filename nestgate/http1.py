@@ -1,0 +1,634 @@
+"""HTTP/1.1 on httptools: one `HTTP1Connection` per client connection.
+
+Theory of operation
+-------------------
+httptools (llhttp, strict: no lenient flag is ever set) calls back as bytes arrive.
+The callbacks fill a handful of attributes for the request being read; at
+`on_headers_complete` the route is looked up and at `on_message_complete` a
+synchronous handler's ready response is written straight from the callback.
+Only asynchronous handlers (they wait on disk, an upstream or a request body)
+get a `Request` object and a task, started at `on_headers_complete` so they can
+stream the body.
+
+Pipelined requests are answered in order: while a task is answering, later
+requests are parsed and queued (as ready bytes or as waiting `Request`s) and
+run when the one ahead finishes. A request that breaks the protocol or a limit
+queues its error response and the connection closes after it.
+
+Timeouts are deadlines on the worker's coarse clock, checked by the worker's
+tick, not a timer per request:
+  * from accept, and from the first byte of each later request, to the end of the
+    headers: `header_timeout`, absolute (408, then close);
+  * between body bytes: `body_timeout` (408, then close);
+  * between requests on a kept-alive connection: `keepalive_timeout` (silent close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+
+import httptools
+
+from nestgate.clock import CLOCK
+from nestgate.errors import HandlerError, RequestError
+from nestgate.responses import (CLOSE, CONTINUE, ERRORS, KEEP_ALIVE, KEEP_ALIVE_EXPLICIT,
+                                SERVER_LINE, STATUS_LINES, header_block, status_line)
+
+log = logging.getLogger("nestgate.http1")
+
+# Reading-side states.
+IDLE, HEAD, BODY = 0, 1, 2
+# What a passed deadline does.
+DEADLINE_CLOSE, DEADLINE_408 = 0, 408
+
+BODY_HIGH_WATER = 256 * 1024      # pause reading when this much body waits unread
+WRITE_HIGH_WATER = 64 * 1024
+DRAIN_IDLE_GRACE = 1.0            # seconds an idle connection may still send one request
+
+
+class Body:
+    """A request body as a stream of chunks with backpressure on the connection."""
+
+    __slots__ = ("_conn", "_chunks", "_buffered", "_done", "_waiter", "_discard",
+                 "_expect_continue", "received")
+
+    def __init__(self, conn: HTTP1Connection, expect_continue: bool) -> None:
+        self._conn = conn
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._done = False
+        self._waiter: asyncio.Future | None = None
+        self._discard = False
+        self._expect_continue = expect_continue
+        self.received = 0
+
+    # fed by the connection
+    def feed(self, chunk: bytes) -> None:
+        self.received += len(chunk)
+        if self._discard:
+            return
+        self._chunks.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered > BODY_HIGH_WATER:
+            self._conn.pause_reading_for_body()
+        self._wake()
+
+    def finish(self) -> None:
+        self._done = True
+        self._wake()
+
+    def discard(self) -> None:
+        """The handler is done without reading the rest: drop it as it arrives."""
+        self._discard = True
+        self._chunks.clear()
+        self._buffered = 0
+        self._conn.resume_reading_for_body()
+
+    def abort(self) -> None:
+        self._done = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(ConnectionResetError("client went away"))
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # used by handlers
+    @property
+    def done(self) -> bool:
+        return self._done and not self._chunks
+
+    async def read(self) -> bytes:
+        """The next chunk; b"" once the body is complete."""
+        if self._expect_continue:
+            self._expect_continue = False
+            self._conn.send_continue()
+        while not self._chunks:
+            if self._done:
+                return b""
+            self._waiter = self._conn.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunk = self._chunks.popleft()
+        self._buffered -= len(chunk)
+        if self._buffered <= BODY_HIGH_WATER // 4:
+            self._conn.resume_reading_for_body()
+        return chunk
+
+    async def read_all(self) -> bytes:
+        """The whole body (already bounded by `max_body`)."""
+        parts = []
+        while chunk := await self.read():
+            parts.append(chunk)
+        return b"".join(parts)
+
+
+class Request:
+    """What an asynchronous handler sees, and how it answers."""
+
+    __slots__ = ("method", "raw_target", "path", "query", "version", "headers", "host",
+                 "client", "params", "route", "handler", "keep_alive", "head_only", "body",
+                 "scheme", "status", "sent", "started", "finished", "_conn", "_chunked",
+                 "_t0", "task")
+
+    def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
+        """First value of a header, `name` in lower case."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return default
+
+    @property
+    def connection(self) -> HTTP1Connection:
+        return self._conn
+
+    # ---- answering
+    async def send(self, status: int, headers, body: bytes = b"") -> None:
+        """A whole response in one go."""
+        self.start(status, headers, len(body))
+        if body:
+            await self.write(body)
+        self.end()
+
+    def start(self, status: int, headers, content_length: int | None = None) -> None:
+        """Send the status line and headers. Without a length the body is chunked
+        (HTTP/1.1) or ends with the connection (HTTP/1.0)."""
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = True
+        self.status = status
+        conn = self._conn
+        if conn.ctx.draining:
+            self.keep_alive = False
+        lines = [STATUS_LINES.get(status) or status_line(status), SERVER_LINE, CLOCK.date_line,
+                 header_block(headers)]
+        if content_length is not None:
+            lines.append(b"content-length: %d\r\n" % content_length)
+        elif status in (204, 304) or 100 <= status < 200:
+            pass
+        elif self.version == "1.1":
+            lines.append(b"transfer-encoding: chunked\r\n")
+            self._chunked = not self.head_only
+        else:
+            self.keep_alive = False
+        lines.append(b"connection: close\r\n\r\n" if not self.keep_alive
+                     else b"connection: keep-alive\r\n\r\n" if self.version == "1.0" else b"\r\n")
+        data = b"".join(lines)
+        self.sent += len(data)
+        conn.write(data)
+
+    async def write(self, data: bytes) -> None:
+        if not self.started:
+            raise RuntimeError("write before start")
+        if self.head_only or not data:
+            return
+        conn = self._conn
+        if self._chunked:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        self.sent += len(data)
+        conn.write(data)
+        if conn.write_paused:
+            await conn.drain()
+
+    def end(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        if self._chunked:
+            self._conn.write(b"0\r\n\r\n")
+            self.sent += 5
+
+
+class HTTP1Connection(asyncio.Protocol):
+    """One client connection. `ctx` is the listener's `ServerContext`."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.limits = ctx.limits
+        self.loop = ctx.loop
+        self.transport = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.client = ""
+        self.logging = False
+        self.write_paused = False
+        self._drain_waiter: asyncio.Future | None = None
+        self._body_paused = False
+        self._closing = False        # no more requests are read
+        self._requests = 0
+        # reading side
+        self.state = IDLE
+        self.deadline = 0.0
+        self.deadline_action = DEADLINE_CLOSE
+        self._first = True
+        # answering side: the running async request, then what waits behind it
+        self._active: Request | None = None
+        self._queue: collections.deque = collections.deque()
+        # the request being parsed
+        self._url = b""
+        self._headers: list = []
+        self._header_bytes = 0
+        self._host = None
+        self._host_count = 0
+        self._chunked = False
+        self._content_length = None
+        self._body: Body | None = None
+        self._body_size = 0
+        self._sync = None
+        self._request: Request | None = None
+        self._t0 = 0.0
+
+    # ------------------------------------------------------------ transport
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        ctx = self.ctx
+        peer = transport.get_extra_info("peername")
+        self.client = ctx.client_address(peer)
+        self.logging = ctx.access_log is not None and ctx.should_log(self.client)
+        transport.set_write_buffer_limits(WRITE_HIGH_WATER)
+        if len(ctx.connections) >= self.limits.max_connections or ctx.draining:
+            # Overload: a ready 503 is cheaper than letting the backlog time out.
+            self._closing = True
+            transport.write(ERRORS[503].render(CLOSE))
+            transport.close()
+            return
+        ctx.connections.add(self)
+        self.deadline = CLOCK.now + self.limits.header_timeout
+        self.deadline_action = DEADLINE_CLOSE
+
+    def connection_lost(self, exc) -> None:
+        self._closing = True
+        self.ctx.connections.discard(self)
+        if self._body is not None:
+            self._body.abort()
+        if self._active is not None and self._active.task is not None:
+            self._active.task.cancel()
+        for item in self._queue:
+            if isinstance(item, Request) and item.body is not None:
+                item.body.abort()
+        self._queue.clear()
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_exception(ConnectionResetError("client went away"))
+        # Break the cycles parser -> self -> transport.
+        self.parser = None
+        self._request = None
+        self._active = None
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+
+    async def drain(self) -> None:
+        if self.write_paused and not self._closing_transport():
+            self._drain_waiter = self.loop.create_future()
+            await self._drain_waiter
+
+    def _closing_transport(self) -> bool:
+        return self.transport is None or self.transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(data)
+
+    def pause_reading_for_body(self) -> None:
+        if not self._body_paused:
+            self._body_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading_for_body(self) -> None:
+        if self._body_paused:
+            self._body_paused = False
+            if not self._closing_transport():
+                self.transport.resume_reading()
+
+    def send_continue(self) -> None:
+        if self._active is not None and not self._active.started:
+            self.transport.write(CONTINUE)
+
+    # ------------------------------------------------------------ reading
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            status = cause.status if isinstance(cause, RequestError) else 500
+            if status == 500:
+                log.exception("request callback failed", exc_info=cause)
+            self._fail(status)
+        except httptools.HttpParserUpgrade:
+            # Only handlers that take over the connection accept an upgrade; for the
+            # rest the request was answered as usual and the connection ends after it.
+            self._closing = True
+            self._close_when_idle()
+        except httptools.HttpParserError:
+            self._fail(400)
+
+    def on_message_begin(self) -> None:
+        self.state = HEAD
+        if self._first:
+            self._first = False        # header deadline counts from accept
+        else:
+            self.deadline = CLOCK.now + self.limits.header_timeout
+        self.deadline_action = DEADLINE_408
+        self._url = b""
+        self._headers = []
+        self._header_bytes = 0
+        self._host = None
+        self._host_count = 0
+        self._chunked = False
+        self._content_length = None
+        self._body = None
+        self._body_size = 0
+        self._sync = None
+        self._request = None
+        if self.logging:
+            self._t0 = time.perf_counter()
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        if len(self._url) > self.limits.max_url:
+            raise RequestError(414)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value) + 4
+        if self._header_bytes > self.limits.max_header_bytes \
+                or len(self._headers) >= self.limits.max_headers:
+            raise RequestError(431)
+        name = name.lower()
+        self._headers.append((name, value))
+        if name == b"host":
+            self._host = value
+            self._host_count += 1
+        elif name == b"transfer-encoding":
+            # Only a single `chunked`: anything else is a smuggling shape.
+            if self._chunked or value.lower() != b"chunked":
+                raise RequestError(400, "Transfer-Encoding other than a single chunked")
+            self._chunked = True
+        elif name == b"content-length":
+            self._content_length = int(value)      # llhttp has checked: digits, no repeat
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":
+            raise RequestError(505)
+        if self._host_count != 1 and (self._host_count > 1 or version == "1.1"):
+            raise RequestError(400, "HTTP/1.1 needs exactly one Host")
+        limits = self.limits
+        if self._content_length is not None and self._content_length > limits.max_body:
+            raise RequestError(413)
+        self._requests += 1
+        keep_alive = (parser.should_keep_alive() and not self.ctx.draining
+                      and self._requests < limits.keepalive_requests)
+        has_body = self._chunked or bool(self._content_length)
+        if has_body:
+            self.state = BODY
+            self.deadline = CLOCK.now + limits.body_timeout
+        else:
+            self.state = IDLE
+            self.deadline = 0.0
+
+        url = self._url
+        if url[:1] != b"/":
+            url = self._absolute_form(url)
+        qmark = url.find(b"?")
+        raw_path = url if qmark < 0 else url[:qmark]
+        path = self.ctx.decode_path(raw_path)
+        method = parser.get_method()
+        host = self._host or b""
+        handler, params, label = self.ctx.route(host, path)
+
+        if not handler.is_async:
+            response = handler.current()
+            expect = has_body and self._expect_continue()
+            if expect:
+                keep_alive = False   # the client may or may not send the body now
+            mode = (KEEP_ALIVE if version == "1.1" else KEEP_ALIVE_EXPLICIT) if keep_alive \
+                else CLOSE
+            self._sync = (response, mode, method, path, host, label)
+            if expect:
+                self._finish_sync()
+                self._closing = True
+            return
+
+        req = Request()
+        req.method = method
+        req.raw_target = url
+        req.path = path
+        req.query = b"" if qmark < 0 else url[qmark + 1:]
+        req.version = version
+        req.headers = self._headers
+        req.host = host
+        req.client = self.client
+        req.params = params
+        req.route = label
+        req.handler = handler
+        req.keep_alive = keep_alive
+        req.head_only = method == b"HEAD"
+        req.scheme = self.ctx.scheme
+        req.body = self._body = Body(self, self._expect_continue()) if has_body else None
+        req.status = 0
+        req.sent = 0
+        req.started = req.finished = False
+        req._conn = self
+        req._chunked = False
+        req._t0 = self._t0
+        req.task = None
+        self._request = req
+        if self._active is None and not self._queue:
+            self._start(req)
+        else:
+            self._queue.append(req)
+
+    def _expect_continue(self) -> bool:
+        for name, value in self._headers:
+            if name == b"expect":
+                if value.lower() != b"100-continue":
+                    raise RequestError(417)
+                return True
+        return False
+
+    @staticmethod
+    def _absolute_form(url: bytes) -> bytes:
+        # RFC 9112 3.2.2: servers accept absolute-form; the path is what routes.
+        # Anything else (authority-form, "*") is not served here.
+        for scheme in (b"http://", b"https://"):
+            if url[:len(scheme)].lower() == scheme:
+                slash = url.find(b"/", len(scheme))
+                return url[slash:] if slash > 0 else b"/"
+        raise RequestError(400, "request target must be a path")
+
+    def on_body(self, chunk: bytes) -> None:
+        self._body_size += len(chunk)
+        if self._body_size > self.limits.max_body:
+            raise RequestError(413)
+        self.deadline = CLOCK.now + self.limits.body_timeout
+        if self._body is not None:
+            self._body.feed(chunk)
+
+    def on_message_complete(self) -> None:
+        self.state = IDLE
+        self.deadline = 0.0
+        if self._sync is not None:
+            self._finish_sync()
+        elif self._body is not None:
+            self._body.finish()
+        self._body = None
+        if self._active is None and not self._queue:
+            self._idle()
+
+    def _finish_sync(self) -> None:
+        response, mode, method, path, host, label = self._sync
+        self._sync = None
+        head_only = method == b"HEAD"
+        if self._active is None and not self._queue:
+            if self.ctx.draining:
+                mode = CLOSE
+            data = response.render(mode, head_only)
+            self.transport.write(data)
+            if mode == CLOSE:
+                self._closing = True
+                self.transport.close()
+        else:
+            self._queue.append((response, mode, head_only))
+        if self.logging:
+            self.ctx.access_log.record(
+                self.client, method, host, path, response.status,
+                response.content_length if not head_only else 0,
+                self._t0, self._headers, label)
+
+    # ------------------------------------------------------------ answering
+    def _start(self, req: Request) -> None:
+        self._active = req
+        req.task = self.loop.create_task(self._run(req))
+
+    async def _run(self, req: Request) -> None:
+        try:
+            await req.handler.handle(req)
+            if not req.started:
+                raise HandlerError(500, "handler sent no response")
+            req.end()
+        except asyncio.CancelledError:
+            return                          # the client went away
+        except Exception as exc:
+            status = exc.status if isinstance(exc, (HandlerError, RequestError)) else 500
+            if status == 500 and not isinstance(exc, HandlerError):
+                log.exception("handler for %s failed", req.route)
+            if req.started:
+                # Bytes of a response are out: a second one must never follow.
+                req.keep_alive = False
+                req.finished = True
+            else:
+                self._answer_error(req, status)
+        if self.logging:
+            self.ctx.access_log.record(req.client, req.method, req.host, req.path, req.status,
+                                       req.sent, req._t0, req.headers, req.route)
+        self._done(req)
+
+    def _answer_error(self, req: Request, status: int) -> None:
+        response = ERRORS.get(status) or ERRORS[500]
+        mode = CLOSE if not req.keep_alive or self.ctx.draining else \
+            (KEEP_ALIVE if req.version == "1.1" else KEEP_ALIVE_EXPLICIT)
+        data = response.render(mode, req.head_only)
+        req.started = req.finished = True
+        req.status = response.status
+        req.sent = len(data)
+        self.write(data)
+
+    def _done(self, req: Request) -> None:
+        self._active = None
+        if req.body is not None and not req.body.done:
+            if req.keep_alive:
+                req.body.discard()        # read and drop the rest to reach the next request
+            else:
+                req.body.abort()
+        if not req.keep_alive:
+            self._closing = True
+            self._queue.clear()
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self._run_queue()
+
+    def _run_queue(self) -> None:
+        while self._queue:
+            item = self._queue.popleft()
+            if isinstance(item, Request):
+                self._start(item)
+                return
+            response, mode, head_only = item
+            if self.ctx.draining:
+                mode = CLOSE
+            self.transport.write(response.render(mode, head_only))
+            if mode == CLOSE:
+                self._closing = True
+                self._queue.clear()
+                self.transport.close()
+                return
+        if self.state == IDLE:
+            self._idle()
+
+    def _idle(self) -> None:
+        if self._closing:
+            return
+        if self.ctx.draining:
+            self.deadline = CLOCK.now + DRAIN_IDLE_GRACE
+        else:
+            self.deadline = CLOCK.now + self.limits.keepalive_timeout
+        self.deadline_action = DEADLINE_CLOSE
+
+    def _fail(self, status: int) -> None:
+        """A protocol error or limit: answer `status` after what is ahead, then close."""
+        self._closing = True
+        self.state = IDLE
+        self.deadline = 0.0
+        if self._body is not None:
+            self._body.abort()
+        response = ERRORS.get(status) or ERRORS[400]
+        if self._active is None and not self._queue:
+            self.transport.write(response.render(CLOSE))
+            self.transport.close()
+        else:
+            self._queue.append((response, CLOSE, False))
+        if self.logging:
+            self.ctx.access_log.record(self.client, b"-", self._host or b"", "-", status,
+                                       response.content_length, self._t0, self._headers, "")
+
+    def _close_when_idle(self) -> None:
+        if self._active is None and not self._queue and self.transport is not None:
+            self.transport.close()
+        elif self._active is not None:
+            self._active.keep_alive = False
+            for item in self._queue:
+                if isinstance(item, Request):
+                    item.keep_alive = False
+
+    # ------------------------------------------------------------ worker hooks
+    def check_deadline(self, now: float) -> None:
+        if self.deadline and now >= self.deadline and not self._closing_transport():
+            self.deadline = 0.0
+            if self.deadline_action == DEADLINE_408 and self._active is None and not self._queue:
+                self._closing = True
+                self.transport.write(ERRORS[408].render(CLOSE))
+                self.transport.close()
+            elif self.deadline_action == DEADLINE_408:
+                self._fail(408)
+            else:
+                self._closing = True
+                self.transport.close()
+
+    def drain(self) -> None:
+        """Graceful stop: finish what is in flight; an idle connection may still send
+        one request (answered with `connection: close`) for a short grace."""
+        if self.state == IDLE and self._active is None and not self._queue:
+            self._idle()

@@ -1,0 +1,91 @@
+"""Responses built ahead of time: status lines, header blocks and whole error pages.
+
+A `Prebuilt` response holds everything but the Date line and the Connection header
+as bytes, so answering it costs one concatenation (DESIGN.md: the hot path).
+"""
+
+from __future__ import annotations
+
+import html
+from http import HTTPStatus
+
+from nestgate import __version__
+from nestgate.clock import CLOCK
+
+SERVER_LINE = b"server: nestgate\r\n"
+
+# The three ways a response can end its header block, indexed by connection mode.
+KEEP_ALIVE, CLOSE, KEEP_ALIVE_EXPLICIT = 0, 1, 2
+_CONNECTION_ENDINGS = (b"\r\n", b"connection: close\r\n\r\n", b"connection: keep-alive\r\n\r\n")
+
+
+def reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+def status_line(status: int) -> bytes:
+    return f"HTTP/1.1 {status} {reason(status)}\r\n".encode()
+
+
+STATUS_LINES = {s.value: status_line(s.value) for s in HTTPStatus}
+
+
+def header_block(headers) -> bytes:
+    """`name: value\\r\\n` lines from (str|bytes, str|bytes) pairs."""
+    out = []
+    for name, value in headers:
+        name = name.encode("latin-1") if isinstance(name, str) else name
+        value = value.encode("latin-1") if isinstance(value, str) else value
+        if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
+            raise ValueError(f"header {name!r} holds a line break")
+        out.append(name + b": " + value + b"\r\n")
+    return b"".join(out)
+
+
+class Prebuilt:
+    """A whole response except Date and Connection. Also a route handler: it answers
+    every method with itself (HEAD without the body), like nginx's `return`."""
+
+    is_async = False
+    __slots__ = ("status", "body", "_head", "_full_tails", "_head_tails", "content_length")
+
+    def __init__(self, status: int, body: bytes = b"", content_type: str | None = None,
+                 headers=()) -> None:
+        self.status = status
+        self.body = body
+        lines = [("content-type", content_type)] if content_type and body is not None else []
+        lines.append(("content-length", str(len(body))))
+        self._head = STATUS_LINES.get(status) or status_line(status)
+        self._head += SERVER_LINE + header_block(list(headers) + lines)
+        self._full_tails = tuple(end + body for end in _CONNECTION_ENDINGS)
+        self._head_tails = _CONNECTION_ENDINGS
+        self.content_length = len(body)
+
+    def render(self, mode: int, head_only: bool = False) -> bytes:
+        tails = self._head_tails if head_only else self._full_tails
+        return self._head + CLOCK.date_line + tails[mode]
+
+    def current(self) -> Prebuilt:
+        return self
+
+
+def html_page(status: int, detail: str = "") -> bytes:
+    title = f"{status} {reason(status)}"
+    extra = f"<p>{html.escape(detail)}</p>" if detail else ""
+    return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>"
+            f"</head><body><h1>{title}</h1>{extra}<hr><p>nestgate/{__version__}</p>"
+            f"</body></html>\n").encode()
+
+
+def error_response(status: int, body: bytes | None = None) -> Prebuilt:
+    return Prebuilt(status, html_page(status) if body is None else body,
+                    "text/html; charset=utf-8")
+
+
+# Built once at import: every error the engine itself sends.
+ERRORS = {s: error_response(s) for s in (400, 403, 404, 405, 408, 413, 414, 421, 431, 500,
+                                           501, 502, 503, 504, 505)}
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"

@@ -1,0 +1,47 @@
+"""Compile the config's sites into the router a worker answers from.
+
+Everything a request could need that does not depend on the request is built
+here, once per load: prebuilt responses, the route tables, the 404 page.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nestgate.handlers.health import Health
+from nestgate.handlers.redirect import fixed_redirect
+from nestgate.responses import Prebuilt, error_response
+from nestgate.routing import Router, SiteRoutes
+
+
+def not_found_response(config) -> Prebuilt:
+    page = config.server.not_found_page
+    return error_response(404, Path(page).read_bytes() if page else None)
+
+
+def build_handler(route, site_config, config):
+    """The handler for one configured route. New route types add one entry here."""
+    options = route.options
+    if route.type == "return":
+        return Prebuilt(options["status"], options["body"], options["content_type"])
+    if route.type == "redirect":
+        return fixed_redirect(options["to"], options["status"])
+    raise ValueError(f"no handler for route type {route.type!r}")
+
+
+def build_router(config) -> Router:
+    router = Router()
+    not_found = not_found_response(config)
+    health = Health()
+    for site_config in config.sites:
+        site = SiteRoutes(site_config.name, not_found)
+        if site_config.health:
+            site.add_exact(config.server.health_path, health, "health")
+        for route in site_config.routes:
+            handler = build_handler(route, site_config, config)
+            if route.path:
+                site.add_exact(route.path, handler, route.label)
+            else:
+                site.add_prefix(route.prefix, handler, route.label)
+        router.add_site(site_config.hosts, site)
+    return router

@@ -1,0 +1,276 @@
+"""The supervisor: binds the listeners once, forks the workers, keeps them running.
+
+It never serves a request. Listening sockets live here for the whole life of
+the process, so a reload never closes them: new workers start on the new
+config while the old ones stop accepting and drain.
+
+Signals: SIGTERM/SIGINT graceful stop, SIGHUP reload (validated first; a bad
+config keeps the running one), SIGUSR1 forwarded to workers (log reopen).
+A worker that dies unexpectedly is restarted with exponential back-off.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+
+from nestgate.config import Config, ConfigError, read_config, with_overrides
+from nestgate.tls import check_certificates, server_context
+
+RESTART_BACKOFF_MIN = 0.1
+STABLE_AFTER = 10.0          # a worker that lived this long resets its back-off
+KILL_GRACE = 2.0             # after the shutdown deadline, SIGKILL stragglers
+
+
+def say(message: str) -> None:
+    print(f"nestgate: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Slot:
+    """One worker position in a generation: restarts keep the slot."""
+    generation: int
+    index: int
+    pid: int = 0
+    started: float = 0.0
+    backoff: float = RESTART_BACKOFF_MIN
+    restart_at: float = 0.0
+
+
+@dataclass
+class Generation:
+    number: int
+    config: Config
+    ssl_contexts: dict
+    slots: list[Slot] = field(default_factory=list)
+    ready: set[int] = field(default_factory=set)
+    stopping: bool = False
+    stop_deadline: float = 0.0
+
+
+def load(config_path, listen, workers) -> Config:
+    """Read and validate everything a generation needs, certificates included."""
+    config = with_overrides(read_config(config_path), listen, workers)
+    problems = [p for listener in config.listeners for p in check_certificates(listener)]
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+class Supervisor:
+    def __init__(self, config: Config, config_path, listen, workers) -> None:
+        self.config_path, self.listen, self.workers = config_path, listen, workers
+        self.sockets: dict[tuple[str, int], socket.socket] = {}
+        self.generations: list[Generation] = []
+        self.by_pid: dict[int, tuple[Generation, Slot]] = {}
+        self.pending_signals: list[int] = []
+        self.stopping = False
+        self.ready_r, self.ready_w = os.pipe()
+        os.set_blocking(self.ready_r, False)
+        self._first = config
+
+    # ----------------------------------------------------------- listeners
+    def bind(self, config: Config) -> None:
+        for listener in config.listeners:
+            key = (listener.host, listener.port)
+            if key in self.sockets:
+                continue
+            family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((listener.host, listener.port))
+            sock.listen(1024)
+            sock.setblocking(False)
+            self.sockets[key] = sock
+            host, port = sock.getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            say(f"listening on {listener.scheme}://{shown}:{port}")
+
+    def sockets_for(self, config: Config):
+        return [(listener, self.sockets[(listener.host, listener.port)])
+                for listener in config.listeners]
+
+    # ----------------------------------------------------------- workers
+    def start_generation(self, config: Config) -> Generation:
+        contexts = {l: server_context(l) for l in config.listeners if l.tls}
+        number = len(self.generations) + 1
+        gen = Generation(number, config, contexts)
+        gen.slots = [Slot(number, i) for i in range(config.worker_count)]
+        self.generations.append(gen)
+        for slot in gen.slots:
+            self.fork(gen, slot)
+        return gen
+
+    def fork(self, gen: Generation, slot: Slot) -> None:
+        from nestgate.worker import run_worker
+        pid = os.fork()
+        if pid == 0:
+            os.close(self.ready_r)
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            run_worker(gen.config, self.sockets_for(gen.config), gen.ssl_contexts,
+                       self.ready_w)
+        slot.pid = pid
+        slot.started = time.monotonic()
+        self.by_pid[pid] = (gen, slot)
+
+    def on_ready(self) -> None:
+        try:
+            data = os.read(self.ready_r, 4096)
+        except BlockingIOError:
+            return
+        for line in data.split():
+            pid = int(line)
+            if pid not in self.by_pid:
+                continue
+            gen, _slot = self.by_pid[pid]
+            gen.ready.add(pid)
+            if len(gen.ready) == len(gen.slots) and not gen.stopping:
+                self.generation_ready(gen)
+
+    def generation_ready(self, gen: Generation) -> None:
+        if gen.number == 1 and len(self.generations) == 1:
+            say(f"ready ({len(gen.slots)} workers)")
+            return
+        for old in self.generations:
+            if old is not gen and not old.stopping:
+                self.stop_generation(old)
+        say(f"reloaded ({len(gen.slots)} workers on the new config)")
+
+    def stop_generation(self, gen: Generation) -> None:
+        gen.stopping = True
+        gen.stop_deadline = time.monotonic() + gen.config.server.shutdown_timeout + KILL_GRACE
+        for slot in gen.slots:
+            if slot.pid:
+                _kill(slot.pid, signal.SIGTERM)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            gen, slot = self.by_pid.pop(pid, (None, None))
+            if gen is None:
+                continue
+            gen.ready.discard(pid)
+            slot.pid = 0
+            if gen.stopping or self.stopping:
+                continue
+            lived = time.monotonic() - slot.started
+            slot.backoff = RESTART_BACKOFF_MIN if lived > STABLE_AFTER else min(
+                slot.backoff * 2, gen.config.server.restart_backoff_max)
+            slot.restart_at = time.monotonic() + slot.backoff
+            say(f"worker {pid} exited ({_describe(status)}); restarting in {slot.backoff:.1f}s")
+
+    def restart_due(self) -> None:
+        now = time.monotonic()
+        for gen in self.generations:
+            if gen.stopping:
+                continue
+            for slot in gen.slots:
+                if not slot.pid and slot.restart_at and now >= slot.restart_at:
+                    slot.restart_at = 0.0
+                    self.fork(gen, slot)
+
+    def forget_finished(self) -> None:
+        now = time.monotonic()
+        for gen in list(self.generations):
+            if not gen.stopping:
+                continue
+            alive = [s for s in gen.slots if s.pid]
+            if alive and now >= gen.stop_deadline:
+                for slot in alive:
+                    _kill(slot.pid, signal.SIGKILL)
+            if not alive:
+                self.generations.remove(gen)
+
+    # ----------------------------------------------------------- signals
+    def reload(self) -> None:
+        try:
+            config = load(self.config_path, self.listen, self.workers)
+        except ConfigError as exc:
+            say("reload refused, the running config stays:\n  " + "\n  ".join(exc.problems))
+            return
+        try:
+            self.bind(config)
+        except OSError as exc:
+            say(f"reload refused, the running config stays: cannot bind: {exc}")
+            return
+        self.start_generation(config)
+
+    def forward(self, sig: int) -> None:
+        for pid in list(self.by_pid):
+            _kill(pid, sig)
+
+    # ----------------------------------------------------------- main loop
+    def run(self) -> int:
+        self.bind(self._first)
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
+                    signal.SIGCHLD):
+            signal.signal(sig, self._note_signal)
+        self.start_generation(self._first)
+        while True:
+            try:
+                readable, _, _ = select.select([wake_r, self.ready_r], [], [], 0.1)
+            except InterruptedError:
+                readable = []
+            if wake_r in readable:
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            if self.ready_r in readable:
+                self.on_ready()
+            signals, self.pending_signals = self.pending_signals, []
+            for sig in signals:
+                if sig in (signal.SIGTERM, signal.SIGINT) and not self.stopping:
+                    self.stopping = True
+                    say("stopping: finishing in-flight requests")
+                    for gen in self.generations:
+                        self.stop_generation(gen)
+                elif sig == signal.SIGHUP and not self.stopping:
+                    self.reload()
+                elif sig == signal.SIGUSR1:
+                    self.forward(signal.SIGUSR1)
+            self.reap()
+            self.restart_due()
+            self.forget_finished()
+            if self.stopping and not self.by_pid:
+                break
+        for sock in self.sockets.values():
+            sock.close()
+        say("stopped")
+        return 0
+
+    def _note_signal(self, sig, _frame) -> None:
+        self.pending_signals.append(sig)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError as exc:
+        if exc.errno != errno.ESRCH:
+            raise
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exit code {os.WEXITSTATUS(status)}"

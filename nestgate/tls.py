@@ -1,0 +1,62 @@
+"""TLS server contexts: certificates per listener chosen by SNI, ALPN offered.
+
+Built in the supervisor at load time (so `check` and reload catch a bad key) and
+inherited by the forked workers. `ALPN_PROTOCOLS` is the one place a new
+protocol is offered; the worker picks the protocol from what ALPN selected.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+ALPN_PROTOCOLS = ["http/1.1"]
+
+
+def _context(cert: str, key: str) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    ctx.set_alpn_protocols(ALPN_PROTOCOLS)
+    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    return ctx
+
+
+def server_context(listener) -> ssl.SSLContext:
+    """The listener's default context; others are switched in by SNI."""
+    contexts = [_context(c.cert, c.key) for c in listener.certificates]
+    default = contexts[0]
+    exact: dict[str, ssl.SSLContext] = {}
+    wildcard: dict[str, ssl.SSLContext] = {}
+    for cert, ctx in zip(listener.certificates, contexts):
+        for name in cert.names:
+            name = name.lower().rstrip(".")
+            if name.startswith("*."):
+                wildcard.setdefault(name[1:], ctx)
+            else:
+                exact.setdefault(name, ctx)
+
+    if len(contexts) > 1:
+        def choose(ssl_object, server_name, _initial):
+            if server_name:
+                name = server_name.lower().rstrip(".")
+                chosen = exact.get(name)
+                if chosen is None and "." in name:
+                    chosen = wildcard.get(name[name.index("."):])
+                if chosen is not None and chosen is not ssl_object.context:
+                    ssl_object.context = chosen
+            return None
+
+        default.sni_callback = choose
+    return default
+
+
+def check_certificates(listener) -> list[str]:
+    """Problems loading a listener's certificate/key pairs, one line each."""
+    problems = []
+    for i, cert in enumerate(listener.certificates):
+        try:
+            _context(cert.cert, cert.key)
+        except (ssl.SSLError, OSError) as exc:
+            problems.append(f"listen {listener.host}:{listener.port}: certificate[{i}]: "
+                            f"expected a matching PEM certificate and key ({exc})")
+    return problems

@@ -1,0 +1,160 @@
+"""A worker: one uvloop event loop serving the listeners the supervisor bound.
+
+Owns its connections, the coarse clock tick that enforces their deadlines, and
+the buffered request log. SIGTERM: stop accepting, let connections finish, exit
+by the shutdown deadline. SIGUSR1: reopen the log file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import sys
+
+import uvloop
+
+from nestgate.accesslog import AccessLog, should_log
+from nestgate.clock import CLOCK
+from nestgate.handlers.redirect import HttpsRedirect
+from nestgate.http1 import HTTP1Connection
+from nestgate.paths import decode_path
+from nestgate.routing import SiteRoutes
+from nestgate.site import build_router, not_found_response
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ServerContext:
+    """What every connection on one listener shares."""
+
+    def __init__(self, worker: Worker, listener, router) -> None:
+        self.loop = worker.loop
+        self.limits = worker.config.limits
+        self.connections = worker.connections
+        self.access_log = worker.access_log
+        self.worker = worker
+        self.scheme = listener.scheme
+        self.decode_path = decode_path
+        self.router = router
+        self.unknown_host = SiteRoutes("", not_found_response(worker.config))
+        self._log_loopback = worker.config.log.log_loopback
+        if listener.redirect_https:
+            self.router = None
+            self.redirect = HttpsRedirect(listener.https_port)
+
+    @property
+    def draining(self) -> bool:
+        return self.worker.draining
+
+    def route(self, host: bytes, path: str):
+        if self.router is None:
+            return self.redirect, {}, "https-redirect"
+        site = self.router.site_for(host)
+        if site is None:
+            return self.unknown_host.miss
+        return site.lookup(path)
+
+    @staticmethod
+    def client_address(peer) -> str:
+        if not peer:
+            return ""
+        host = peer[0]
+        if host.startswith("::ffff:") and "." in host:
+            return host[7:]                      # IPv4-mapped IPv6
+        return host
+
+    def should_log(self, client: str) -> bool:
+        return should_log(self._log_loopback, client)
+
+
+class Worker:
+    def __init__(self, config, sockets, ssl_contexts, ready_fd: int) -> None:
+        self.config = config
+        self.sockets = sockets
+        self.ssl_contexts = ssl_contexts
+        self.ready_fd = ready_fd
+        self.connections: set[HTTP1Connection] = set()
+        self.draining = False
+        self.access_log = None
+        self.loop = None
+        self._stop = None
+
+    async def serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self.access_log = AccessLog(self.config.log)
+        router = build_router(self.config)
+        servers = []
+        for listener, sock in self.sockets:
+            ctx = ServerContext(self, listener, router)
+            server = await self.loop.create_server(
+                lambda ctx=ctx: HTTP1Connection(ctx), sock=sock,
+                ssl=self.ssl_contexts.get(listener), backlog=1024)
+            servers.append(server)
+        self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        self.loop.add_signal_handler(signal.SIGUSR1, self.access_log.reopen)
+        tick = asyncio.create_task(self._tick())
+        os.write(self.ready_fd, b"%d\n" % os.getpid())
+        await self._stop.wait()
+
+        # Graceful stop: no new connections; in-flight requests finish.
+        self.draining = True
+        for server in servers:
+            server.close()
+        for conn in list(self.connections):
+            conn.drain()
+        deadline = CLOCK.now + self.config.server.shutdown_timeout
+        while self.connections and CLOCK.now < deadline:
+            await asyncio.sleep(0.05)
+            CLOCK.tick()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+        tick.cancel()
+        self.access_log.close()
+
+    async def _tick(self) -> None:
+        limits = self.config.limits
+        shortest = min(limits.header_timeout, limits.body_timeout, limits.keepalive_timeout,
+                       self.config.log.flush_interval)
+        interval = max(0.05, min(1.0, shortest / 4))
+        last_flush = CLOCK.now
+        while True:
+            await asyncio.sleep(interval)
+            CLOCK.tick()
+            now = CLOCK.now
+            for conn in list(self.connections):
+                conn.check_deadline(now)
+            if now - last_flush >= self.config.log.flush_interval:
+                last_flush = now
+                self.access_log.flush()
+
+
+def run_worker(config, sockets, ssl_contexts, ready_fd: int) -> None:
+    """Entry point in the forked child; never returns."""
+    code = 0
+    try:
+        _die_with_parent()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # the supervisor decides
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        CLOCK.tick()
+        uvloop.run(Worker(config, sockets, ssl_contexts, ready_fd).serve())
+    except BaseException as exc:  # noqa: BLE001 - report and leave with an error code
+        print(f"nestgate: worker {os.getpid()} failed: {exc!r}", file=sys.stderr)
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _die_with_parent() -> None:
+    # A worker whose supervisor was killed must not keep serving alone.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
