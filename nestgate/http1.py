@@ -53,7 +53,7 @@ class Body:
     """A request body as a stream of chunks with backpressure on the connection."""
 
     __slots__ = ("_conn", "_chunks", "_buffered", "_done", "_waiter", "_discard",
-                 "_expect_continue", "received")
+                 "_expect_continue", "received", "_error")
 
     def __init__(self, conn: HTTP1Connection, expect_continue: bool) -> None:
         self._conn = conn
@@ -64,6 +64,7 @@ class Body:
         self._discard = False
         self._expect_continue = expect_continue
         self.received = 0
+        self._error: Exception | None = None
 
     # fed by the connection
     def feed(self, chunk: bytes) -> None:
@@ -87,10 +88,13 @@ class Body:
         self._buffered = 0
         self._conn.resume_reading_for_body()
 
-    def abort(self) -> None:
+    def abort(self, error: Exception | None = None) -> None:
+        """The body will never be complete: readers get `error`, never a short body."""
         self._done = True
+        self._error = error or ConnectionResetError("client went away")
+        self._chunks.clear()
         if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_exception(ConnectionResetError("client went away"))
+            self._waiter.set_exception(self._error)
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -107,6 +111,8 @@ class Body:
             self._expect_continue = False
             self._conn.send_continue()
         while not self._chunks:
+            if self._error is not None:
+                raise self._error
             if self._done:
                 return b""
             self._waiter = self._conn.loop.create_future()
@@ -213,6 +219,15 @@ class HTTP1Connection(asyncio.Protocol):
         self.loop = ctx.loop
         self.transport = None
         self.parser = httptools.HttpRequestParser(self)
+        limits = ctx.limits      # copied: read on every request
+        self._max_url = limits.max_url
+        self._max_header_bytes = limits.max_header_bytes
+        self._max_headers = limits.max_headers
+        self._max_body = limits.max_body
+        self._header_timeout = limits.header_timeout
+        self._body_timeout = limits.body_timeout
+        self._keepalive_timeout = limits.keepalive_timeout
+        self._keepalive_requests = limits.keepalive_requests
         self.client = ""
         self.logging = False
         self.write_paused = False
@@ -239,7 +254,7 @@ class HTTP1Connection(asyncio.Protocol):
         self._body: Body | None = None
         self._body_size = 0
         self._sync = None
-        self._request: Request | None = None
+        self._parsing: Request | None = None     # async request whose body is arriving
         self._t0 = 0.0
 
     # ------------------------------------------------------------ transport
@@ -275,7 +290,6 @@ class HTTP1Connection(asyncio.Protocol):
             self._drain_waiter.set_exception(ConnectionResetError("client went away"))
         # Break the cycles parser -> self -> transport.
         self.parser = None
-        self._request = None
         self._active = None
 
     def pause_writing(self) -> None:
@@ -338,7 +352,7 @@ class HTTP1Connection(asyncio.Protocol):
         if self._first:
             self._first = False        # header deadline counts from accept
         else:
-            self.deadline = CLOCK.now + self.limits.header_timeout
+            self.deadline = CLOCK.now + self._header_timeout
         self.deadline_action = DEADLINE_408
         self._url = b""
         self._headers = []
@@ -347,22 +361,17 @@ class HTTP1Connection(asyncio.Protocol):
         self._host_count = 0
         self._chunked = False
         self._content_length = None
-        self._body = None
-        self._body_size = 0
-        self._sync = None
-        self._request = None
         if self.logging:
             self._t0 = time.perf_counter()
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        if len(self._url) > self.limits.max_url:
+        if len(self._url) > self._max_url:
             raise RequestError(414)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value) + 4
-        if self._header_bytes > self.limits.max_header_bytes \
-                or len(self._headers) >= self.limits.max_headers:
+        if self._header_bytes > self._max_header_bytes or len(self._headers) >= self._max_headers:
             raise RequestError(431)
         name = name.lower()
         self._headers.append((name, value))
@@ -384,41 +393,43 @@ class HTTP1Connection(asyncio.Protocol):
             raise RequestError(505)
         if self._host_count != 1 and (self._host_count > 1 or version == "1.1"):
             raise RequestError(400, "HTTP/1.1 needs exactly one Host")
-        limits = self.limits
-        if self._content_length is not None and self._content_length > limits.max_body:
+        if self._content_length is not None and self._content_length > self._max_body:
             raise RequestError(413)
         self._requests += 1
-        keep_alive = (parser.should_keep_alive() and not self.ctx.draining
-                      and self._requests < limits.keepalive_requests)
+        ctx = self.ctx
+        keep_alive = (parser.should_keep_alive() and not ctx.draining
+                      and self._requests < self._keepalive_requests)
         has_body = self._chunked or bool(self._content_length)
         if has_body:
             self.state = BODY
-            self.deadline = CLOCK.now + limits.body_timeout
+            self.deadline = CLOCK.now + self._body_timeout
         else:
             self.state = IDLE
             self.deadline = 0.0
+        self._body = None
+        self._body_size = 0
 
         url = self._url
         if url[:1] != b"/":
             url = self._absolute_form(url)
         qmark = url.find(b"?")
-        raw_path = url if qmark < 0 else url[:qmark]
-        path = self.ctx.decode_path(raw_path)
-        method = parser.get_method()
         host = self._host or b""
-        handler, params, label = self.ctx.route(host, path)
+        handler, params, label, path = ctx.route(host, url if qmark < 0 else url[:qmark])
+        method = parser.get_method()
 
         if not handler.is_async:
             response = handler.current()
             expect = has_body and self._expect_continue()
             if expect:
                 keep_alive = False   # the client may or may not send the body now
+                self._closing = True
             mode = (KEEP_ALIVE if version == "1.1" else KEEP_ALIVE_EXPLICIT) if keep_alive \
                 else CLOSE
-            self._sync = (response, mode, method, path, host, label)
-            if expect:
-                self._finish_sync()
-                self._closing = True
+            if has_body and not expect:
+                self._sync = (response, mode, method, path, host, label)   # after the body
+            else:
+                # Nothing more belongs to this request: answer now, from the callback.
+                self._answer_sync(response, mode, method, path, host, label)
             return
 
         req = Request()
@@ -437,6 +448,8 @@ class HTTP1Connection(asyncio.Protocol):
         req.head_only = method == b"HEAD"
         req.scheme = self.ctx.scheme
         req.body = self._body = Body(self, self._expect_continue()) if has_body else None
+        self._sync = None
+        self._parsing = req
         req.status = 0
         req.sent = 0
         req.started = req.finished = False
@@ -444,7 +457,6 @@ class HTTP1Connection(asyncio.Protocol):
         req._chunked = False
         req._t0 = self._t0
         req.task = None
-        self._request = req
         if self._active is None and not self._queue:
             self._start(req)
         else:
@@ -470,35 +482,36 @@ class HTTP1Connection(asyncio.Protocol):
 
     def on_body(self, chunk: bytes) -> None:
         self._body_size += len(chunk)
-        if self._body_size > self.limits.max_body:
+        if self._body_size > self._max_body:
             raise RequestError(413)
-        self.deadline = CLOCK.now + self.limits.body_timeout
+        self.deadline = CLOCK.now + self._body_timeout
         if self._body is not None:
             self._body.feed(chunk)
 
     def on_message_complete(self) -> None:
         self.state = IDLE
-        self.deadline = 0.0
         if self._sync is not None:
-            self._finish_sync()
+            self._answer_sync(*self._sync)
+            self._sync = None
         elif self._body is not None:
             self._body.finish()
-        self._body = None
-        if self._active is None and not self._queue:
-            self._idle()
+            self._body = None
+        self._parsing = None
+        if self._active is None and not self._queue and not self._closing:
+            # Between requests: the keep-alive deadline (silent close).
+            self.deadline = CLOCK.now + (DRAIN_IDLE_GRACE if self.ctx.draining
+                                         else self._keepalive_timeout)
+            self.deadline_action = DEADLINE_CLOSE
 
-    def _finish_sync(self) -> None:
-        response, mode, method, path, host, label = self._sync
-        self._sync = None
+    def _answer_sync(self, response, mode, method, path, host, label) -> None:
         head_only = method == b"HEAD"
         if self._active is None and not self._queue:
-            if self.ctx.draining:
-                mode = CLOSE
-            data = response.render(mode, head_only)
-            self.transport.write(data)
-            if mode == CLOSE:
+            if mode == CLOSE or self.ctx.draining:
                 self._closing = True
+                self.transport.write(response.render(CLOSE, head_only))
                 self.transport.close()
+            else:
+                self.transport.write(response.render(mode, head_only))
         else:
             self._queue.append((response, mode, head_only))
         if self.logging:
@@ -592,9 +605,19 @@ class HTTP1Connection(asyncio.Protocol):
         self._closing = True
         self.state = IDLE
         self.deadline = 0.0
-        if self._body is not None:
-            self._body.abort()
         response = ERRORS.get(status) or ERRORS[400]
+        broken, self._parsing = self._parsing, None
+        if broken is not None:
+            # The request whose body broke the rules gets the error as its answer.
+            broken.body.abort(ConnectionResetError(f"request body refused ({status})"))
+            if broken is self._active:
+                if broken.started:
+                    self.transport.close()     # a response is under way: only cutting is left
+                    return
+                broken.task.cancel()
+                self._active = None
+            elif broken in self._queue:
+                self._queue.remove(broken)
         if self._active is None and not self._queue:
             self.transport.write(response.render(CLOSE))
             self.transport.close()

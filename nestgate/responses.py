@@ -86,6 +86,6 @@ def error_response(status: int, body: bytes | None = None) -> Prebuilt:
 
 
 # Built once at import: every error the engine itself sends.
-ERRORS = {s: error_response(s) for s in (400, 403, 404, 405, 408, 413, 414, 421, 431, 500,
-                                           501, 502, 503, 504, 505)}
+ERRORS = {s: error_response(s) for s in (400, 401, 403, 404, 405, 408, 413, 414, 417, 421, 422, 429, 431, 500,
+                                           501, 502, 503, 504, 505, 507)}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"

@@ -32,6 +32,9 @@ class SiteRoutes:
         self.name = name
         self.not_found = not_found
         self.exact: dict[str, tuple[Any, dict, str]] = {}
+        # The same exact routes keyed by the raw request path: a request whose path
+        # needs no decoding is routed without decoding it.
+        self.exact_raw: dict[bytes, tuple[Any, dict, str, str]] = {}
         self.prefixes: list[tuple[str, Any, str]] = []
         self.patterns: dict[int, list[tuple[tuple[str, ...], Any, str]]] = {}
         self.miss = (not_found, NO_PARAMS, "")
@@ -42,6 +45,7 @@ class SiteRoutes:
             self.patterns.setdefault(len(segments), []).append((segments, handler, path))
         else:
             self.exact[path] = (handler, NO_PARAMS, label or path)
+            self.exact_raw[path.encode()] = (handler, NO_PARAMS, label or path, path)
 
     def add_prefix(self, prefix: str, handler, label: str | None = None) -> None:
         self.prefixes.append((prefix, handler, label or prefix + "*"))
@@ -77,13 +81,14 @@ def _match(pattern: tuple[str, ...], segments: list[str]) -> dict[str, str] | No
 
 
 class Router:
-    """Host header -> SiteRoutes (or None: no site claims this Host)."""
+    """Host header -> SiteRoutes; `unclaimed` when no site claims the Host."""
 
-    def __init__(self) -> None:
+    def __init__(self, unclaimed: SiteRoutes) -> None:
         self.exact: dict[bytes, SiteRoutes] = {}
         self.wildcards: list[tuple[bytes, SiteRoutes]] = []
         self.catch_all: SiteRoutes | None = None
-        self._memo: dict[bytes, SiteRoutes | None] = {}
+        self.unclaimed = unclaimed              # answers Hosts no site claims
+        self._memo: dict[bytes, SiteRoutes] = {}
 
     def add_site(self, hosts, site: SiteRoutes) -> None:
         for host in hosts:
@@ -95,7 +100,7 @@ class Router:
             else:
                 self.exact.setdefault(host.encode(), site)
 
-    def site_for(self, raw_host: bytes) -> SiteRoutes | None:
+    def site_for(self, raw_host: bytes) -> SiteRoutes:
         try:
             return self._memo[raw_host]
         except KeyError:
@@ -105,11 +110,11 @@ class Router:
             self._memo[raw_host] = site
         return site
 
-    def _resolve(self, host: bytes) -> SiteRoutes | None:
+    def _resolve(self, host: bytes) -> SiteRoutes:
         site = self.exact.get(host)
         if site is not None:
             return site
         for suffix, candidate in self.wildcards:
             if host.endswith(suffix) and len(host) > len(suffix):
                 return candidate
-        return self.catch_all
+        return self.catch_all or self.unclaimed

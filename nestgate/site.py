@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nestgate.handlers.health import Health
-from nestgate.handlers.redirect import fixed_redirect
+from nestgate.handlers.redirect import HttpsRedirect, fixed_redirect
 from nestgate.responses import Prebuilt, error_response
 from nestgate.routing import Router, SiteRoutes
 
@@ -30,8 +30,8 @@ def build_handler(route, site_config, config):
 
 
 def build_router(config) -> Router:
-    router = Router()
     not_found = not_found_response(config)
+    router = Router(SiteRoutes("", not_found))
     health = Health()
     for site_config in config.sites:
         site = SiteRoutes(site_config.name, not_found)
@@ -44,4 +44,13 @@ def build_router(config) -> Router:
             else:
                 site.add_prefix(route.prefix, handler, route.label)
         router.add_site(site_config.hosts, site)
+    return router
+
+
+def https_redirect_router(listener, config) -> Router:
+    """Every Host and path on a plain listener told to send visitors to HTTPS."""
+    site = SiteRoutes("https-redirect", not_found_response(config))
+    site.add_prefix("/", HttpsRedirect(listener.https_port), "https-redirect")
+    router = Router(site)
+    router.add_site(["*"], site)
     return router

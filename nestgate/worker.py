@@ -17,11 +17,9 @@ import uvloop
 
 from nestgate.accesslog import AccessLog, should_log
 from nestgate.clock import CLOCK
-from nestgate.handlers.redirect import HttpsRedirect
 from nestgate.http1 import HTTP1Connection
 from nestgate.paths import decode_path
-from nestgate.routing import SiteRoutes
-from nestgate.site import build_router, not_found_response
+from nestgate.site import build_router, https_redirect_router
 
 _PR_SET_PDEATHSIG = 1
 
@@ -34,27 +32,21 @@ class ServerContext:
         self.limits = worker.config.limits
         self.connections = worker.connections
         self.access_log = worker.access_log
-        self.worker = worker
         self.scheme = listener.scheme
-        self.decode_path = decode_path
-        self.router = router
-        self.unknown_host = SiteRoutes("", not_found_response(worker.config))
+        self.draining = False            # set by the worker on graceful stop
+        self.router = https_redirect_router(listener, worker.config) \
+            if listener.redirect_https else router
         self._log_loopback = worker.config.log.log_loopback
-        if listener.redirect_https:
-            self.router = None
-            self.redirect = HttpsRedirect(listener.https_port)
 
-    @property
-    def draining(self) -> bool:
-        return self.worker.draining
-
-    def route(self, host: bytes, path: str):
-        if self.router is None:
-            return self.redirect, {}, "https-redirect"
+    def route(self, host: bytes, raw_path: bytes):
+        """(handler, params, route label, decoded path) for a request."""
         site = self.router.site_for(host)
-        if site is None:
-            return self.unknown_host.miss
-        return site.lookup(path)
+        hit = site.exact_raw.get(raw_path)
+        if hit is not None:
+            return hit
+        path = decode_path(raw_path)
+        handler, params, label = site.lookup(path)
+        return handler, params, label, path
 
     @staticmethod
     def client_address(peer) -> str:
@@ -86,9 +78,10 @@ class Worker:
         self._stop = asyncio.Event()
         self.access_log = AccessLog(self.config.log)
         router = build_router(self.config)
-        servers = []
+        servers, contexts = [], []
         for listener, sock in self.sockets:
             ctx = ServerContext(self, listener, router)
+            contexts.append(ctx)
             server = await self.loop.create_server(
                 lambda ctx=ctx: HTTP1Connection(ctx), sock=sock,
                 ssl=self.ssl_contexts.get(listener), backlog=1024)
@@ -101,6 +94,8 @@ class Worker:
 
         # Graceful stop: no new connections; in-flight requests finish.
         self.draining = True
+        for ctx in contexts:
+            ctx.draining = True
         for server in servers:
             server.close()
         for conn in list(self.connections):

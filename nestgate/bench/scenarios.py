@@ -1,0 +1,87 @@
+"""The scenario table: what is requested, how, and what every peer must serve for it.
+
+A scenario names one `Route` in neutral terms (health, a file, a static directory, a proxy,
+notes); each peer renders that route into its own config (see peers.py). Adding a scenario
+is one entry here; adding a kind of route is one renderer per peer. A scenario whose
+nestgate feature is missing is skipped with a message, not failed (see runner.py).
+"""
+
+from dataclasses import dataclass
+
+HEALTH = "/api/v1/health"
+
+
+@dataclass(frozen=True)
+class Route:
+    kind: str           # "health" | "file" | "static" | "proxy" | "notes"
+    path: str           # exact path, or a prefix ending in "/"
+    source: str = ""    # file: content name; proxy: backend path prefix
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    route: Route
+    request: str                        # the path the driver requests
+    driver: str = "wrk"                 # "wrk" | "h2load" | "cold" | "write"
+    tls: bool = False
+    connections: int = 64
+    streams: int = 1                    # h2load -m
+    host: str = ""                      # Host header; "" = the URL's
+    expect_status: int = 200
+    nestgate_only: bool = False         # no peer does the same work (notes write path)
+    needs: str = ""                     # nestgate feature it depends on, for skip messages
+    sweep: bool = False                 # part of the concurrency sweep when asked for
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+
+_health = Route("health", HEALTH)
+_page = Route("file", "/page", "page.html")
+_static = Route("static", "/static/")
+_notes = Route("notes", "/notes")
+_proxy = Route("proxy", "/proxy/", "/")
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("health", "small response: the health JSON, HTTP/1.1", _health, HEALTH, sweep=True),
+    Scenario("page", "cached page (~11 KB), HTTP/1.1", _page, "/page", needs="return body_file"),
+    Scenario("static-12b", "static file 12 B", _static, "/static/f12b.txt", needs="static files"),
+    Scenario("static-10k", "static file 10 KB", _static, "/static/f10k.bin", needs="static files"),
+    Scenario("static-100k", "static file 100 KB", _static, "/static/f100k.bin", needs="static files"),
+    Scenario("static-1m", "static file 1 MB (sendfile)", _static, "/static/f1m.bin",
+             connections=16, needs="static files"),
+    Scenario("notes-list", "notes list, warm cache", _notes, "/notes", needs="notes"),
+    Scenario("notes-detail", "note page (~20 KB), warm cache", _notes, "/notes/long-note",
+             needs="notes"),
+    Scenario("notes-cold", "note page, first request after a write (cache invalidated)", _notes,
+             "/notes/long-note", driver="cold", nestgate_only=True, needs="notes"),
+    Scenario("notes-write", "notes write path: sequential PUT with fsync", _notes,
+             "/api/v1/notes/bench-write", driver="write", nestgate_only=True, needs="notes API"),
+    Scenario("proxy-2b", "reverse proxy, 2 B answers, keep-alive both sides", _proxy,
+             "/proxy/2b", needs="reverse proxy"),
+    Scenario("proxy-4k", "reverse proxy, 4 KB answers, keep-alive both sides", _proxy,
+             "/proxy/4k", needs="reverse proxy"),
+    Scenario("https-health", "health JSON over HTTPS (TLS 1.3), HTTP/1.1", _health, HEALTH,
+             tls=True),
+    Scenario("h2-health", "health JSON over HTTP/2 + TLS 1.3 (h2load -c64 -m10)", _health, HEALTH,
+             driver="h2load", tls=True, streams=10, needs="HTTP/2"),
+    Scenario("https-404-cidr", "HTTPS 404 for an unmatched Host, 1,000-entry CIDR list checked",
+             _health, HEALTH, tls=True, host="unknown.example", expect_status=404,
+             needs="access lists"),
+)
+
+BY_NAME = {s.name: s for s in SCENARIOS}
+QUICK = ("health", "https-health")
+STANDARD = tuple(s.name for s in SCENARIOS)
+
+
+def select(names: list[str] | None, quick: bool) -> list[Scenario]:
+    if not names:
+        names = list(QUICK if quick else STANDARD)
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown scenario {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
+    return [BY_NAME[n] for n in names]

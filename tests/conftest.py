@@ -1,0 +1,159 @@
+"""Shared fixtures: real nestgate servers on 127.0.0.1:0, certificates from trustme.
+
+A server is a real `python -m nestgate serve` process. Its listening sockets are
+bound before the workers start, so the port printed on stderr accepts (into the
+backlog) as soon as it is read; readiness is the "ready" line, never a sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import trustme
+
+REPO = Path(__file__).resolve().parent.parent
+_LISTEN = re.compile(r"listening on (https?)://(\S+):(\d+)")
+
+
+class Server:
+    """A running nestgate process and what it printed."""
+
+    def __init__(self, config_path: Path, args=(), cwd=None, env=None) -> None:
+        self.config_path = config_path
+        cmd = [sys.executable, "-m", "nestgate", "serve", "--config", str(config_path), *args]
+        self.proc = subprocess.Popen(cmd, cwd=cwd or config_path.parent, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=env or _env())
+        self.urls: list[tuple[str, str, int]] = []
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self.stdout_lines: list[str] = []
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        self.wait_for("ready", timeout=20)
+
+    def _read_stderr(self) -> None:
+        for raw in self.proc.stderr:
+            line = raw.decode(errors="replace").rstrip("\n")
+            with self._cond:
+                self.lines.append(line)
+                m = _LISTEN.search(line)
+                if m:
+                    self.urls.append((m.group(1), m.group(2), int(m.group(3))))
+                self._cond.notify_all()
+        with self._cond:
+            self.lines.append("<eof>")
+            self._cond.notify_all()
+
+    def _read_stdout(self) -> None:
+        for raw in self.proc.stdout:
+            with self._cond:
+                self.stdout_lines.append(raw.decode(errors="replace").rstrip("\n"))
+                self._cond.notify_all()
+
+    def wait_for(self, text: str, timeout: float = 20, start: int = 0) -> str:
+        """Block until a stderr line (from index `start`) contains `text`."""
+        with self._cond:
+            ok = self._cond.wait_for(
+                lambda: any(text in l for l in self.lines[start:]) or "<eof>" in self.lines,
+                timeout)
+            found = [l for l in self.lines[start:] if text in l]
+            if not ok or not found:
+                raise AssertionError(f"server never printed {text!r}; stderr:\n"
+                                     + "\n".join(self.lines))
+            return found[0]
+
+    def wait_stdout(self, predicate, timeout: float = 10) -> list[str]:
+        with self._cond:
+            self._cond.wait_for(lambda: predicate(self.stdout_lines), timeout)
+            return list(self.stdout_lines)
+
+    def port(self, scheme: str = "http") -> int:
+        return next(p for s, _h, p in self.urls if s == scheme)
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def worker_pids(self) -> list[int]:
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        return [int(p) for p in children.split()]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.fixture(scope="session")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="session")
+def certs(ca, tmp_path_factory):
+    """PEM files for localhost / 127.0.0.1, and a second pair for other.test."""
+    folder = tmp_path_factory.mktemp("certs")
+    out = {}
+    for label, names in (("local", ["localhost", "127.0.0.1"]), ("other", ["other.test"])):
+        cert = ca.issue_cert(*names)
+        chain, key = folder / f"{label}.pem", folder / f"{label}.key"
+        cert.private_key_pem.write_to_path(str(key))
+        cert.cert_chain_pems[0].write_to_path(str(chain))
+        for extra in cert.cert_chain_pems[1:]:
+            chain.write_bytes(chain.read_bytes() + extra.bytes())
+        out[label] = (str(chain), str(key))
+    ca_file = folder / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    out["ca"] = str(ca_file)
+    return out
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    """start_server(toml_text, *args) -> Server; stopped at the end of the test."""
+    servers: list[Server] = []
+
+    def start(toml: str, *args: str, name: str = "nestgate.toml") -> Server:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(toml))
+        server = Server(path, args)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+BASIC_SITE = """
+[server]
+workers = 1
+
+[[listen]]
+address = "127.0.0.1:0"
+
+[[site]]
+hosts = ["*"]
+
+[[site.route]]
+path = "/hello"
+type = "return"
+body = "hello\\n"
+"""

@@ -1,0 +1,188 @@
+"""HTTP/1.1 engine, bytes in and out, no sockets."""
+
+import pytest
+
+from nestgate.handlers.health import Health
+from wire import Wire, config_dict
+
+
+class Echo:
+    """An asynchronous handler that answers with the request body it read."""
+    is_async = True
+
+    async def handle(self, request):
+        body = await request.body.read_all() if request.body else b""
+        await request.send(200, [(b"content-type", b"text/plain")], body)
+
+
+class Streamer:
+    is_async = True
+
+    async def handle(self, request):
+        request.start(200, [(b"content-type", b"text/plain")])
+        for part in (b"one ", b"two ", b"three"):
+            await request.write(part)
+        request.end()
+
+
+class Broken:
+    is_async = True
+
+    async def handle(self, request):
+        raise RuntimeError("boom")
+
+
+@pytest.fixture
+def wire():
+    w = Wire(handlers={"/echo": Echo(), "/stream": Streamer(), "/broken": Broken()})
+    yield w
+    w.close()
+
+
+def test_get_keep_alive(wire):
+    wire.send(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    wire.send(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    responses = wire.responses()
+    assert [r.status for r in responses] == [200, 200]
+    assert responses[0].body == b"hello\n"
+    assert "connection" not in responses[0].headers and "date" in responses[0].headers
+    assert not wire.closed
+
+
+def test_pipelined_responses_keep_request_order(wire):
+    wire.send(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nfirst"
+              b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n"
+              b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\n\r\nsecond"
+              b"GET /missing HTTP/1.1\r\nHost: a\r\n\r\n")
+    assert [(r.status, r.body) for r in wire.responses()][:3] == [
+        (200, b"first"), (200, b"hello\n"), (200, b"second")]
+    assert wire.responses()[3].status == 404
+
+
+def test_head_has_headers_but_no_body(wire):
+    wire.send(b"HEAD /hello HTTP/1.1\r\nHost: a\r\n\r\nGET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    raw = bytes(wire.transport.out)
+    first, second = raw.split(b"HTTP/1.1 200 OK")[1:]
+    assert b"content-length: 6" in first and not first.endswith(b"hello\n")
+    assert second.endswith(b"hello\n")
+
+
+def test_chunked_request_body(wire):
+    wire.send(b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+              b"3\r\nabc\r\n4;ext=1\r\ndefg\r\n0\r\n\r\n")
+    assert wire.responses()[0].body == b"abcdefg"
+
+
+def test_streamed_response_is_chunked(wire):
+    wire.send(b"GET /stream HTTP/1.1\r\nHost: a\r\n\r\n")
+    response = wire.responses()[0]
+    assert response.headers["transfer-encoding"] == "chunked"
+    assert response.body == b"one two three"
+
+
+def test_http10_response_without_length_ends_with_connection(wire):
+    wire.send(b"GET /stream HTTP/1.0\r\n\r\n")
+    assert wire.responses()[0].body == b"one two three" and wire.closed
+
+
+def test_expect_100_continue(wire):
+    wire.send(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n"
+              b"Expect: 100-continue\r\n\r\n")
+    assert bytes(wire.transport.out) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    wire.send(b"data")
+    assert [r.status for r in wire.responses()] == [100, 200]
+    assert wire.responses()[1].body == b"data"
+
+
+def test_expect_100_not_sent_when_body_too_large(wire):
+    wire.send(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999\r\n"
+              b"Expect: 100-continue\r\n\r\n")
+    assert [r.status for r in wire.responses()] == [413]
+    assert wire.closed
+
+
+def test_connection_close_is_honoured(wire):
+    wire.send(b"GET /hello HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    assert wire.responses()[0].headers["connection"] == "close"
+    assert wire.closed
+
+
+def test_http10_keep_alive_on_request(wire):
+    wire.send(b"GET /hello HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    assert wire.responses()[0].headers["connection"] == "keep-alive"
+    assert not wire.closed
+    wire.send(b"GET /hello HTTP/1.0\r\n\r\n")
+    assert wire.closed
+
+
+def test_handler_error_is_500_and_connection_lives(wire):
+    wire.send(b"GET /broken HTTP/1.1\r\nHost: a\r\n\r\nGET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    assert [r.status for r in wire.responses()] == [500, 200]
+
+
+def test_unknown_host_gets_404_page():
+    w = Wire(config_dict(sites=[{"hosts": ["site.test"], "route": [
+        {"path": "/", "type": "return", "body": "x"}]}]))
+    w.send(b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\nGET / HTTP/1.1\r\nHost: SITE.test:80\r\n\r\n")
+    first, second = w.responses()
+    assert first.status == 404 and b"404 Not Found" in first.body
+    assert second.status == 200
+    w.close()
+
+
+LIMITS = {"max_url": "64B", "max_header_bytes": "256B", "max_headers": 5, "max_body": "16B",
+          "header_timeout": "2s", "body_timeout": "2s", "keepalive_timeout": "3s"}
+
+
+@pytest.fixture
+def tight():
+    w = Wire(config_dict(limits=LIMITS), handlers={"/echo": Echo()})
+    yield w
+    w.close()
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"GET /" + b"a" * 80 + b" HTTP/1.1\r\nHost: a\r\n\r\n", 414),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nX-Big: " + b"b" * 300 + b"\r\n\r\n", 431),
+    (b"GET / HTTP/1.1\r\nHost: a\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(6)) + b"\r\n",
+     431),
+    (b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 17\r\n\r\n" + b"x" * 17, 413),
+    (b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b"10\r\n" + b"x" * 16 + b"\r\n1\r\nx\r\n0\r\n\r\n", 413),
+    (b"GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505),
+    (b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nExpect: magic\r\n\r\nx", 417),
+])
+def test_limits_answer_their_status_and_close(tight, request_bytes, status):
+    tight.send(request_bytes)
+    assert [r.status for r in tight.responses()] == [status]
+    assert tight.closed
+
+
+def test_partial_header_past_deadline_gets_408(tight):
+    tight.send(b"GET / HTTP/1.1\r\nHost: a\r\n")
+    tight.expire(1.0)
+    tight.send(b"X-Slow: 1\r\n")            # bytes keep coming: the deadline is absolute
+    assert not tight.closed
+    tight.expire(1.5)
+    assert [r.status for r in tight.responses()] == [408] and tight.closed
+
+
+def test_idle_keep_alive_closes_silently(tight):
+    tight.send(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    tight.expire(2.5)
+    assert not tight.closed
+    tight.expire(1.0)
+    assert tight.closed and len(tight.responses()) == 1
+
+
+def test_slow_body_gets_408(tight):
+    tight.send(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
+    tight.expire(2.5)
+    assert [r.status for r in tight.responses()] == [408] and tight.closed
+
+
+def test_health_body_has_status_version_uptime_pid():
+    import json, os
+    body = json.loads(Health().current().body)
+    assert body["status"] == "ok" and body["pid"] == os.getpid()
+    assert set(body) == {"status", "version", "uptime_s", "pid"}

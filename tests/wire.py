@@ -1,0 +1,149 @@
+"""Protocol tests without sockets: bytes in, bytes out, through a fake transport.
+
+`Wire` builds the same `ServerContext` a worker builds, from a config dict, and
+drives one `HTTP1Connection` on a private event loop so asynchronous handlers
+run too. `parse_responses` splits what the server wrote into responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import httptools
+
+from nestgate.accesslog import AccessLog
+from nestgate.clock import CLOCK
+from nestgate.config import parse_config
+from nestgate.http1 import HTTP1Connection
+from nestgate.site import build_router
+from nestgate.worker import ServerContext
+
+
+class FakeTransport:
+    def __init__(self, peer=("192.0.2.10", 40000)) -> None:
+        self.out = bytearray()
+        self.closed = False
+        self.reading = True
+        self.peer = peer
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "write after close"
+        self.out += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    abort = close
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name, default=None):
+        return self.peer if name == "peername" else default
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+class _WorkerStub:
+    def __init__(self, config, loop) -> None:
+        self.config = config
+        self.loop = loop
+        self.connections = set()
+        self.access_log = AccessLog(config.log)
+        self.draining = False
+
+
+BASE = {
+    "listen": [{"address": "127.0.0.1:0"}],
+    "site": [{"hosts": ["*"], "route": [
+        {"path": "/hello", "type": "return", "body": "hello\n"},
+    ]}],
+}
+
+
+def config_dict(limits=None, sites=None, log=None) -> dict:
+    data = {"listen": BASE["listen"], "site": sites or BASE["site"]}
+    if limits:
+        data["limits"] = limits
+    if log:
+        data["log"] = log
+    return data
+
+
+class Wire:
+    def __init__(self, data: dict | None = None, peer=("192.0.2.10", 40000),
+                 handlers: dict | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.config = parse_config(data or config_dict())
+        self.worker = _WorkerStub(self.config, self.loop)
+        router = build_router(self.config)
+        for path, handler in (handlers or {}).items():
+            router.catch_all.add_exact(path, handler)
+        self.ctx = ServerContext(self.worker, self.config.listeners[0], router)
+        self.transport = FakeTransport(peer)
+        self.conn = HTTP1Connection(self.ctx)
+        self.conn.connection_made(self.transport)
+
+    def send(self, data: bytes, settle: int = 20) -> None:
+        self.conn.data_received(data)
+        self.run(settle)
+
+    def run(self, rounds: int = 20) -> None:
+        async def spin():
+            for _ in range(rounds):
+                await asyncio.sleep(0)
+        self.loop.run_until_complete(spin())
+
+    def responses(self) -> list[Response]:
+        return parse_responses(bytes(self.transport.out))
+
+    @property
+    def closed(self) -> bool:
+        return self.transport.closed
+
+    def expire(self, seconds: float) -> None:
+        """Move the coarse clock on and run the deadline check, as the tick would."""
+        CLOCK.now += seconds
+        self.conn.check_deadline(CLOCK.now)
+
+    def close(self) -> None:
+        self.conn.connection_lost(None)
+        self.run()
+        self.loop.close()
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict = field(default_factory=dict)
+    body: bytes = b""
+
+
+def parse_responses(data: bytes) -> list[Response]:
+    """Every response in `data`, in order (a 100 Continue counts as one)."""
+    out: list[Response] = []
+
+    class Sink:
+        def on_message_begin(self):
+            out.append(Response(0))
+
+        def on_header(self, name, value):
+            out[-1].headers[name.decode().lower()] = value.decode()
+
+        def on_headers_complete(self):
+            out[-1].status = parser.get_status_code()
+
+        def on_body(self, body):
+            out[-1].body += body
+
+    parser = httptools.HttpResponseParser(Sink())
+    parser.feed_data(data)
+    return out
