@@ -41,6 +41,7 @@ class Slot:
     started: float = 0.0
     backoff: float = RESTART_BACKOFF_MIN
     restart_at: float = 0.0
+    last_pid: int = 0
 
 
 @dataclass
@@ -66,7 +67,7 @@ def load(config_path, listen, workers) -> Config:
 class Supervisor:
     def __init__(self, config: Config, config_path, listen, workers) -> None:
         self.config_path, self.listen, self.workers = config_path, listen, workers
-        self.sockets: dict[tuple[str, int], socket.socket] = {}
+        self.sockets: dict[tuple, socket.socket] = {}
         self.generations: list[Generation] = []
         self.by_pid: dict[int, tuple[Generation, Slot]] = {}
         self.pending_signals: list[int] = []
@@ -76,9 +77,14 @@ class Supervisor:
         self._first = config
 
     # ----------------------------------------------------------- listeners
+    @staticmethod
+    def _key(listener, position: int) -> tuple:
+        # Port 0 asks the kernel for a free port: each such listener is its own socket.
+        return (listener.host, listener.port, position if listener.port == 0 else -1)
+
     def bind(self, config: Config) -> None:
-        for listener in config.listeners:
-            key = (listener.host, listener.port)
+        for position, listener in enumerate(config.listeners):
+            key = self._key(listener, position)
             if key in self.sockets:
                 continue
             family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
@@ -95,8 +101,8 @@ class Supervisor:
             say(f"listening on {listener.scheme}://{shown}:{port}")
 
     def sockets_for(self, config: Config):
-        return [(listener, self.sockets[(listener.host, listener.port)])
-                for listener in config.listeners]
+        return [(listener, self.sockets[self._key(listener, position)])
+                for position, listener in enumerate(config.listeners)]
 
     # ----------------------------------------------------------- workers
     def start_generation(self, config: Config) -> Generation:
@@ -165,6 +171,7 @@ class Supervisor:
             if gen is None:
                 continue
             gen.ready.discard(pid)
+            slot.last_pid = pid
             slot.pid = 0
             if gen.stopping or self.stopping:
                 continue
@@ -183,6 +190,7 @@ class Supervisor:
                 if not slot.pid and slot.restart_at and now >= slot.restart_at:
                     slot.restart_at = 0.0
                     self.fork(gen, slot)
+                    say(f"worker {slot.pid} started (replacing {slot.last_pid})")
 
     def forget_finished(self) -> None:
         now = time.monotonic()
@@ -195,6 +203,8 @@ class Supervisor:
                     _kill(slot.pid, signal.SIGKILL)
             if not alive:
                 self.generations.remove(gen)
+                if not self.stopping:
+                    say(f"previous workers finished (generation {gen.number})")
 
     # ----------------------------------------------------------- signals
     def reload(self) -> None:
@@ -244,6 +254,8 @@ class Supervisor:
                     say("stopping: finishing in-flight requests")
                     for gen in self.generations:
                         self.stop_generation(gen)
+                    for sock in self.sockets.values():
+                        sock.close()
                 elif sig == signal.SIGHUP and not self.stopping:
                     self.reload()
                 elif sig == signal.SIGUSR1:

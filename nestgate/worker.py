@@ -98,6 +98,10 @@ class Worker:
             ctx.draining = True
         for server in servers:
             server.close()
+        # Drop this process's copies of the listening sockets: once every process
+        # has, the kernel refuses new connections instead of queueing them unserved.
+        for _listener, sock in self.sockets:
+            sock.close()
         for conn in list(self.connections):
             conn.drain()
         deadline = CLOCK.now + self.config.server.shutdown_timeout
