@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from nestgate.tls import certificate_problem
 from nestgate.units import parse_duration, parse_size
 
 DEFAULT_CONFIG_NAME = "nestgate.toml"
@@ -90,12 +91,72 @@ class Route:
         return self.path or (self.prefix + "*")
 
 
+DEFAULT_CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+               "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'")
+
+
+@dataclass(frozen=True)
+class Security:
+    """Headers added to every response of the site's own handlers (static, notes, home,
+    API), compiled into their cached responses at load time."""
+    enabled: bool = True
+    csp: str = DEFAULT_CSP                  # Content-Security-Policy; "" leaves it out
+    hsts: str = "max-age=31536000"          # sent only when the config has a TLS listener
+    frame_options: str = "DENY"             # X-Frame-Options
+    referrer_policy: str = "strict-origin-when-cross-origin"
+    permissions_policy: str = "camera=(), microphone=(), geolocation=()"
+    nosniff: bool = True                    # X-Content-Type-Options: nosniff
+
+    def headers(self, tls: bool) -> list[tuple[str, str]]:
+        if not self.enabled:
+            return []
+        pairs = [("content-security-policy", self.csp),
+                 ("strict-transport-security", self.hsts if tls else ""),
+                 ("x-content-type-options", "nosniff" if self.nosniff else ""),
+                 ("x-frame-options", self.frame_options),
+                 ("referrer-policy", self.referrer_policy),
+                 ("permissions-policy", self.permissions_policy)]
+        return [(name, value) for name, value in pairs if value]
+
+
+@dataclass(frozen=True)
+class Home:
+    """The home page: who the site belongs to, and the latest notes."""
+    path: str = "/"
+    title: str = "nestgate"
+    owner: str = ""
+    profile: str = ""                       # a few lines of Markdown
+    links: tuple[tuple[str, str], ...] = ()  # (name, url)
+    latest: int = 5                         # how many notes it lists
+
+
+@dataclass(frozen=True)
+class Notes:
+    """Markdown notes in `dir` (<slug>.md with YAML front matter), their pages and API."""
+    dir: str
+    path: str = "/notes"
+    api_path: str = "/api/v1/notes"
+    title: str = "Notes"
+    token: str = ""                         # else the NESTGATE_NOTES_TOKEN environment variable
+    page_size: int = 10
+    cache_pages: int = 256                  # rendered pages kept, per worker
+    feed_entries: int = 20
+    raw_html: bool = False                  # raw HTML inside Markdown stays escaped
+    max_note_bytes: int = 1024 * 1024       # an API body above this -> 413
+    cors_origins: tuple[str, ...] = ()      # origins allowed to call the API ("*": any)
+
+
 @dataclass(frozen=True)
 class Site:
     name: str
     hosts: tuple[str, ...]
     routes: tuple[Route, ...] = ()
     health: bool = True
+    security: Security = Security()
+    home: Home | None = None
+    notes: Notes | None = None
+    templates: str = ""                     # a directory whose templates replace the built-in ones
+    base_url: str = ""                      # absolute address of the site, for the Atom feed
 
 
 @dataclass(frozen=True)
@@ -140,7 +201,8 @@ class _Section:
 
     def fail(self, name: str, expected: str, got: Any = None) -> None:
         shown = "" if got is None else f", got {got!r}"
-        self.problems.append(f"{self.file}: {self.key(name) or '<top>'}: expected {expected}{shown}")
+        key = self.key(name) if name else self.where
+        self.problems.append(f"{self.file}: {key or '<top>'}: expected {expected}{shown}")
 
     def get(self, name: str, default: Any, convert: Callable[[Any], Any], expected: str) -> Any:
         self.seen.add(name)
@@ -191,6 +253,17 @@ class _Section:
         path = (self.base / value).resolve()
         if not path.is_file() or not os.access(path, os.R_OK):
             self.fail(name, "a path to a readable file", value)
+        return str(path)
+
+    def directory(self, name: str, required: bool = False) -> str:
+        value = self.str(name)
+        if not value:
+            if required:
+                self.fail(name, "a path to a directory")
+            return ""
+        path = (self.base / value).resolve()
+        if not path.is_dir() or not os.access(path, os.R_OK | os.X_OK):
+            self.fail(name, "a path to a readable directory", value)
         return str(path)
 
     def tables(self, name: str) -> list[_Section]:
@@ -304,7 +377,12 @@ def _read_listener(s: _Section) -> Listener:
     certs = []
     for c in s.tables("certificate"):
         names = c.strings("names")
-        certs.append(Certificate(c.readable_file("cert", True), c.readable_file("key", True), names))
+        cert = Certificate(c.readable_file("cert", True), c.readable_file("key", True), names)
+        if cert.cert and cert.key and os.path.isfile(cert.cert) and os.path.isfile(cert.key):
+            problem = certificate_problem(cert)
+            if problem:
+                c.fail("", f"a matching PEM certificate and key ({problem})")
+        certs.append(cert)
         c.check_unknown()
     listener = Listener(host, port, tuple(certs),
                         redirect_https=s.bool("redirect_https", False),
@@ -341,7 +419,14 @@ def _read_site(s: _Section, index: int) -> Site:
             s.fail("hosts", "host names, \"*.example.com\" wildcards or \"*\"", h)
     routes = tuple(r for r in (_read_route(t) for t in s.tables("route")) if r)
     site = Site(name=s.str("name", f"site{index}"), hosts=tuple(h.lower() for h in hosts),
-                routes=routes, health=s.bool("health", True))
+                routes=routes, health=s.bool("health", True),
+                security=_read_security(s.table("security")),
+                home=_read_home(s.table("home")) if "home" in s.data else None,
+                notes=_read_notes(s.table("notes")) if "notes" in s.data else None,
+                templates=s.directory("templates"),
+                base_url=s.str("base_url").rstrip("/"))
+    if site.base_url and not site.base_url.startswith(("http://", "https://")):
+        s.fail("base_url", "an absolute http(s) address", site.base_url)
     s.check_unknown()
     return site
 
@@ -367,10 +452,95 @@ def _redirect_options(s: _Section) -> dict[str, Any]:
     return {"to": to, "status": s.choice("status", 308, (301, 302, 303, 307, 308))}
 
 
+def _static_options(s: _Section) -> dict[str, Any]:
+    """Files from `root` (see nestgate/handlers/static.py and docs/site.md)."""
+    options = {
+        "root": s.directory("root", required=True),
+        "index": s.str("index", "index.html"),
+        "listing": s.bool("listing", False),            # directory listing when no index
+        "cache_bytes": s.size("cache_bytes", 64 * 1024 * 1024),   # LRU bound, per worker
+        "cache_file_max": s.size("cache_file_max", 1024 * 1024),  # bigger files are not kept
+        "sendfile_min": s.size("sendfile_min", 1024 * 1024),      # from this size: sendfile
+        "warm": s.bool("warm", False),                  # load small files at start
+        "precompressed": s.bool("precompressed", True),  # serve .br / .gz siblings
+        "cache_control": s.str("cache_control"),
+        "recheck": s.duration("recheck", 1.0),          # stat a cached file at most this often
+    }
+    if "/" in options["index"]:
+        s.fail("index", "a file name", options["index"])
+    return options
+
+
 ROUTE_OPTIONS: dict[str, Callable[[_Section], dict[str, Any]]] = {
     "return": _return_options,
     "redirect": _redirect_options,
+    "static": _static_options,
 }
+
+
+# Site sections: security headers, home page, notes.
+
+def _read_security(s: _Section) -> Security:
+    d = Security()
+    cfg = Security(
+        enabled=s.bool("enabled", d.enabled),
+        csp=s.str("csp", d.csp),
+        hsts=s.str("hsts", d.hsts),
+        frame_options=s.str("frame_options", d.frame_options),
+        referrer_policy=s.str("referrer_policy", d.referrer_policy),
+        permissions_policy=s.str("permissions_policy", d.permissions_policy),
+        nosniff=s.bool("nosniff", d.nosniff),
+    )
+    for name in ("csp", "hsts", "frame_options", "referrer_policy", "permissions_policy"):
+        value = getattr(cfg, name)
+        if "\r" in value or "\n" in value or not value.isascii():
+            s.fail(name, "a header value on one line, in ASCII", value)
+    s.check_unknown()
+    return cfg
+
+
+def _read_home(s: _Section) -> Home:
+    d = Home()
+    links = []
+    for t in s.tables("links"):
+        name, url = t.str("name"), t.str("url")
+        if not name or not url:
+            t.fail("name", "a link with both name and url")
+        links.append((name, url))
+        t.check_unknown()
+    cfg = Home(path=s.str("path", d.path), title=s.str("title", d.title),
+               owner=s.str("owner", d.owner), profile=s.str("profile", d.profile),
+               links=tuple(links), latest=s.int("latest", d.latest, 0, 100))
+    if not cfg.path.startswith("/"):
+        s.fail("path", "a path starting with /", cfg.path)
+    s.check_unknown()
+    return cfg
+
+
+def _read_notes(s: _Section) -> Notes:
+    d = Notes(dir="")
+    cfg = Notes(
+        dir=s.directory("dir", required=True),
+        path=s.str("path", d.path).rstrip("/") or "/notes",
+        api_path=s.str("api_path", d.api_path).rstrip("/"),
+        title=s.str("title", d.title),
+        token=s.str("token", d.token),
+        page_size=s.int("page_size", d.page_size, 1, 1000),
+        cache_pages=s.int("cache_pages", d.cache_pages, 1, 1_000_000),
+        feed_entries=s.int("feed_entries", d.feed_entries, 1, 1000),
+        raw_html=s.bool("raw_html", d.raw_html),
+        max_note_bytes=s.size("max_note_bytes", d.max_note_bytes),
+        cors_origins=s.strings("cors_origins", d.cors_origins),
+    )
+    for name in ("path", "api_path"):
+        if not getattr(cfg, name).startswith("/"):
+            s.fail(name, "a path starting with /", getattr(cfg, name))
+    for origin in cfg.cors_origins:
+        if origin != "*" and (not origin.startswith(("http://", "https://"))
+                              or origin.count("/") != 2):
+            s.fail("cors_origins", "origins such as \"https://example.com\" or \"*\"", origin)
+    s.check_unknown()
+    return cfg
 
 
 # ------------------------------------------------------------------ entry

