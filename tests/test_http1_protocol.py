@@ -186,3 +186,37 @@ def test_health_body_has_status_version_uptime_pid():
     body = json.loads(Health().current().body)
     assert body["status"] == "ok" and body["pid"] == os.getpid()
     assert set(body) == {"status", "version", "uptime_s", "pid"}
+
+
+def test_connections_above_the_limit_get_503():
+    w = Wire(config_dict(limits={"max_connections": 1}))
+    from nestgate.http1 import HTTP1Connection
+    from wire import FakeTransport
+    extra = FakeTransport()
+    HTTP1Connection(w.ctx).connection_made(extra)
+    assert extra.closed and extra.out.startswith(b"HTTP/1.1 503 ")
+    w.send(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")       # the first one is unaffected
+    assert w.responses()[0].status == 200
+    w.close()
+
+
+def test_health_is_rebuilt_at_most_once_a_second():
+    from nestgate.clock import CLOCK
+    health = Health()
+    first = health.current()
+    assert health.current() is first            # same second: the same prebuilt bytes
+    CLOCK.second += 1
+    try:
+        assert health.current() is not first
+    finally:
+        CLOCK.tick()
+
+
+def test_requests_in_flight_on_a_draining_worker_end_with_close(wire):
+    wire.send(b"GET /hello HTTP/1.1\r\nHost: a\r\n")
+    wire.ctx.draining = True
+    wire.conn.drain()
+    wire.send(b"\r\n")
+    response = wire.responses()[0]
+    assert response.status == 200 and response.headers["connection"] == "close"
+    assert wire.closed
