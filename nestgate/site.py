@@ -26,7 +26,16 @@ def build_handler(route, site_config, config):
         return Prebuilt(options["status"], options["body"], options["content_type"])
     if route.type == "redirect":
         return fixed_redirect(options["to"], options["status"])
+    if route.type == "static":
+        from nestgate.handlers.static import StaticFiles
+        return StaticFiles(options, route.prefix or route.path, site_headers(site_config, config),
+                           not_found_response(config))
     raise ValueError(f"no handler for route type {route.type!r}")
+
+
+def site_headers(site_config, config) -> list[tuple[str, str]]:
+    """The site's security headers, as compiled into its handlers' responses."""
+    return site_config.security.headers(any(listener.tls for listener in config.listeners))
 
 
 def build_router(config) -> Router:

@@ -1,0 +1,632 @@
+"""Static files from a directory: cached complete responses, `sendfile` for big files.
+
+Theory of operation
+-------------------
+A request path (already percent-decoded once and dot-normalised by the engine) is
+mapped below the route's prefix to a path relative to `root`. Small files are read
+once, off the loop, into complete `Prebuilt` responses (one per encoding: identity,
+`.br`, `.gz` siblings), kept in an LRU bounded by total bytes; a warm hit is a dict
+lookup, a few header comparisons and one write. A cached file is stat-ed again at
+most once per `recheck` interval, off the loop, so a change or deletion on disk is
+served correctly soon after. Files at or above `sendfile_min` are never read into
+memory: `os.sendfile` on the socket (plain TCP) or reads from an executor (TLS).
+
+Path safety: hidden segments (".git") are refused; the path is resolved with
+`realpath` and must stay inside the resolved root; the file is opened with
+O_NOFOLLOW and, after opening, /proc/self/fd confirms what was opened is inside the
+root and is a regular file, so a directory swapped for a symlink between the check
+and the open cannot lead outside.
+
+This module must not block the loop: every open/stat/read runs in the executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import html
+import mimetypes
+import os
+import stat
+from email.utils import formatdate, parsedate_to_datetime
+from urllib.parse import quote
+
+from nestgate.clock import CLOCK
+from nestgate.responses import (CLOSE, KEEP_ALIVE, KEEP_ALIVE_EXPLICIT, SERVER_LINE,
+                                STATUS_LINES, Prebuilt, header_block, html_page, status_line)
+
+_ENDINGS = (b"\r\n", b"connection: close\r\n\r\n", b"connection: keep-alive\r\n\r\n")
+_READ_CHUNK = 256 * 1024
+_SENDFILE_CHUNK = 4 * 1024 * 1024
+_ENCODINGS = (("br", ".br"), ("gzip", ".gz"))   # preference order
+
+_TYPES = {
+    ".html": "text/html; charset=utf-8", ".htm": "text/html; charset=utf-8",
+    ".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+    ".mjs": "text/javascript; charset=utf-8", ".json": "application/json",
+    ".txt": "text/plain; charset=utf-8", ".md": "text/markdown; charset=utf-8",
+    ".xml": "application/xml", ".svg": "image/svg+xml", ".ico": "image/x-icon",
+    ".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
+    ".webp": "image/webp", ".avif": "image/avif", ".woff2": "font/woff2",
+    ".woff": "font/woff", ".wasm": "application/wasm", ".pdf": "application/pdf",
+    ".mp4": "video/mp4", ".webm": "video/webm",
+}
+
+
+def content_type(name: str) -> str:
+    ext = os.path.splitext(name)[1].lower()
+    known = _TYPES.get(ext)
+    if known:
+        return known
+    guessed = mimetypes.guess_type(name, strict=False)[0]
+    if not guessed:
+        return "application/octet-stream"
+    return guessed + "; charset=utf-8" if guessed.startswith("text/") else guessed
+
+
+def http_date(seconds: float) -> str:
+    return formatdate(int(seconds), usegmt=True)
+
+
+class Bodiless:
+    """A ready response without a body or Content-Length (304): `Prebuilt`'s render API."""
+
+    is_async = False
+    __slots__ = ("status", "content_length", "_head")
+
+    def __init__(self, status: int, headers) -> None:
+        self.status = status
+        self.content_length = 0
+        self._head = (STATUS_LINES.get(status) or status_line(status)) + SERVER_LINE \
+            + header_block(headers)
+
+    def render(self, mode: int, head_only: bool = False) -> bytes:
+        return self._head + CLOCK.date_line + _ENDINGS[mode]
+
+    def current(self) -> Bodiless:
+        return self
+
+
+async def send_ready(request, response) -> None:
+    """Answer an async request with a ready response (Prebuilt or Bodiless) in one write."""
+    conn = request.connection
+    if conn.ctx.draining:
+        request.keep_alive = False
+    mode = CLOSE if not request.keep_alive else \
+        (KEEP_ALIVE if request.version == "1.1" else KEEP_ALIVE_EXPLICIT)
+    data = response.render(mode, request.head_only)
+    request.started = request.finished = True
+    request.status = response.status
+    request.sent = len(data)
+    conn.write(data)
+    if conn.write_paused:
+        await conn.drain()
+
+
+class NotFound(Exception):
+    pass
+
+
+class Variant:
+    """One encoding of a cached file: its 200, its 304 and its validators."""
+
+    __slots__ = ("encoding", "etag", "full", "not_modified")
+
+    def __init__(self, encoding, etag, full, not_modified) -> None:
+        self.encoding, self.etag, self.full, self.not_modified = encoding, etag, full, not_modified
+
+
+class Entry:
+    __slots__ = ("real", "signature", "checked", "mtime", "body", "variants", "identity",
+                 "size", "type", "last_modified", "weight")
+
+
+class Opened:
+    """A file opened off the loop and checked: fd, stat, path."""
+
+    __slots__ = ("fd", "st", "real")
+
+    def __init__(self, fd, st, real) -> None:
+        self.fd, self.st, self.real = fd, st, real
+
+
+def _etag(st, encoding: str = "") -> str:
+    suffix = f"-{encoding}" if encoding else ""
+    return f'"{st.st_mtime_ns:x}-{st.st_size:x}{suffix}"'
+
+
+def _signature(st) -> tuple | None:
+    return None if st is None else (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+class StaticFiles:
+    """The `static` route type. Options come from `config._static_options`."""
+
+    is_async = True
+
+    def __init__(self, options: dict, prefix: str, headers=(), not_found=None,
+                 tls: bool = False) -> None:
+        self.root = os.path.realpath(options["root"])
+        self._root_slash = self.root.rstrip("/") + "/"
+        self.prefix = (prefix or "/").rstrip("/") + "/"
+        self.index = options["index"]
+        self.listing = options["listing"]
+        self.cache_bytes = options["cache_bytes"]
+        self.cache_file_max = min(options["cache_file_max"], options["sendfile_min"])
+        self.sendfile_min = options["sendfile_min"]
+        self.precompressed = options["precompressed"]
+        self.recheck = options["recheck"]
+        self.extra = list(headers)
+        if options["cache_control"]:
+            self.extra.append(("cache-control", options["cache_control"]))
+        self.not_found = not_found or Prebuilt(404, html_page(404), "text/html; charset=utf-8")
+        self._cache: collections.OrderedDict[str, Entry] = collections.OrderedDict()
+        self._cached_bytes = 0
+        self.loop = None
+        if options["warm"]:
+            self.warm()
+
+    # ------------------------------------------------------------ the request
+    async def handle(self, request) -> None:
+        if request.method not in (b"GET", b"HEAD"):
+            await request.send(405, [("allow", "GET, HEAD"), *self.extra,
+                                     ("content-type", "text/plain; charset=utf-8")],
+                               b"method not allowed\n")
+            return
+        rel = self._relative(request.path)
+        if rel is None:
+            await send_ready(request, self.not_found)
+            return
+        self.loop = request.connection.loop
+        entry = self._cache.get(rel)
+        if entry is not None and CLOCK.now - entry.checked < self.recheck:
+            self._cache.move_to_end(rel)
+            await self._answer_cached(request, entry)
+            return
+        try:
+            await self._slow(request, rel, entry)
+        except NotFound:
+            await send_ready(request, self.not_found)
+
+    def _relative(self, path: str) -> str | None:
+        """Path below the root ("" for the root itself, a trailing "/" kept), or None
+        when it is not ours to serve (outside the prefix, or a hidden segment)."""
+        if not path.startswith(self.prefix):
+            return "" if path + "/" == self.prefix else None
+        rel = path[len(self.prefix):]
+        for segment in rel.split("/"):
+            if segment.startswith("."):
+                return None
+        return rel
+
+    async def _slow(self, request, rel: str, entry: Entry | None) -> None:
+        loop = self.loop
+        if entry is not None:
+            fresh = await loop.run_in_executor(None, self._still_fresh, entry)
+            if fresh:
+                entry.checked = CLOCK.now
+                await self._answer_cached(request, entry)
+                return
+            self._forget(rel)
+        found = await loop.run_in_executor(None, self._locate, rel, request.path.endswith("/"))
+        if found[0] == "redirect":
+            location = quote(request.path) + "/" + \
+                ("?" + request.query.decode("latin-1") if request.query else "")
+            await request.send(308, [("location", location), *self.extra,
+                                     ("content-type", "text/html; charset=utf-8")],
+                               html_page(308, location))
+            return
+        if found[0] == "listing":
+            body = await loop.run_in_executor(None, self._listing, found[1], request.path)
+            await request.send(200, [("content-type", "text/html; charset=utf-8"),
+                                     ("cache-control", "no-cache"), *self.extra], body)
+            return
+        real, st = found[1], found[2]
+        if st.st_size < self.cache_file_max:
+            entry = await loop.run_in_executor(None, self._load, real)
+            if entry.weight <= self.cache_bytes:
+                self._remember(rel, entry)
+            await self._answer_cached(request, entry)
+            return
+        await self._answer_large(request, real, st)
+
+    # ------------------------------------------------------------ cached files
+    async def _answer_cached(self, request, entry: Entry) -> None:
+        inm = ims = rng = if_range = accept = None
+        for name, value in request.headers:
+            if name == b"if-none-match":
+                inm = value
+            elif name == b"if-modified-since":
+                ims = value
+            elif name == b"range":
+                rng = value
+            elif name == b"accept-encoding":
+                accept = value
+            elif name == b"if-range":
+                if_range = value
+        variant = entry.identity
+        if accept is not None and len(entry.variants) > 1 and rng is None:
+            variant = _choose(entry.variants, accept)
+        if _not_modified(inm, ims, variant.etag, entry.mtime):
+            await send_ready(request, variant.not_modified)
+            return
+        if rng is not None and _range_applies(if_range, entry.identity.etag):
+            span = parse_range(rng, entry.size)
+            if span is False:
+                await self._unsatisfiable(request, entry.size)
+                return
+            if span is not None:
+                start, end = span
+                await request.send(206, [
+                    ("content-type", entry.type), ("etag", entry.identity.etag),
+                    ("last-modified", entry.last_modified), ("accept-ranges", "bytes"),
+                    ("content-range", f"bytes {start}-{end}/{entry.size}"), *self.extra,
+                ], entry.body[start:end + 1])
+                return
+        await send_ready(request, variant.full)
+
+    async def _unsatisfiable(self, request, size: int) -> None:
+        await request.send(416, [("content-range", f"bytes */{size}"), *self.extra,
+                                 ("content-type", "text/plain; charset=utf-8")],
+                           b"range not satisfiable\n")
+
+    def _remember(self, rel: str, entry: Entry) -> None:
+        self._forget(rel)
+        self._cache[rel] = entry
+        self._cached_bytes += entry.weight
+        while self._cached_bytes > self.cache_bytes and self._cache:
+            _, old = self._cache.popitem(last=False)
+            self._cached_bytes -= old.weight
+
+    def _forget(self, rel: str) -> None:
+        old = self._cache.pop(rel, None)
+        if old is not None:
+            self._cached_bytes -= old.weight
+
+    # ------------------------------------------------------------ large files
+    async def _answer_large(self, request, real: str, st) -> None:
+        loop = self.loop
+        accept = rng = if_range = inm = ims = None
+        for name, value in request.headers:
+            if name == b"accept-encoding":
+                accept = value
+            elif name == b"range":
+                rng = value
+            elif name == b"if-range":
+                if_range = value
+            elif name == b"if-none-match":
+                inm = value
+            elif name == b"if-modified-since":
+                ims = value
+        encoding = ""
+        opened = None
+        if self.precompressed and accept is not None and rng is None:
+            wanted = [(enc, ext) for enc, ext in _ENCODINGS if _accepts(accept, enc)]
+            for enc, ext in wanted:
+                try:
+                    opened = await loop.run_in_executor(None, self._open, real + ext)
+                    encoding = enc
+                    break
+                except NotFound:
+                    continue
+        if opened is None:
+            opened = await loop.run_in_executor(None, self._open, real)
+        try:
+            await self._send_opened(request, opened, real, encoding, rng, if_range, inm, ims)
+        finally:
+            os.close(opened.fd)
+
+    async def _send_opened(self, request, opened: Opened, real, encoding, rng, if_range,
+                           inm, ims) -> None:
+        st = opened.st
+        etag = _etag(st, encoding)
+        last_modified = http_date(st.st_mtime)
+        headers = [("content-type", content_type(real)), ("etag", etag),
+                   ("last-modified", last_modified), ("accept-ranges", "bytes")]
+        if encoding:
+            headers.append(("content-encoding", encoding))
+        if self.precompressed:
+            headers.append(("vary", "accept-encoding"))
+        headers += self.extra
+        if _not_modified(inm, ims, etag, st.st_mtime):
+            request.start(304, [h for h in headers if h[0] != "content-type"], None)
+            return
+        start, length, status = 0, st.st_size, 200
+        if rng is not None and _range_applies(if_range, etag):
+            span = parse_range(rng, st.st_size)
+            if span is False:
+                await self._unsatisfiable(request, st.st_size)
+                return
+            if span is not None:
+                start, length, status = span[0], span[1] - span[0] + 1, 206
+                headers.append(("content-range", f"bytes {span[0]}-{span[1]}/{st.st_size}"))
+        request.start(status, headers, length)
+        if request.head_only or not length:
+            return
+        transport = request.connection.transport
+        if request.scheme == "https" or transport.get_extra_info("socket") is None:
+            await self._send_reads(request, opened.fd, start, length)
+        else:
+            await self._sendfile(request, transport, opened.fd, start, length)
+        request.sent += length
+
+    async def _send_reads(self, request, fd: int, offset: int, length: int) -> None:
+        loop = self.loop
+        conn = request.connection
+        while length > 0:
+            chunk = await loop.run_in_executor(None, os.pread, fd, min(_READ_CHUNK, length),
+                                               offset)
+            if not chunk:
+                raise ConnectionAbortedError("file shrank while being sent")
+            conn.write(chunk)
+            offset += len(chunk)
+            length -= len(chunk)
+            if conn.write_paused:
+                await conn.drain()
+
+    async def _sendfile(self, request, transport, fd: int, offset: int, length: int) -> None:
+        """Zero-copy: wait for the transport's own buffer (the headers) to empty, then
+        `os.sendfile` on a duplicate of the socket's fd, waiting for writability on it."""
+        loop = self.loop
+        out = os.dup(transport.get_extra_info("socket").fileno())
+        try:
+            while transport.get_write_buffer_size():
+                await _writable(loop, out)
+                await asyncio.sleep(0)
+            while length > 0:
+                if transport.is_closing():
+                    raise ConnectionResetError("client went away")
+                try:
+                    sent = os.sendfile(out, fd, offset, min(length, _SENDFILE_CHUNK))
+                except BlockingIOError:
+                    await _writable(loop, out)
+                    continue
+                if sent == 0:
+                    raise ConnectionAbortedError("file shrank while being sent")
+                offset += sent
+                length -= sent
+        except (BrokenPipeError, ConnectionError) as exc:
+            request.keep_alive = False
+            transport.abort()
+            raise ConnectionAbortedError(str(exc)) from None
+        finally:
+            os.close(out)
+
+    # ------------------------------------------------------------ disk (executor)
+    def _locate(self, rel: str, slash: bool):
+        """("file", real, st) | ("redirect",) | ("listing", dir); NotFound otherwise.
+        A directory asked for without its trailing slash is redirected to it, so the
+        relative links of its index work."""
+        real = self._contained(os.path.join(self.root, rel))
+        try:
+            st = os.stat(real)
+        except OSError:
+            raise NotFound() from None
+        if stat.S_ISDIR(st.st_mode):
+            if not slash:
+                return ("redirect",)
+            index = self._contained(os.path.join(real, self.index))
+            try:
+                ist = os.stat(index)
+            except OSError:
+                ist = None
+            if ist is not None and stat.S_ISREG(ist.st_mode):
+                return ("file", index, ist)
+            if self.listing:
+                return ("listing", real)
+            raise NotFound()
+        if not stat.S_ISREG(st.st_mode) or rel.endswith("/"):
+            raise NotFound()
+        return ("file", real, st)
+
+    def _contained(self, path: str) -> str:
+        real = os.path.realpath(path)
+        if real != self.root and not real.startswith(self._root_slash):
+            raise NotFound()
+        return real
+
+    def _open(self, path: str) -> Opened:
+        """Open a regular file inside the root, checked after opening."""
+        real = self._contained(path)
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            raise NotFound() from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise NotFound()
+            try:
+                opened_path = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                opened_path = real             # no /proc: the O_NOFOLLOW open stands
+            if opened_path != self.root and not opened_path.startswith(self._root_slash):
+                raise NotFound()
+            return Opened(fd, st, real)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _read(self, path: str) -> tuple[bytes, os.stat_result] | None:
+        try:
+            opened = self._open(path)
+        except NotFound:
+            return None
+        try:
+            parts, left = [], opened.st.st_size
+            while left > 0:
+                chunk = os.read(opened.fd, min(left, 1 << 20))
+                if not chunk:
+                    break
+                parts.append(chunk)
+                left -= len(chunk)
+            return b"".join(parts), opened.st
+        finally:
+            os.close(opened.fd)
+
+    def _load(self, real: str) -> Entry:
+        got = self._read(real)
+        if got is None:
+            raise NotFound()
+        body, st = got
+        entry = Entry()
+        entry.real = real
+        entry.mtime = st.st_mtime
+        entry.size = len(body)
+        entry.body = body
+        entry.type = content_type(real)
+        entry.last_modified = http_date(st.st_mtime)
+        sigs = [_signature(st)]
+        encoded = []
+        if self.precompressed:
+            for encoding, ext in _ENCODINGS:
+                sibling = self._read(real + ext)
+                sigs.append(_signature(sibling[1]) if sibling else None)
+                if sibling is not None:
+                    encoded.append((encoding, sibling[0], sibling[1]))
+        vary = [("vary", "accept-encoding")] if self.precompressed else []
+        entry.identity = self._variant("", body, st, entry, vary)
+        entry.variants = {"": entry.identity}
+        for encoding, data, sst in encoded:
+            entry.variants[encoding] = self._variant(encoding, data, sst, entry, vary)
+        entry.signature = tuple(sigs)
+        entry.weight = sum(v.full.content_length for v in entry.variants.values()) + 512
+        entry.checked = CLOCK.now
+        return entry
+
+    def _variant(self, encoding, data, st, entry, vary) -> Variant:
+        etag = _etag(st, encoding)
+        validators = [("etag", etag), ("last-modified", entry.last_modified)]
+        coding = [("content-encoding", encoding)] if encoding else []
+        full = Prebuilt(200, data, entry.type,
+                        validators + [("accept-ranges", "bytes")] + coding + vary + self.extra)
+        return Variant(encoding, etag, full, Bodiless(304, validators + vary + self.extra))
+
+    def _still_fresh(self, entry: Entry) -> bool:
+        sigs = [_signature(_stat(entry.real))]
+        if self.precompressed:
+            sigs += [_signature(_stat(entry.real + ext)) for _, ext in _ENCODINGS]
+        return tuple(sigs) == entry.signature and sigs[0] is not None
+
+    def _listing(self, real: str, path: str) -> bytes:
+        names = []
+        with os.scandir(real) as entries:
+            for item in entries:
+                if item.name.startswith("."):
+                    continue
+                names.append(item.name + ("/" if item.is_dir() else ""))
+        names.sort()
+        title = html.escape(path)
+        rows = "".join(f'<li><a href="{quote(n)}">{html.escape(n)}</a></li>' for n in names)
+        return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>"
+                f"</head><body><h1>{title}</h1><ul>{rows}</ul></body></html>\n").encode()
+
+    def warm(self) -> None:
+        """Load small files into the cache before serving (runs before the loop serves)."""
+        for folder, dirs, files in os.walk(self.root):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in sorted(files):
+                if name.startswith(".") or name.endswith((".br", ".gz")):
+                    continue
+                real = os.path.join(folder, name)
+                rel = os.path.relpath(real, self.root)
+                try:
+                    if os.stat(real).st_size >= self.cache_file_max:
+                        continue
+                    entry = self._load(os.path.realpath(real))
+                except (NotFound, OSError):
+                    continue
+                if self._cached_bytes + entry.weight > self.cache_bytes:
+                    return
+                self._remember(rel, entry)
+                if name == self.index:
+                    self._remember(os.path.dirname(rel) + "/" if os.path.dirname(rel) else "",
+                                   entry)
+
+
+def _stat(path: str):
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+async def _writable(loop, fd: int) -> None:
+    waiter = loop.create_future()
+    loop.add_writer(fd, _wake, waiter)
+    try:
+        await waiter
+    finally:
+        loop.remove_writer(fd)
+
+
+def _wake(waiter) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+# ------------------------------------------------------------ HTTP details
+
+
+def _accepts(accept: bytes, coding: str) -> bool:
+    """`coding` is listed in Accept-Encoding with a q-value above 0."""
+    for part in accept.decode("latin-1").lower().split(","):
+        name, _, params = part.strip().partition(";")
+        if name.strip() == coding:
+            params = params.replace(" ", "")
+            if not params.startswith("q="):
+                return True
+            try:
+                return float(params[2:]) > 0
+            except ValueError:
+                return False
+    return False
+
+
+def _choose(variants: dict, accept: bytes) -> Variant:
+    for encoding, _ in _ENCODINGS:
+        if encoding in variants and _accepts(accept, encoding):
+            return variants[encoding]
+    return variants[""]
+
+
+def _not_modified(inm: bytes | None, ims: bytes | None, etag: str, mtime: float) -> bool:
+    if inm is not None:
+        # RFC 9110 13.1.2: weak comparison; If-Modified-Since is ignored when present.
+        tags = [t.strip().removeprefix("W/") for t in inm.decode("latin-1").split(",")]
+        return "*" in tags or etag in tags
+    if ims is not None:
+        try:
+            since = parsedate_to_datetime(ims.decode("latin-1")).timestamp()
+        except (TypeError, ValueError, IndexError):
+            return False
+        return int(mtime) <= since
+    return False
+
+
+def _range_applies(if_range: bytes | None, etag: str) -> bool:
+    return if_range is None or if_range.decode("latin-1").strip() == etag
+
+
+def parse_range(value: bytes, size: int):
+    """(start, end) inclusive; None to ignore the header (malformed or several ranges:
+    RFC 9110 allows answering with the whole file); False when unsatisfiable."""
+    text = value.decode("latin-1").strip()
+    if not text.startswith("bytes=") or "," in text:
+        return None
+    first, sep, last = text[6:].strip().partition("-")
+    if not sep or not (first.isdigit() or last.isdigit()) \
+            or (first and not first.isdigit()) or (last and not last.isdigit()):
+        return None
+    if not first:                              # suffix: the last N bytes
+        n = int(last)
+        if n == 0 or size == 0:
+            return False
+        return max(0, size - n), size - 1
+    start = int(first)
+    end = int(last) if last else size - 1
+    if last and end < start:
+        return None
+    if start >= size:
+        return False
+    return start, min(end, size - 1)

@@ -1,0 +1,282 @@
+"""Static files end to end: real server processes, real files in tmp_path."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import os
+import socket
+import ssl
+import time
+
+import pytest
+
+from wire import parse_responses
+
+SITE = """
+[server]
+workers = {workers}
+
+[[listen]]
+address = "127.0.0.1:0"
+{tls}
+
+[[site]]
+hosts = ["*"]
+
+[[site.route]]
+prefix = "/"
+type = "static"
+root = "{root}"
+sendfile_min = "64KiB"
+recheck = "{recheck}"
+{extra}
+"""
+
+
+def serve(start_server, root, extra="", recheck="1s", workers=1, tls=""):
+    return start_server(SITE.format(root=root, extra=extra, recheck=recheck, workers=workers,
+                                    tls=tls))
+
+
+def get(port, path, headers=None, method="GET", context=None):
+    if context is not None:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=context)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request(method, path, headers=headers or {})
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
+
+
+@pytest.fixture
+def root(tmp_path):
+    site = tmp_path / "public"
+    site.mkdir()
+    (site / "index.html").write_text("<h1>home</h1>\n")
+    (site / "style.css").write_text("body { color: #123; }\n" * 10)
+    (site / "docs").mkdir()
+    (site / "docs" / "index.html").write_text("docs index\n")
+    (site / "empty").mkdir()
+    (site / "empty" / "a.txt").write_text("a\n")
+    (site / ".secret").write_text("hidden\n")
+    (site / "big.bin").write_bytes(os.urandom(300 * 1024))
+    return site
+
+
+def test_small_file_headers_and_body(start_server, root):
+    server = serve(start_server, root)
+    status, headers, body = get(server.port(), "/style.css")
+    assert status == 200 and body == (root / "style.css").read_bytes()
+    assert headers["content-type"] == "text/css; charset=utf-8"
+    st = os.stat(root / "style.css")
+    assert headers["etag"] == f'"{st.st_mtime_ns:x}-{st.st_size:x}"'
+    assert headers["last-modified"].endswith("GMT")
+    assert headers["accept-ranges"] == "bytes"
+    assert headers["x-content-type-options"] == "nosniff"
+    assert headers["x-frame-options"] == "DENY"
+    assert "default-src 'self'" in headers["content-security-policy"]
+    assert "strict-transport-security" not in headers       # no TLS listener
+    status, headers, body = get(server.port(), "/style.css", method="HEAD")
+    assert status == 200 and body == b"" and int(headers["content-length"]) == st.st_size
+
+
+def test_conditional_requests(start_server, root):
+    server = serve(start_server, root)
+    _, headers, _ = get(server.port(), "/style.css")
+    etag, modified = headers["etag"], headers["last-modified"]
+    status, headers, body = get(server.port(), "/style.css", {"If-None-Match": etag})
+    assert (status, body) == (304, b"") and headers["etag"] == etag
+    assert "content-length" not in headers
+    assert get(server.port(), "/style.css", {"If-None-Match": f'"x", W/{etag}'})[0] == 304
+    assert get(server.port(), "/style.css", {"If-None-Match": '"other"'})[0] == 200
+    assert get(server.port(), "/style.css", {"If-Modified-Since": modified})[0] == 304
+    old = "Mon, 01 Jan 2001 00:00:00 GMT"
+    assert get(server.port(), "/style.css", {"If-Modified-Since": old})[0] == 200
+    # If-None-Match wins over If-Modified-Since.
+    assert get(server.port(), "/style.css",
+               {"If-None-Match": '"other"', "If-Modified-Since": modified})[0] == 200
+    # The large-file path answers conditionals too.
+    _, headers, _ = get(server.port(), "/big.bin", method="HEAD")
+    assert get(server.port(), "/big.bin", {"If-None-Match": headers["etag"]})[0] == 304
+
+
+@pytest.mark.parametrize("path", ["/style.css", "/big.bin"])
+def test_ranges(start_server, root, path):
+    server = serve(start_server, root)
+    data = (root / path[1:]).read_bytes()
+    size = len(data)
+    status, headers, body = get(server.port(), path, {"Range": "bytes=10-19"})
+    assert (status, body) == (206, data[10:20])
+    assert headers["content-range"] == f"bytes 10-19/{size}"
+    status, _, body = get(server.port(), path, {"Range": "bytes=-5"})
+    assert (status, body) == (206, data[-5:])
+    status, _, body = get(server.port(), path, {"Range": f"bytes={size - 3}-"})
+    assert (status, body) == (206, data[-3:])
+    status, headers, _ = get(server.port(), path, {"Range": f"bytes={size}-"})
+    assert status == 416 and headers["content-range"] == f"bytes */{size}"
+    # Several ranges or a malformed header: the whole file.
+    assert get(server.port(), path, {"Range": "bytes=0-1,4-5"})[2] == data
+    assert get(server.port(), path, {"Range": "pages=1"})[2] == data
+    # If-Range with a stale validator: the whole file.
+    status, _, body = get(server.port(), path, {"Range": "bytes=0-3", "If-Range": '"old"'})
+    assert (status, body) == (200, data)
+
+
+def test_precompressed_siblings(start_server, root):
+    plain = (root / "style.css").read_bytes()
+    (root / "style.css.gz").write_bytes(gzip.compress(plain))
+    (root / "style.css.br").write_bytes(b"pretend-brotli")
+    big = (root / "big.bin").read_bytes()
+    (root / "big.bin.gz").write_bytes(gzip.compress(big))
+    server = serve(start_server, root)
+    port = server.port()
+    status, headers, body = get(port, "/style.css", {"Accept-Encoding": "gzip, br"})
+    assert headers["content-encoding"] == "br" and body == b"pretend-brotli"
+    assert headers["vary"] == "accept-encoding"
+    status, headers, body = get(port, "/style.css", {"Accept-Encoding": "gzip, br;q=0"})
+    assert headers["content-encoding"] == "gzip" and gzip.decompress(body) == plain
+    assert headers["etag"].endswith('-gzip"')
+    status, headers, body = get(port, "/style.css", {"Accept-Encoding": "identity"})
+    assert "content-encoding" not in headers and body == plain
+    assert headers["vary"] == "accept-encoding"
+    status, headers, body = get(port, "/big.bin", {"Accept-Encoding": "gzip"})
+    assert headers["content-encoding"] == "gzip" and gzip.decompress(body) == big
+    assert get(port, "/style.css.gz")[0] == 200      # the sibling itself is a file too
+
+
+def test_directories(start_server, root):
+    server = serve(start_server, root)
+    port = server.port()
+    assert get(port, "/")[2] == b"<h1>home</h1>\n"
+    assert get(port, "/docs/")[2] == b"docs index\n"
+    status, headers, _ = get(port, "/docs?x=1")
+    assert status == 308 and headers["location"] == "/docs/?x=1"
+    assert get(port, "/empty/")[0] == 404                       # no listing by default
+    assert get(port, "/style.css/")[0] == 404
+
+
+def test_listing_when_enabled(start_server, root):
+    (root / "empty" / "<b>.txt").write_text("x")
+    server = serve(start_server, root, 'listing = true')
+    status, headers, body = get(server.port(), "/empty/")
+    assert status == 200 and b'href="a.txt"' in body
+    assert b"&lt;b&gt;.txt" in body and b"<b>" not in body
+
+
+def test_change_and_delete_seen_soon(start_server, root):
+    server = serve(start_server, root, recheck="100ms")
+    port = server.port()
+    assert get(port, "/style.css")[2].startswith(b"body")
+    (root / "style.css").write_text("changed\n")
+    deadline = time.monotonic() + 5
+    while get(port, "/style.css")[2] != b"changed\n":
+        assert time.monotonic() < deadline, "change never served"
+        time.sleep(0.05)
+    (root / "style.css").unlink()
+    while get(port, "/style.css")[0] != 404:
+        assert time.monotonic() < deadline, "deletion never seen"
+        time.sleep(0.05)
+
+
+def test_path_safety(start_server, root, tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret\n")
+    (root / "out-link").symlink_to(outside)
+    (root / "out-dir").symlink_to(tmp_path)
+    (root / "in-link.css").symlink_to(root / "style.css")
+    os.mkfifo(root / "fifo")
+    server = serve(start_server, root)
+    port = server.port()
+    assert get(port, "/out-link")[0] == 404
+    assert get(port, "/out-dir/outside.txt")[0] == 404
+    assert get(port, "/in-link.css")[0] == 200
+    assert get(port, "/fifo")[0] == 404
+    assert get(port, "/.secret")[0] == 404
+    assert get(port, "/docs/%2e%2e/.secret")[0] == 404
+    for path in ("/../outside.txt", "/%2e%2e/outside.txt", "/a%2f..%2f..%2foutside.txt",
+                 "/style.css%00", "/..%5coutside.txt"):
+        assert get(port, path)[0] in (400, 404), path
+
+
+def test_method_not_allowed(start_server, root):
+    server = serve(start_server, root)
+    status, headers, _ = get(server.port(), "/style.css", method="POST")
+    assert status == 405 and headers["allow"] == "GET, HEAD"
+
+
+def test_large_file_sendfile_keep_alive_pipelined(start_server, root):
+    server = serve(start_server, root)
+    big = (root / "big.bin").read_bytes()
+    css = (root / "style.css").read_bytes()
+    with socket.create_connection(("127.0.0.1", server.port()), timeout=10) as sock:
+        sock.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"GET /style.css HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"GET /big.bin HTTP/1.1\r\nHost: x\r\nRange: bytes=100-\r\n"
+                     b"Connection: close\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(1 << 20):
+            data += chunk
+    responses = parse_responses(data)
+    assert [r.status for r in responses] == [200, 200, 206]
+    assert [r.body for r in responses] == [big, css, big[100:]]
+
+
+def test_large_file_over_tls(start_server, root, certs):
+    tls = f"""
+[[listen]]
+address = "127.0.0.1:0"
+[[listen.certificate]]
+cert = "{certs['local'][0]}"
+key = "{certs['local'][1]}"
+"""
+    server = serve(start_server, root, tls=tls)
+    context = ssl.create_default_context(cafile=certs["ca"])
+    status, headers, body = get(server.port("https"), "/big.bin", context=context)
+    assert status == 200 and body == (root / "big.bin").read_bytes()
+    assert headers["strict-transport-security"] == "max-age=31536000"
+    status, _, body = get(server.port("https"), "/big.bin", {"Range": "bytes=5-9"},
+                          context=context)
+    assert (status, body) == (206, (root / "big.bin").read_bytes()[5:10])
+
+
+def test_warm_up_and_cache_bound(start_server, root):
+    for i in range(20):
+        (root / f"f{i}.txt").write_bytes(bytes([65 + i]) * 4000)
+    server = serve(start_server, root, 'warm = true\ncache_bytes = "16KiB"')
+    for i in range(20):
+        assert get(server.port(), f"/f{i}.txt")[2] == bytes([65 + i]) * 4000
+
+
+def test_static_under_a_prefix(start_server, root, tmp_path):
+    server = start_server(f"""
+        [server]
+        workers = 1
+        [[listen]]
+        address = "127.0.0.1:0"
+        [[site]]
+        hosts = ["*"]
+        [[site.route]]
+        prefix = "/assets/"
+        type = "static"
+        root = "{root}"
+        cache_control = "public, max-age=3600"
+        [site.security]
+        enabled = false
+    """)
+    status, headers, body = get(server.port(), "/assets/style.css")
+    assert status == 200 and headers["cache-control"] == "public, max-age=3600"
+    assert "x-frame-options" not in headers
+    assert get(server.port(), "/assets")[0] == 404       # the router sends it elsewhere
+    assert get(server.port(), "/style.css")[0] == 404
+
+
+def test_missing_root_is_a_config_error(tmp_path):
+    from nestgate.config import ConfigError, parse_config
+    with pytest.raises(ConfigError) as err:
+        parse_config({"listen": [{"address": "127.0.0.1:0"}],
+                      "site": [{"route": [{"prefix": "/", "type": "static",
+                                           "root": str(tmp_path / "nope")}]}]})
+    assert "site[0].route[0].root: expected a path to a readable directory" in str(err.value)
