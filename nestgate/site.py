@@ -38,6 +38,19 @@ def site_headers(site_config, config) -> list[tuple[str, str]]:
     return site_config.security.headers(any(listener.tls for listener in config.listeners))
 
 
+def add_site_pages(site: SiteRoutes, site_config, config, not_found) -> None:
+    """The home page, the notes pages and the notes API ([site.home], [site.notes])."""
+    from nestgate.notes.api import NotesApi
+    from nestgate.notes.pages import SitePages
+    headers = site_headers(site_config, config)
+    pages = SitePages(site_config, headers, not_found)
+    pages.attach(site)
+    if site_config.notes:
+        api = site_config.notes.api_path
+        site.add_exact(api, NotesApi(pages, headers, item=False), api)
+        site.add_exact(api + "/{slug}", NotesApi(pages, headers, item=True), api + "/{slug}")
+
+
 def build_router(config) -> Router:
     not_found = not_found_response(config)
     router = Router(SiteRoutes("", not_found))
@@ -52,6 +65,8 @@ def build_router(config) -> Router:
                 site.add_exact(route.path, handler, route.label)
             else:
                 site.add_prefix(route.prefix, handler, route.label)
+        if site_config.home or site_config.notes:
+            add_site_pages(site, site_config, config, not_found)
         router.add_site(site_config.hosts, site)
     return router
 

@@ -72,11 +72,13 @@ class Bodiless:
     """A ready response without a body or Content-Length (304): `Prebuilt`'s render API."""
 
     is_async = False
-    __slots__ = ("status", "content_length", "_head")
+    __slots__ = ("status", "content_length", "body", "_head", "h2_cache")
 
     def __init__(self, status: int, headers) -> None:
         self.status = status
         self.content_length = 0
+        self.body = b""
+        self.h2_cache = None
         self._head = (STATUS_LINES.get(status) or status_line(status)) + SERVER_LINE \
             + header_block(headers)
 
@@ -89,6 +91,10 @@ class Bodiless:
 
 async def send_ready(request, response) -> None:
     """Answer an async request with a ready response (Prebuilt or Bodiless) in one write."""
+    send_prebuilt = getattr(request, "send_prebuilt", None)
+    if send_prebuilt is not None:
+        await send_prebuilt(response)
+        return
     conn = request.connection
     if conn.ctx.draining:
         request.keep_alive = False
@@ -343,26 +349,24 @@ class StaticFiles:
         request.start(status, headers, length)
         if request.head_only or not length:
             return
-        transport = request.connection.transport
-        if request.scheme == "https" or transport.get_extra_info("socket") is None:
-            await self._send_reads(request, opened.fd, start, length)
-        else:
+        transport = getattr(request.connection, "transport", None)
+        if request.scheme == "http" and request.version in ("1.0", "1.1") \
+                and transport is not None and transport.get_extra_info("socket") is not None:
             await self._sendfile(request, transport, opened.fd, start, length)
-        request.sent += length
+            request.sent += length
+        else:                                 # TLS or HTTP/2: the bytes pass through us
+            await self._send_reads(request, opened.fd, start, length)
 
     async def _send_reads(self, request, fd: int, offset: int, length: int) -> None:
         loop = self.loop
-        conn = request.connection
         while length > 0:
             chunk = await loop.run_in_executor(None, os.pread, fd, min(_READ_CHUNK, length),
                                                offset)
             if not chunk:
                 raise ConnectionAbortedError("file shrank while being sent")
-            conn.write(chunk)
+            await request.write(chunk)
             offset += len(chunk)
             length -= len(chunk)
-            if conn.write_paused:
-                await conn.drain()
 
     async def _sendfile(self, request, transport, fd: int, offset: int, length: int) -> None:
         """Zero-copy: wait for the transport's own buffer (the headers) to empty, then

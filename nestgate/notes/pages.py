@@ -1,0 +1,261 @@
+"""The home page and the notes pages of one site, cached as complete responses.
+
+Theory of operation
+-------------------
+Every page that exists (home, /notes, /notes/page/N, /notes/<slug>, /notes/tag/<tag>,
+/notes/feed.xml) is a `CachedPage` registered as an exact route, so a warm hit is
+the engine's one dict lookup plus `Prebuilt.render`: the page is answered from the
+parser callback. Its `is_async` is a property: False while it holds a page rendered
+at the current generation, True when the page is missing or stale, and then the
+engine calls `handle`, which rebuilds the page off the loop.
+
+The generation is the store's shared counter (bumped by any worker's write) plus a
+local count of outside edits, noticed by a directory check made at most once a
+second, in the executor. Pages are bounded (`cache_pages`): the oldest rendered is
+dropped first and renders again on its next request.
+
+Pages not yet registered (a note written by another worker, a tag page never asked
+for) reach a `PageFallback` pattern route, which validates the name, renders, and
+registers the page when it exists. A page whose note is gone unregisters itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+from urllib.parse import quote
+
+from nestgate.clock import CLOCK
+from nestgate.handlers.static import send_ready
+from nestgate.notes.render import Renderer
+from nestgate.notes.store import SLUG, NoteStore
+from nestgate.responses import Prebuilt, html_page
+
+log = logging.getLogger("nestgate.notes")
+
+HTML = "text/html; charset=utf-8"
+ATOM = "application/atom+xml; charset=utf-8"
+DIR_CHECK_INTERVAL = 1.0          # seconds between checks for edits made outside nestgate
+
+
+class SitePages:
+    """Per worker and site: the notes index, the renderer and the page cache."""
+
+    def __init__(self, site_config, headers, not_found: Prebuilt) -> None:
+        self.home = site_config.home
+        self.notes = site_config.notes
+        self.store = NoteStore(self.notes.dir) if self.notes else None
+        self.renderer = Renderer(site_config)
+        self.headers = [("cache-control", "no-cache"), *headers]
+        self.not_found = not_found
+        self.routes = None
+        self.rendered: collections.OrderedDict[CachedPage, None] = collections.OrderedDict()
+        self.registered: dict[str, CachedPage] = {}
+        self.limit = self.notes.cache_pages if self.notes else 16
+        self._index_lock = threading.Lock()
+        self._index_gen = None
+        self.public: list = []              # newest first, drafts left out
+        self.by_slug: dict = {}
+        self.by_tag: dict[str, list] = {}
+        self._next_check = 0.0
+        self._dir_signature = None
+
+    # ------------------------------------------------------------ wiring
+    def attach(self, routes) -> None:
+        """Register the fixed pages and the fallbacks in the site's route table."""
+        self.routes = routes
+        if self.home:
+            self._register(CachedPage(self, ("home",), self.home.path))
+        if self.notes:
+            base = self.notes.path
+            self._register(CachedPage(self, ("list", 1), base))
+            self._register(CachedPage(self, ("feed",), base + "/feed.xml"))
+            routes.add_exact(base + "/{slug}", PageFallback(self, "note"), base + "/{slug}")
+            routes.add_exact(base + "/page/{n}", PageFallback(self, "list"), base + "/page/{n}")
+            routes.add_exact(base + "/tag/{tag}", PageFallback(self, "tag"), base + "/tag/{tag}")
+            routes.add_exact(base + "/tag/{tag}/page/{n}", PageFallback(self, "tag"),
+                             base + "/tag/{tag}/page/{n}")
+
+    def _register(self, page: CachedPage) -> None:
+        if page.path in self.registered or len(self.registered) >= 4 * self.limit + 8:
+            return
+        self.registered[page.path] = page
+        self.routes.add_exact(page.path, page, page.label)
+
+    def _unregister(self, page: CachedPage) -> None:
+        if self.registered.get(page.path) is page:
+            del self.registered[page.path]
+            self.routes.exact.pop(page.path, None)
+            self.routes.exact_raw.pop(page.path.encode(), None)
+
+    # ------------------------------------------------------------ freshness
+    def generation(self) -> int:
+        """Called on every request for a cached page: a memory read, plus at most once a
+        second a directory check handed to the executor."""
+        if self.store is None:
+            return 0
+        if CLOCK.now >= self._next_check:
+            self._next_check = CLOCK.now + DIR_CHECK_INTERVAL
+            try:
+                asyncio.get_running_loop().run_in_executor(None, self._check_dir)
+            except RuntimeError:
+                pass
+        return self.store.generation()
+
+    def _check_dir(self) -> None:
+        try:
+            signature = self.store.signature()
+        except OSError:
+            return
+        # Compared with what the index was built from, so an edit made while a check
+        # was queued is not taken as the baseline.
+        scanned = self.store.scanned_signature
+        if scanned is not None and signature != scanned and signature != self._dir_signature:
+            self.store.changed_outside()
+        self._dir_signature = signature
+
+    def _ensure_index(self) -> int:
+        """The generation the index now reflects (runs in the executor)."""
+        gen = self.store.generation() if self.store else 0
+        with self._index_lock:
+            if self._index_gen == gen:
+                return gen
+            if self.store is not None:
+                notes = [n for n in self.store.scan() if not n.draft]
+                notes.sort(key=lambda n: (n.date, n.slug), reverse=True)
+                by_tag: dict[str, list] = {}
+                for note in notes:
+                    for tag in note.tags:
+                        by_tag.setdefault(tag, []).append(note)
+                self.public, self.by_tag = notes, by_tag
+                self.by_slug = {n.slug: n for n in notes}
+            self._index_gen = gen
+            return gen
+
+    # ------------------------------------------------------------ building
+    def build(self, key: tuple) -> tuple[int, Prebuilt | None]:
+        """(generation, page) for a page key; page None when it does not exist.
+        Runs in the executor: reads the disk when the index is stale, then renders."""
+        gen = self._ensure_index()
+        kind = key[0]
+        r = self.renderer
+        if kind == "home":
+            body = r.home_page(self.public[: self.home.latest] if self.notes else [])
+        elif kind == "note":
+            note = self.by_slug.get(key[1])
+            body = r.note_page(note) if note else None
+        elif kind == "list":
+            body = r.list_page(self.public, key[1], self.notes.path, self.notes.title)
+        elif kind == "tag":
+            tagged = self.by_tag.get(key[1])
+            body = r.list_page(tagged, key[2], self.tag_path(key[1]), f"#{key[1]}") \
+                if tagged else None
+        elif kind == "feed":
+            return gen, Prebuilt(200, r.feed(self.public), ATOM, self.headers)
+        else:
+            body = None
+        return gen, None if body is None else Prebuilt(200, body, HTML, self.headers)
+
+    def keep(self, page: CachedPage, gen: int, response: Prebuilt) -> None:
+        page.page, page.gen = response, gen
+        self.rendered.pop(page, None)
+        self.rendered[page] = None
+        while len(self.rendered) > self.limit:
+            old, _ = self.rendered.popitem(last=False)
+            old.page = None
+        self._register(page)
+
+    def drop(self, page: CachedPage) -> None:
+        page.page = None
+        self.rendered.pop(page, None)
+        if page.key[0] not in ("home", "feed") and page.key != ("list", 1):
+            self._unregister(page)
+
+    # ------------------------------------------------------------ names
+    def tag_path(self, tag: str) -> str:
+        return f"{self.notes.path}/tag/{tag}"
+
+    def page_for(self, kind: str, params: dict) -> CachedPage | None:
+        base = self.notes.path
+        n = params.get("n", "1")
+        if not n.isdigit() or not 1 <= int(n) <= 100_000 or (n != "1" and n.startswith("0")):
+            return None
+        n = int(n)
+        if kind == "note":
+            slug = params["slug"]
+            if not SLUG.match(slug):
+                return None
+            key, path = ("note", slug), f"{base}/{slug}"
+        elif kind == "list":
+            if n < 2:
+                return None
+            key, path = ("list", n), f"{base}/page/{n}"
+        else:
+            tag = params["tag"]
+            key = ("tag", tag, n)
+            path = self.tag_path(tag) + (f"/page/{n}" if n > 1 else "")
+            if n == 1 and "n" in params:
+                return None                      # /tag/x/page/1 is /tag/x
+        return self.registered.get(path) or CachedPage(self, key, path)
+
+
+class CachedPage:
+    """One page as an exact route; see the module docstring for `is_async`."""
+
+    __slots__ = ("site", "key", "path", "label", "page", "gen")
+
+    def __init__(self, site: SitePages, key: tuple, path: str) -> None:
+        self.site, self.key, self.path = site, key, path
+        self.label = path if key[0] in ("home", "feed", "list") else \
+            f"{site.notes.path}/{{{key[0]}}}"
+        self.page: Prebuilt | None = None
+        self.gen = -1
+
+    @property
+    def is_async(self) -> bool:
+        return self.page is None or self.gen != self.site.generation()
+
+    def current(self) -> Prebuilt:
+        return self.page
+
+    async def handle(self, request) -> None:
+        if request.method not in (b"GET", b"HEAD"):
+            await request.send(405, [("allow", "GET, HEAD"),
+                                     ("content-type", "text/plain; charset=utf-8")],
+                               b"method not allowed\n")
+            return
+        site = self.site
+        loop = request.connection.loop
+        gen, response = await loop.run_in_executor(None, site.build, self.key)
+        if response is None:
+            site.drop(self)
+            await send_ready(request, site.not_found)
+            return
+        site.keep(self, gen, response)
+        await send_ready(request, response)
+
+
+class PageFallback:
+    """Pattern routes under the notes path: pages not (yet) registered."""
+
+    is_async = True
+
+    def __init__(self, site: SitePages, kind: str) -> None:
+        self.site, self.kind = site, kind
+
+    async def handle(self, request) -> None:
+        page = self.site.page_for(self.kind, request.params)
+        if page is None:
+            await send_ready(request, self.site.not_found)
+            return
+        if request.path != page.path:
+            if request.path.rstrip("/") != page.path:
+                await send_ready(request, self.site.not_found)
+                return
+            location = quote(page.path)
+            await request.send(308, [("location", location), ("content-type", HTML)],
+                               html_page(308, location))
+            return
+        await page.handle(request)
