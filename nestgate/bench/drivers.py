@@ -78,7 +78,8 @@ def percentile(sorted_values: list[float], pct: float) -> float | None:
     """Nearest-rank percentile of an ascending list (the value at or above pct% of samples)."""
     if not sorted_values:
         return None
-    rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
+    # round() first: 99.9 / 100 * 1000 is 999.0000000000001 in floating point.
+    rank = max(1, math.ceil(round(pct * len(sorted_values) / 100, 9)))
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 

@@ -69,7 +69,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("h2-health", "health JSON over HTTP/2 + TLS 1.3 (h2load -c64 -m10)", _health, HEALTH,
              driver="h2load", tls=True, streams=10, needs="HTTP/2"),
     Scenario("https-404-cidr", "HTTPS 404 for an unmatched Host, 1,000-entry CIDR list checked",
-             _health, HEALTH, tls=True, host="unknown.example", expect_status=404,
+             _health, "/no-such-page", tls=True, host="unknown.example", expect_status=404,
              needs="access lists"),
 )
 

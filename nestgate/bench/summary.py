@@ -104,7 +104,7 @@ def write(outdir: Path, summary: dict) -> None:
 def fmt(value, unit: str = "") -> str:
     if value is None:
         return "-"
-    if isinstance(value, float) and abs(value) >= 1000:
+    if isinstance(value, (int, float)) and abs(value) >= 1000:
         text = f"{value:,.0f}"
     elif isinstance(value, float):
         text = f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
@@ -139,9 +139,11 @@ def markdown(summary: dict) -> str:
             cells.append("-" if not st or st["median"] is None else
                          f"{fmt(st['median'], unit)} ({fmt(st['min'])}-{fmt(st['max'])})")
         out.append(f"| {label} | " + " | ".join(cells) + " |")
-    for peer, info in summary.get("servers", {}).items():
+    if summary.get("servers"):
         out.append("")
-        out.append(f"- {peer}: " + ", ".join(f"{k} {fmt(v)}" for k, v in info.items()))
+    for peer, info in summary.get("servers", {}).items():
+        out.append(f"- {peer}: " + ", ".join(f"{k} {v if isinstance(v, int) else fmt(v)}"
+                                              for k, v in info.items()))
     for peer, reason in summary.get("skipped_peers", {}).items():
         out.append(f"- {peer} not run: {reason}")
     if summary.get("sweep"):
