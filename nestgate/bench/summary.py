@@ -144,6 +144,9 @@ def markdown(summary: dict) -> str:
     for peer, info in summary.get("servers", {}).items():
         out.append(f"- {peer}: " + ", ".join(f"{k} {v if isinstance(v, int) else fmt(v)}"
                                               for k, v in info.items()))
+    if summary.get("disk_fsync_writes_per_s"):
+        out.append(f"- requests/s here are notes written; this disk's own rate for write + "
+                   f"fsync + rename + fsync dir: {fmt(summary['disk_fsync_writes_per_s'])}/s")
     for peer, reason in summary.get("skipped_peers", {}).items():
         out.append(f"- {peer} not run: {reason}")
     if summary.get("sweep"):
@@ -171,8 +174,15 @@ def console(summary: dict) -> str:
     for name, block in summary.get("compare", {}).items():
         lines.append(f"  {name.replace('_vs_', '/')}: req/s x{fmt(block['requests_per_s_ratio_median'])}"
                      f", CPU per request x{fmt(block['cpu_us_per_request_ratio_median'])}")
+    if summary.get("disk_fsync_writes_per_s"):
+        lines.append(f"  notes written per s: {fmt(med_of(summary, 'requests_per_s'))}; the disk's "
+                     f"own write+fsync+rename rate: {fmt(summary['disk_fsync_writes_per_s'])}/s")
     info = summary.get("servers", {}).get(SUBJECT, {})
     if "worker_rss_idle_mb" in info:
         lines.append(f"  nestgate worker RSS: idle {fmt(info['worker_rss_idle_mb'])} MB, "
                      f"after the runs {fmt(info.get('worker_rss_after_mb'))} MB")
     return "\n".join(lines)
+
+
+def med_of(summary: dict, key: str, peer: str = SUBJECT):
+    return ((summary.get(peer) or {}).get(key) or {}).get("median")
