@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from nestgate.tls import certificate_problem
+from nestgate.access import _cidr_list, read_access
+from nestgate.auth.config import read_auth
+from nestgate.proxy.options import proxy_options
 from nestgate.units import parse_duration, parse_size
 
 DEFAULT_CONFIG_NAME = "nestgate.toml"
@@ -69,6 +72,7 @@ class Listener:
     certificates: tuple[Certificate, ...] = ()
     redirect_https: bool = False
     https_port: int = 443
+    proxy_protocol_from: tuple[str, ...] = ()   # peers that may send a PROXY header
 
     @property
     def tls(self) -> bool:
@@ -85,6 +89,7 @@ class Route:
     path: str = ""                          # exact path, may hold {name} segments
     prefix: str = ""                        # prefix match, longest wins
     options: dict[str, Any] = field(default_factory=dict)
+    access: Any = None                      # nestgate.access.AccessConfig, replaces the site's
 
     @property
     def label(self) -> str:
@@ -152,6 +157,8 @@ class Site:
     hosts: tuple[str, ...]
     routes: tuple[Route, ...] = ()
     health: bool = True
+    access: Any = None                      # nestgate.access.AccessConfig
+    protected: bool = False                 # sign-in before forwarding ([auth])
     security: Security = Security()
     home: Home | None = None
     notes: Notes | None = None
@@ -176,6 +183,8 @@ class Config:
     log: LogConfig
     listeners: tuple[Listener, ...]
     sites: tuple[Site, ...]
+    trusted_proxies: tuple[str, ...] = ()   # X-Forwarded-For is walked through these
+    auth: Any = None                        # nestgate.auth.config.AuthConfig
 
     @property
     def worker_count(self) -> int:
@@ -386,7 +395,10 @@ def _read_listener(s: _Section) -> Listener:
         c.check_unknown()
     listener = Listener(host, port, tuple(certs),
                         redirect_https=s.bool("redirect_https", False),
-                        https_port=s.int("https_port", 443, 1, 65535))
+                        https_port=s.int("https_port", 443, 1, 65535),
+                        proxy_protocol_from=s.get("proxy_protocol_from", (), _cidr_list, ""))
+    if listener.tls and listener.proxy_protocol_from:
+        s.fail("proxy_protocol_from", "a plain listener (PROXY before TLS is not supported)")
     if listener.tls and listener.redirect_https:
         s.fail("redirect_https", "false on a TLS listener (it would redirect to itself)")
     s.check_unknown()
@@ -407,8 +419,9 @@ def _read_route(s: _Section) -> Route | None:
         s.check_unknown()
         return None
     options = ROUTE_OPTIONS[kind](s)
+    access = read_access(s)
     s.check_unknown()
-    return Route(kind, path, prefix, options)
+    return Route(kind, path, prefix, options, access)
 
 
 def _read_site(s: _Section, index: int) -> Site:
@@ -424,7 +437,8 @@ def _read_site(s: _Section, index: int) -> Site:
                 home=_read_home(s.table("home")) if "home" in s.data else None,
                 notes=_read_notes(s.table("notes")) if "notes" in s.data else None,
                 templates=s.directory("templates"),
-                base_url=s.str("base_url").rstrip("/"))
+                base_url=s.str("base_url").rstrip("/"),
+                access=read_access(s), protected=s.bool("protected", False))
     if site.base_url and not site.base_url.startswith(("http://", "https://")):
         s.fail("base_url", "an absolute http(s) address", site.base_url)
     s.check_unknown()
@@ -475,6 +489,7 @@ ROUTE_OPTIONS: dict[str, Callable[[_Section], dict[str, Any]]] = {
     "return": _return_options,
     "redirect": _redirect_options,
     "static": _static_options,
+    "proxy": proxy_options,
 }
 
 
@@ -570,12 +585,19 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     log = _read_log(top.table("log"))
     listeners = tuple(_read_listener(t) for t in top.tables("listen"))
     sites = tuple(_read_site(t, i) for i, t in enumerate(top.tables("site")))
+    client_ip = top.table("client_ip")
+    trusted = client_ip.get("trusted_proxies", (), _cidr_list, "")
+    client_ip.check_unknown()
+    auth = read_auth(top.table("auth"))
     top.check_unknown()
     if not listeners:
         problems.append(f"{file}: listen: expected at least one [[listen]] table")
+    if any(site.protected for site in sites) and (auth is None or not auth.users):
+        problems.append(f"{file}: auth: expected an [auth] table with at least one "
+                        "[[auth.user]] when a site is protected")
     if problems:
         raise ConfigError(problems)
-    return Config(file, server, limits, log, listeners, sites)
+    return Config(file, server, limits, log, listeners, sites, trusted, auth)
 
 
 def with_overrides(config: Config, listen: list[str] | None = None,

@@ -32,6 +32,9 @@ import time
 
 import httptools
 
+from nestgate.access import GATED
+from nestgate.clientip import (V2_MAX, ProxyHeaderError, forwarded_client, parse_proxy_header,
+                               starts_like_proxy)
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError, RequestError
 from nestgate.responses import (CLOSE, CONTINUE, ERRORS, KEEP_ALIVE, KEEP_ALIVE_EXPLICIT,
@@ -140,7 +143,7 @@ class Request:
     __slots__ = ("method", "raw_target", "path", "query", "version", "headers", "host",
                  "client", "params", "route", "handler", "keep_alive", "head_only", "body",
                  "scheme", "status", "sent", "started", "finished", "_conn", "_chunked",
-                 "_t0", "task")
+                 "_t0", "task", "upgrade")
 
     def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
         """First value of a header, `name` in lower case."""
@@ -164,6 +167,11 @@ class Request:
     def start(self, status: int, headers, content_length: int | None = None) -> None:
         """Send the status line and headers. Without a length the body is chunked
         (HTTP/1.1) or ends with the connection (HTTP/1.0)."""
+        self.start_raw(status, header_block(headers), content_length)
+
+    def start_raw(self, status: int, block: bytes, content_length: int | None = None) -> None:
+        """`start` with the header lines already as bytes (`name: value\r\n` each), for
+        headers that were parsed and checked elsewhere, such as an upstream's."""
         if self.started:
             raise RuntimeError("response already started")
         self.started = True
@@ -172,7 +180,7 @@ class Request:
         if conn.ctx.draining:
             self.keep_alive = False
         lines = [STATUS_LINES.get(status) or status_line(status), SERVER_LINE, CLOCK.date_line,
-                 header_block(headers)]
+                 block]
         if content_length is not None:
             lines.append(b"content-length: %d\r\n" % content_length)
         elif status in (204, 304) or 100 <= status < 200:
@@ -199,7 +207,44 @@ class Request:
         self.sent += len(data)
         conn.write(data)
         if conn.write_paused:
-            await conn.drain()
+            await conn.wait_writable()
+
+    def push(self, data: bytes) -> bool:
+        """`write` without waiting: True when the client's buffer is full and the caller
+        should stop producing until `connection.wait_writable()` returns."""
+        if self.head_only or not data:
+            return False
+        conn = self._conn
+        if self._chunked:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        self.sent += len(data)
+        conn.write(data)
+        return conn.write_paused
+
+    async def send_prebuilt(self, response) -> None:
+        """Answer with a `Prebuilt` response (a synchronous handler's answer)."""
+        mode = CLOSE if not self.keep_alive or self._conn.ctx.draining else \
+            (KEEP_ALIVE if self.version == "1.1" else KEEP_ALIVE_EXPLICIT)
+        data = response.render(mode, self.head_only)
+        self.started = self.finished = True
+        self.status = response.status
+        self.sent += len(data)
+        self._conn.write(data)
+        if self._conn.write_paused:
+            await self._conn.wait_writable()
+
+    def take_over(self, head: bytes) -> bytes:
+        """Switch protocols: write `head` (a whole 101 response) and hand the connection
+        to the handler as a byte pipe. Returns the bytes the client sent after its
+        request; later bytes go to the sink set with `connection.set_sink`. The
+        connection closes when the handler returns."""
+        if self.started or not self.upgrade:
+            raise RuntimeError("take_over needs an upgrade request with no response yet")
+        self.started = self.finished = True
+        self.status = 101
+        self.keep_alive = False
+        self.sent += len(head)
+        return self._conn.become_tunnel(head)
 
     def end(self) -> None:
         if self.finished:
@@ -229,6 +274,11 @@ class HTTP1Connection(asyncio.Protocol):
         self._keepalive_timeout = limits.keepalive_timeout
         self._keepalive_requests = limits.keepalive_requests
         self.client = ""
+        self.peer = ""                 # socket peer, or the address a PROXY header gave
+        self.decisions = None          # access decisions for this peer (nestgate.access)
+        self.xff_trusted = False      # the peer may tell us the client in X-Forwarded-For
+        self._sink = None              # after an upgrade: where client bytes go
+        self._upgrade_tail = b""
         self.logging = False
         self.write_paused = False
         self._drain_waiter: asyncio.Future | None = None
@@ -262,8 +312,10 @@ class HTTP1Connection(asyncio.Protocol):
         self.transport = transport
         ctx = self.ctx
         peer = transport.get_extra_info("peername")
-        self.client = ctx.client_address(peer)
+        self.client = self.peer = ctx.client_address(peer)
         self.logging = ctx.access_log is not None and ctx.should_log(self.client)
+        if ctx.trusted_proxies:
+            self.xff_trusted = self.client in ctx.trusted_proxies
         transport.set_write_buffer_limits(WRITE_HIGH_WATER)
         if len(ctx.connections) >= self.limits.max_connections or ctx.draining:
             # Overload: a ready 503 is cheaper than letting the backlog time out.
@@ -291,6 +343,7 @@ class HTTP1Connection(asyncio.Protocol):
         # Break the cycles parser -> self -> transport.
         self.parser = None
         self._active = None
+        self._sink = None
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -300,7 +353,8 @@ class HTTP1Connection(asyncio.Protocol):
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_result(None)
 
-    async def drain(self) -> None:
+    async def wait_writable(self) -> None:
+        """Wait until the client's socket buffer is below the high-water mark."""
         if self.write_paused and not self._closing_transport():
             self._drain_waiter = self.loop.create_future()
             await self._drain_waiter
@@ -323,6 +377,27 @@ class HTTP1Connection(asyncio.Protocol):
             if not self._closing_transport():
                 self.transport.resume_reading()
 
+    def become_tunnel(self, head: bytes) -> bytes:
+        self.deadline = 0.0
+        self.state = IDLE
+        self.write(head)
+        tail, self._upgrade_tail = self._upgrade_tail, b""
+        return tail
+
+    def set_sink(self, sink) -> None:
+        """After `Request.take_over`: `sink(bytes)` gets what the client sends; reading
+        resumes."""
+        self._sink = sink
+        if not self._closing_transport():
+            self.transport.resume_reading()
+
+    def set_client(self, address: str) -> None:
+        """The client is `address` (a PROXY header said so), not the socket peer."""
+        ctx = self.ctx
+        self.client = self.peer = address
+        self.logging = ctx.access_log is not None and ctx.should_log(address)
+        self.xff_trusted = bool(ctx.trusted_proxies) and address in ctx.trusted_proxies
+
     def send_continue(self) -> None:
         if self._active is not None and not self._active.started:
             self.transport.write(CONTINUE)
@@ -330,6 +405,8 @@ class HTTP1Connection(asyncio.Protocol):
     # ------------------------------------------------------------ reading
     def data_received(self, data: bytes) -> None:
         if self._closing:
+            if self._sink is not None:
+                self._sink(data)
             return
         try:
             self.parser.feed_data(data)
@@ -339,10 +416,18 @@ class HTTP1Connection(asyncio.Protocol):
             if status == 500:
                 log.exception("request callback failed", exc_info=cause)
             self._fail(status)
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as exc:
             # Only handlers that take over the connection accept an upgrade; for the
             # rest the request was answered as usual and the connection ends after it.
             self._closing = True
+            req = self._active
+            if (req is not None and req.upgrade and not self._queue
+                    and getattr(req.handler, "upgrades", False)):
+                # Hold the client's next bytes until the handler knows the answer.
+                req.keep_alive = False
+                self._upgrade_tail = data[exc.args[0]:]
+                self.transport.pause_reading()
+                return
             self._close_when_idle()
         except httptools.HttpParserError:
             self._fail(400)
@@ -414,7 +499,13 @@ class HTTP1Connection(asyncio.Protocol):
             url = self._absolute_form(url)
         qmark = url.find(b"?")
         host = self._host or b""
+        if self.xff_trusted:
+            self.client = forwarded_client(
+                self.peer, [v for n, v in self._headers if n == b"x-forwarded-for"],
+                ctx.trusted_proxies)
         handler, params, label, path = ctx.route(host, url if qmark < 0 else url[:qmark])
+        if handler.is_async is GATED:
+            handler = handler.admit(self, self._headers)
         method = parser.get_method()
 
         if not handler.is_async:
@@ -457,6 +548,7 @@ class HTTP1Connection(asyncio.Protocol):
         req._chunked = False
         req._t0 = self._t0
         req.task = None
+        req.upgrade = parser.should_upgrade()
         if self._active is None and not self._queue:
             self._start(req)
         else:
@@ -655,3 +747,49 @@ class HTTP1Connection(asyncio.Protocol):
         one request (answered with `connection: close`) for a short grace."""
         if self.state == IDLE and self._active is None and not self._queue:
             self._idle()
+
+
+class ProxyProtocolConnection(HTTP1Connection):
+    """A connection on a listener that takes PROXY protocol v1/v2 headers, read here
+    before httptools sees a byte. Only peers in the listener's `proxy_protocol_from`
+    may send one (the header is optional for them); anyone else sending one gets 400."""
+
+    _pp_pending = True
+    _pp_buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        if not self._pp_pending:
+            return HTTP1Connection.data_received(self, data)
+        buf = self._pp_buf + data
+        if not starts_like_proxy(buf):
+            self._pp_pending = False
+            self._pp_buf = b""
+            return HTTP1Connection.data_received(self, buf)
+        if len(buf) < 6:
+            self._pp_buf = buf                       # too short to tell from a request line
+            return
+        if self.peer not in self.ctx.proxy_protocol_from:
+            return self._refuse()
+        try:
+            parsed = parse_proxy_header(buf)
+        except ProxyHeaderError:
+            return self._refuse()
+        if parsed is None:
+            if len(buf) > V2_MAX:
+                return self._refuse()
+            self._pp_buf = buf
+            return
+        consumed, source = parsed
+        self._pp_pending = False
+        self._pp_buf = b""
+        if source:
+            self.set_client(source)
+        if len(buf) > consumed:
+            HTTP1Connection.data_received(self, buf[consumed:])
+
+    def _refuse(self) -> None:
+        self._pp_pending = False
+        self._closing = True
+        if not self._closing_transport():
+            self.transport.write(ERRORS[400].render(CLOSE))
+            self.transport.close()

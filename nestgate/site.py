@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nestgate.access import Gateway, needs_gateway
 from nestgate.handlers.health import Health
 from nestgate.handlers.redirect import HttpsRedirect, fixed_redirect
 from nestgate.responses import Prebuilt, error_response
@@ -30,6 +31,9 @@ def build_handler(route, site_config, config):
         from nestgate.handlers.static import StaticFiles
         return StaticFiles(options, route.prefix or route.path, site_headers(site_config, config),
                            not_found_response(config))
+    if route.type == "proxy":
+        from nestgate.proxy.handler import ProxyHandler
+        return ProxyHandler(route, options["proxy"])
     raise ValueError(f"no handler for route type {route.type!r}")
 
 
@@ -55,19 +59,28 @@ def build_router(config) -> Router:
     not_found = not_found_response(config)
     router = Router(SiteRoutes("", not_found))
     health = Health()
+    gateway = Gateway(config) if needs_gateway(config) else None
+    services = [gateway] if gateway else []      # started by the worker on its loop
     for site_config in config.sites:
         site = SiteRoutes(site_config.name, not_found)
         if site_config.health:
             site.add_exact(config.server.health_path, health, "health")
         for route in site_config.routes:
             handler = build_handler(route, site_config, config)
+            if hasattr(handler, "start"):
+                services.append(handler)
+            if gateway:
+                handler = gateway.guard(handler, site_config, route)
             if route.path:
                 site.add_exact(route.path, handler, route.label)
             else:
                 site.add_prefix(route.prefix, handler, route.label)
         if site_config.home or site_config.notes:
             add_site_pages(site, site_config, config, not_found)
+        if gateway:
+            gateway.guard_site(site, site_config)
         router.add_site(site_config.hosts, site)
+    router.services = services
     return router
 
 

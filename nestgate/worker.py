@@ -17,7 +17,8 @@ import uvloop
 
 from nestgate.accesslog import AccessLog, should_log
 from nestgate.clock import CLOCK
-from nestgate.http1 import HTTP1Connection
+from nestgate.clientip import parse_networks
+from nestgate.http1 import HTTP1Connection, ProxyProtocolConnection
 from nestgate.paths import decode_path
 from nestgate.site import build_router, https_redirect_router
 
@@ -37,6 +38,10 @@ class ServerContext:
         self.router = https_redirect_router(listener, worker.config) \
             if listener.redirect_https else router
         self._log_loopback = worker.config.log.log_loopback
+        # Client IP: None/empty when not configured, so plain peers pay nothing.
+        trusted = worker.config.trusted_proxies
+        self.trusted_proxies = parse_networks(trusted) if trusted else None
+        self.proxy_protocol_from = parse_networks(listener.proxy_protocol_from)
 
     def route(self, host: bytes, raw_path: bytes):
         """(handler, params, route label, decoded path) for a request."""
@@ -61,6 +66,13 @@ class ServerContext:
         return should_log(self._log_loopback, client)
 
 
+def protocol_factory(ctx, listener):
+    """The protocol each new connection on `listener` starts with."""
+    if listener.proxy_protocol_from:
+        return lambda: ProxyProtocolConnection(ctx)
+    return lambda: HTTP1Connection(ctx)
+
+
 class Worker:
     def __init__(self, config, sockets, ssl_contexts, ready_fd: int) -> None:
         self.config = config
@@ -83,12 +95,15 @@ class Worker:
             ctx = ServerContext(self, listener, router)
             contexts.append(ctx)
             server = await self.loop.create_server(
-                lambda ctx=ctx: HTTP1Connection(ctx), sock=sock,
+                protocol_factory(ctx, listener), sock=sock,
                 ssl=self.ssl_contexts.get(listener), backlog=1024)
             servers.append(server)
         self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         self.loop.add_signal_handler(signal.SIGUSR1, self.access_log.reopen)
         tick = asyncio.create_task(self._tick())
+        services = getattr(router, "services", ())
+        for service in services:            # proxy health checks, the shared store
+            service.start()
         os.write(self.ready_fd, b"%d\n" % os.getpid())
         await self._stop.wait()
 
@@ -112,6 +127,8 @@ class Worker:
             if conn.transport is not None:
                 conn.transport.abort()
         tick.cancel()
+        for service in services:
+            service.stop()
         self.access_log.close()
 
     async def _tick(self) -> None:

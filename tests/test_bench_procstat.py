@@ -25,23 +25,23 @@ def test_parse_stat():
 
 
 def test_tree_cpu_and_rss_of_a_real_process_tree():
-    # A parent with two busy children: the tree must hold all three and their CPU time.
+    # A parent with two children that each burn 0.3 s of CPU time (not wall time, so a
+    # loaded machine only makes it slower) and say so: the tree must hold all three
+    # and their CPU time.
     code = ("import subprocess, sys, time\n"
             "kids = [subprocess.Popen([sys.executable, '-c', "
-            "'import time\\nt=time.time()\\nwhile time.time()-t<0.3: pass\\ntime.sleep(30)'])"
+            "'import time\\nwhile time.process_time() < 0.3: pass\\n"
+            "print(\\'spun\\', flush=True)\\ntime.sleep(30)'])"
             " for _ in range(2)]\n"
             "print('up', flush=True)\ntime.sleep(30)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout.readline().strip() == "up"
-        deadline = time.monotonic() + 10
-        while len(procstat.tree(parent.pid)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        assert [parent.stdout.readline().strip() for _ in range(2)] == ["spun", "spun"]
         tree = procstat.tree(parent.pid)
         assert [st.pid for st in tree][0] == parent.pid
         assert len(tree) == 3
-        time.sleep(0.5)
-        assert procstat.cpu_seconds(parent.pid) >= 0.3
+        assert procstat.cpu_seconds(parent.pid) >= 0.6
         assert procstat.rss_bytes(parent.pid) > sum(procstat.child_rss_bytes(parent.pid)) > 0
         with procstat.RssSampler(parent.pid, interval_s=0.01) as sampler:
             time.sleep(0.1)

@@ -1,0 +1,194 @@
+"""The state every worker shares: sessions, failed sign-ins, dynamic allow entries.
+
+One SQLite file (WAL, so readers never wait for the writer) opened by each worker.
+`Store` is the synchronous core; `SharedState` runs it on one thread of its own
+so the event loop never waits on the disk, and keeps the worker's in-memory view
+of the dynamic allow-list no more than `POLL_INTERVAL` behind the file.
+
+Session tokens are never stored: only their SHA-256, so a copy of the file does
+not hand out sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from nestgate.clientip import Networks
+
+POLL_INTERVAL = 0.5          # seconds: a change through one worker is seen by all within 1 s
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    token_hash BLOB PRIMARY KEY, user TEXT NOT NULL, created REAL NOT NULL,
+    expires REAL NOT NULL, ip TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS failures (ip TEXT NOT NULL, at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS failures_ip ON failures (ip, at);
+CREATE TABLE IF NOT EXISTS allow (
+    id INTEGER PRIMARY KEY, cidr TEXT NOT NULL, expires REAL NOT NULL,
+    comment TEXT NOT NULL DEFAULT '', created REAL NOT NULL);
+"""
+
+
+def token_hash(token: str) -> bytes:
+    return hashlib.sha256(token.encode("latin-1")).digest()
+
+
+class Store:
+    """Synchronous access to the file; one instance per thread that uses it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.db = sqlite3.connect(path, timeout=5.0, isolation_level=None,
+                                  check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def data_version(self) -> int:
+        return self.db.execute("PRAGMA data_version").fetchone()[0]
+
+    def secret(self) -> bytes:
+        """A random key made once per store, shared by the workers (CSRF tokens)."""
+        self.db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('secret', ?)",
+                        (secrets.token_bytes(32),))
+        return self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()[0]
+
+    # ------------------------------------------------------ sessions
+    def create_session(self, hashed: bytes, user: str, expires: float, ip: str) -> None:
+        self.db.execute("INSERT INTO sessions (token_hash, user, created, expires, ip) "
+                        "VALUES (?, ?, ?, ?, ?)", (hashed, user, time.time(), expires, ip))
+
+    def session(self, hashed: bytes) -> tuple[str, float] | None:
+        row = self.db.execute("SELECT user, expires FROM sessions WHERE token_hash = ? "
+                              "AND expires > ?", (hashed, time.time())).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def delete_session(self, hashed: bytes) -> None:
+        self.db.execute("DELETE FROM sessions WHERE token_hash = ?", (hashed,))
+
+    # ------------------------------------------------------ sign-in back-off
+    def failures(self, ip: str, window: float) -> int:
+        return self.db.execute("SELECT count(*) FROM failures WHERE ip = ? AND at > ?",
+                               (ip, time.time() - window)).fetchone()[0]
+
+    def add_failure(self, ip: str) -> None:
+        self.db.execute("INSERT INTO failures (ip, at) VALUES (?, ?)", (ip, time.time()))
+
+    def clear_failures(self, ip: str) -> None:
+        self.db.execute("DELETE FROM failures WHERE ip = ?", (ip,))
+
+    # ------------------------------------------------------ dynamic allow-list
+    def add_allow(self, cidr: str, ttl: float, comment: str = "") -> int:
+        Networks([cidr])                                   # ValueError naming a bad entry
+        now = time.time()
+        cur = self.db.execute("INSERT INTO allow (cidr, expires, comment, created) "
+                              "VALUES (?, ?, ?, ?)", (cidr.strip(), now + ttl, comment, now))
+        return cur.lastrowid
+
+    def remove_allow(self, entry_id: int) -> bool:
+        return self.db.execute("DELETE FROM allow WHERE id = ?", (entry_id,)).rowcount > 0
+
+    def allow_entries(self) -> list[tuple[int, str, float, str]]:
+        return self.db.execute("SELECT id, cidr, expires, comment FROM allow WHERE expires > ? "
+                               "ORDER BY id", (time.time(),)).fetchall()
+
+    def purge(self, keep_failures: float = 3600.0) -> None:
+        now = time.time()
+        with self.db:
+            self.db.execute("DELETE FROM sessions WHERE expires <= ?", (now,))
+            self.db.execute("DELETE FROM allow WHERE expires <= ?", (now,))
+            self.db.execute("DELETE FROM failures WHERE at <= ?", (now - keep_failures,))
+
+
+class DynamicAllow:
+    """The worker's view of the allow entries: `networks`, and a `version` that changes
+    whenever they do (access decisions cached on connections compare it)."""
+
+    def __init__(self) -> None:
+        self.networks = Networks()
+        self.version = 0
+        self.next_expiry = float("inf")
+
+    def load(self, rows) -> None:
+        nets = Networks()
+        for _id, cidr, _expires, _comment in rows:
+            try:
+                nets.add(cidr)
+            except ValueError:
+                continue                  # written by hand into the file: skip, never crash
+        self.networks = nets
+        self.next_expiry = min((r[2] for r in rows), default=float("inf"))
+        self.version += 1
+
+
+class SharedState:
+    """A worker's handle on the store: a thread for SQLite, the allow-list poller."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.dynamic = DynamicAllow()
+        self._executor: ThreadPoolExecutor | None = None
+        self._store: Store | None = None
+        self._task: asyncio.Task | None = None
+        self._data_version = -1
+        self._secret: bytes | None = None
+
+    async def run(self, method: str, *args):
+        """`Store.<method>(*args)` on the store's thread."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="nestgate-store")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._call, method, args)
+
+    def _call(self, method: str, args):
+        if self._store is None:
+            self._store = Store(self.path)
+        return getattr(self._store, method)(*args)
+
+    async def secret(self) -> bytes:
+        if self._secret is None:
+            self._secret = await self.run("secret")
+        return self._secret
+
+    async def refresh(self, force: bool = False) -> None:
+        version = await self.run("data_version")
+        if force or version != self._data_version or time.time() >= self.dynamic.next_expiry:
+            self._data_version = version
+            self.dynamic.load(await self.run("allow_entries"))
+
+    async def _poll(self) -> None:
+        purged = 0.0
+        while True:
+            try:
+                await self.refresh()
+                if time.monotonic() - purged > 600:
+                    purged = time.monotonic()
+                    await self.run("purge")
+            except sqlite3.Error as exc:
+                print(f"nestgate: store {self.path}: {exc}", flush=True)
+            await asyncio.sleep(POLL_INTERVAL)
+
+    def start(self) -> None:
+        """Load the allow entries before the first request, then poll for changes."""
+        if self._task is None:
+            if self._store is None:
+                self._store = Store(self.path)
+            self._data_version = self._store.data_version()
+            self.dynamic.load(self._store.allow_entries())
+            self._task = asyncio.get_running_loop().create_task(self._poll())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)

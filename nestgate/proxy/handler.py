@@ -1,0 +1,315 @@
+"""The proxy route handler: pick a target, forward the request, stream the answer.
+
+The request head is built from the headers as parsed (no re-parsing, no dicts):
+hop-by-hop headers are dropped, X-Forwarded-* set, the Host kept or replaced.
+Retries go to another target only when nothing was sent upstream yet (the
+connect failed) and only for idempotent methods. A kept-alive connection that
+turns out to be closed by the upstream before it answered a byte is replaced
+once, also only for idempotent requests without a body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+from nestgate.clock import CLOCK
+from nestgate.errors import HandlerError
+from nestgate.proxy.balancer import Balancer
+from nestgate.proxy.upstream import Exchange, Target
+
+IDEMPOTENT = frozenset((b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"))
+
+# Request headers never forwarded as received.
+HOP_BY_HOP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
+                        b"transfer-encoding", b"upgrade", b"expect", b"proxy-authorization"))
+FORWARDED = frozenset((b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host"))
+
+
+class _Stale(Exception):
+    """A reused connection was closed by the upstream before it answered."""
+
+
+def client_ssl_context(opts) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=opts.ca_file or None)
+    if not opts.verify_tls:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+class ProxyHandler:
+    is_async = True
+
+    def __init__(self, route, opts) -> None:
+        self.opts = opts
+        self.upgrades = opts.websocket
+        tls = client_ssl_context(opts) if any(t.scheme == "https" for t in opts.targets) else None
+        self.targets = [Target(t, opts, tls if t.scheme == "https" else None)
+                        for t in opts.targets]
+        self.balancer = Balancer(self.targets, opts)
+        self.strip = route.prefix.rstrip("/").encode() if opts.strip_prefix else b""
+        self.host_from_target = opts.host_header == "target"
+        drop = set(HOP_BY_HOP)
+        if self.host_from_target:
+            drop.add(b"host")
+        if opts.forwarded:
+            drop |= FORWARDED
+        self.drop = frozenset(drop)
+        self.inflight: set[Exchange] = set()
+        self._tasks: list[asyncio.Task] = []
+
+    # ------------------------------------------------------ lifespan
+    def start(self) -> None:
+        """Start the timeout watch and health checks (on the running loop)."""
+        if self._tasks:
+            return
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._watch()))
+        if self.opts.health_path:
+            self._tasks.append(loop.create_task(self.balancer.check_forever()))
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+
+    async def _watch(self) -> None:
+        opts = self.opts
+        shortest = min(opts.read_timeout, opts.request_timeout or opts.read_timeout)
+        interval = max(0.05, min(1.0, shortest / 4))
+        while True:
+            await asyncio.sleep(interval)
+            CLOCK.tick()
+            now = CLOCK.now
+            for ex in list(self.inflight):
+                if ex.complete or ex.error or ex.paused:
+                    continue
+                if now - ex.last > opts.read_timeout or \
+                        (opts.request_timeout and now - ex.t0 > opts.request_timeout):
+                    ex.fail(504)
+            for target in self.targets:
+                if target.idle:
+                    target.close_idle(now - opts.idle_timeout)
+
+    # ------------------------------------------------------ requests
+    async def handle(self, req) -> None:
+        if not self._tasks:
+            self.start()
+        opts = self.opts
+        before, after = self._head(req)
+        idempotent = req.method in IDEMPOTENT
+        attempts = 1 + (opts.retries if idempotent else 0)
+        stale_retry = idempotent and req.body is None
+        excluded: list[Target] = []
+        status = 502
+        while attempts > 0:
+            target = self.balancer.pick(excluded)
+            if target is None:
+                break
+            conn = target.idle_connection()
+            if conn is None:
+                attempts -= 1
+                if target.full():
+                    status = 503
+                    excluded.append(target)
+                    continue
+                try:
+                    conn = await target.connect(opts.connect_timeout)
+                except asyncio.TimeoutError:
+                    status = 504
+                except OSError:
+                    status = 502
+                else:
+                    status = 0
+                if status:
+                    target.failed(CLOCK.now)
+                    excluded.append(target)
+                    continue
+            head = before + (target.authority if self.host_from_target or not req.host
+                             else req.host) + after
+            try:
+                await self._exchange(req, target, conn, head)
+                return
+            except _Stale:
+                if not stale_retry:
+                    raise HandlerError(502) from None
+                stale_retry = False
+        raise HandlerError(status)
+
+    def _head(self, req) -> tuple[bytes, bytes]:
+        """The request head around the Host value (which may depend on the target)."""
+        target = req.raw_target
+        if self.strip and target.startswith(self.strip):
+            target = target[len(self.strip):]
+            if not target.startswith(b"/"):
+                target = b"/" + target
+        lines = []
+        drop = self.drop
+        conn_tokens = upgrade = None
+        xff = []
+        proto = fhost = None
+        for name, value in req.headers:
+            if name in drop:
+                if name == b"connection":
+                    conn_tokens = value
+                elif name == b"upgrade":
+                    upgrade = value
+                elif name == b"x-forwarded-for":
+                    xff.append(value)
+                elif name == b"x-forwarded-proto":
+                    proto = value
+                elif name == b"x-forwarded-host":
+                    fhost = value
+                continue
+            if name == b"host":
+                continue                     # written first, from the head's two halves
+            lines.append(name + b": " + value + b"\r\n")
+        if conn_tokens is not None:
+            names = {t.strip().lower() for t in conn_tokens.split(b",")}
+            names -= {b"close", b"keep-alive", b"upgrade", b"host", b""}
+            if names:
+                lines = [l for l in lines if l.split(b":", 1)[0] not in names]
+        if self.opts.forwarded:
+            conn = req.connection
+            trusted = conn.xff_trusted
+            chain = b", ".join(xff) + b", " + conn.peer.encode() if trusted and xff \
+                else req.client.encode()
+            lines.append(b"x-forwarded-for: " + chain + b"\r\n")
+            lines.append(b"x-forwarded-proto: " + (proto if trusted and proto
+                                                   else req.scheme.encode()) + b"\r\n")
+            if req.host:
+                lines.append(b"x-forwarded-host: " + (fhost if trusted and fhost
+                                                      else req.host) + b"\r\n")
+        body = req.body
+        if body is not None and req.header(b"content-length") is None:
+            lines.append(b"transfer-encoding: chunked\r\n")
+        if req.upgrade and upgrade is not None and self.upgrades:
+            lines.append(b"connection: upgrade\r\nupgrade: " + upgrade + b"\r\n")
+        lines.append(b"\r\n")
+        return req.method + b" " + target + b" HTTP/1.1\r\nhost: ", b"\r\n" + b"".join(lines)
+
+    async def _exchange(self, req, target: Target, conn, head: bytes) -> None:
+        ex = Exchange(conn, req)
+        target.active += 1
+        self.inflight.add(ex)
+        try:
+            conn.transport.write(head)
+            if req.body is not None:
+                await self._send_body(req, conn, ex)
+            ex.sent_all = True
+            ex.last = CLOCK.now
+            await ex.wait()
+            if ex.upgrade_tail is not None:
+                self.inflight.discard(ex)
+                target.active -= 1
+                target = None
+                await self._tunnel(req, conn, ex)
+                return
+            if ex.error:
+                if conn.reused and not ex.received and ex.error == 502:
+                    raise _Stale()
+                target.failed(CLOCK.now)
+                raise HandlerError(ex.error)
+            target.succeeded()
+        finally:
+            if target is not None:
+                target.active -= 1
+                self.inflight.discard(ex)
+            if not ex.complete and ex.upgrade_tail is None:
+                conn.exchange = None
+                conn.close()
+
+    async def _send_body(self, req, conn, ex: Exchange) -> None:
+        chunked = req.header(b"content-length") is None
+        read = req.body.read
+        transport = conn.transport
+        while chunk := await read():
+            if conn.closed or ex.error:
+                return
+            transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+            ex.last = CLOCK.now
+            if conn.write_paused:
+                await conn.drain()
+        if chunked and not conn.closed:
+            transport.write(b"0\r\n\r\n")
+
+    async def _tunnel(self, req, conn, ex: Exchange) -> None:
+        if not req.upgrade or not self.upgrades:
+            conn.close()
+            raise HandlerError(502)
+        head = (b"HTTP/1.1 101 Switching Protocols\r\n" + b"".join(ex.block)
+                + b"connection: upgrade\r\nupgrade: " + ex.upgrade_value + b"\r\n\r\n")
+        client = req.connection
+        tail = req.take_over(head)
+        pipe = Pipe(client, conn)
+        conn.exchange = pipe
+        if ex.upgrade_tail:
+            client.write(ex.upgrade_tail)
+        if tail:
+            conn.transport.write(tail)
+        client.set_sink(pipe.from_client)
+        conn.transport.resume_reading()
+        await pipe.run()
+
+
+class Pipe:
+    """After 101: bytes both ways, each side paused while the other's buffer is full."""
+
+    __slots__ = ("client", "upstream", "closed", "client_full", "upstream_full", "waiter")
+
+    def __init__(self, client, upstream) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.closed = False
+        self.client_full = self.upstream_full = False
+        self.waiter: asyncio.Future | None = None
+
+    def feed(self, data: bytes) -> None:            # upstream -> client
+        client = self.client
+        client.write(data)
+        if client.write_paused and not self.client_full:
+            self.client_full = True
+            self.upstream.transport.pause_reading()
+            self._wake()
+
+    def from_client(self, data: bytes) -> None:     # client -> upstream
+        upstream = self.upstream
+        if upstream.closed:
+            return
+        upstream.transport.write(data)
+        if upstream.write_paused and not self.upstream_full:
+            self.upstream_full = True
+            self.client.transport.pause_reading()
+            self._wake()
+
+    def lost(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def run(self) -> None:
+        try:
+            while not self.closed:
+                if self.client_full:
+                    await self.client.wait_writable()
+                    self.client_full = False
+                    if not self.upstream.closed:
+                        self.upstream.transport.resume_reading()
+                    continue
+                if self.upstream_full:
+                    await self.upstream.drain()
+                    self.upstream_full = False
+                    self.client.transport.resume_reading()
+                    continue
+                self.waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self.waiter
+                finally:
+                    self.waiter = None
+        finally:
+            self.upstream.close()

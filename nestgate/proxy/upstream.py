@@ -1,0 +1,340 @@
+"""Upstream connections: one target's keep-alive pool, and one exchange on a connection.
+
+Theory of operation
+-------------------
+An `Exchange` is the httptools response parser's callback object for one request.
+It answers the client straight from the parser callbacks: the status and the
+kept headers go out at `on_headers_complete`, body chunks are pushed as they
+arrive, `on_message_complete` ends the response and hands the connection back to
+the pool. The handler coroutine sleeps on one future and wakes only when the
+exchange is over, failed, or must wait for a slow client (backpressure: the
+upstream socket stops being read until the client's buffer drains).
+
+A response that breaks before its headers reached the client becomes 502 or 504;
+after that, the only honest thing left is to cut the client connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httptools
+
+from nestgate.clock import CLOCK
+
+WRITE_HIGH_WATER = 64 * 1024
+
+# Response headers never forwarded: hop-by-hop ones, and those the engine writes itself.
+RESPONSE_DROP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
+                           b"transfer-encoding", b"upgrade", b"content-length", b"date",
+                           b"server", b"proxy-authenticate"))
+
+# How an exchange ended badly: a status while nothing went to the client yet.
+BAD_GATEWAY, GATEWAY_TIMEOUT = 502, 504
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """A connection to one target; `exchange` receives its bytes while it is in use."""
+
+    __slots__ = ("target", "transport", "exchange", "closed", "write_paused", "_drain",
+                 "idle_since", "reused")
+
+    def __init__(self, target) -> None:
+        self.target = target
+        self.transport = None
+        self.exchange = None
+        self.closed = False
+        self.write_paused = False
+        self._drain: asyncio.Future | None = None
+        self.idle_since = 0.0
+        self.reused = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        transport.set_write_buffer_limits(WRITE_HIGH_WATER)
+
+    def data_received(self, data: bytes) -> None:
+        exchange = self.exchange
+        if exchange is None:
+            self.transport.close()          # bytes nobody asked for: not reusable
+            return
+        exchange.feed(data)
+
+    def eof_received(self):
+        return False                        # close our side too
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.target.forget(self)
+        exchange, self.exchange = self.exchange, None
+        if exchange is not None:
+            exchange.lost()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    async def drain(self) -> None:
+        if self.write_paused and not self.closed:
+            self._drain = asyncio.get_running_loop().create_future()
+            await self._drain
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Exchange:
+    """One request/response on an upstream connection, streaming to `request`."""
+
+    __slots__ = ("conn", "req", "parser", "block", "status", "length", "chunked", "started",
+                 "complete", "error", "waiter", "paused", "last", "t0", "sent_all",
+                 "upgrade_value", "upgrade_tail", "conn_tokens", "received")
+
+    def __init__(self, conn: UpstreamConnection, req) -> None:
+        self.conn = conn
+        self.req = req
+        self.parser = httptools.HttpResponseParser(self)
+        self.block: list[bytes] = []
+        self.status = 0
+        self.length = None
+        self.chunked = False
+        self.started = False          # response bytes went to the client
+        self.complete = False
+        self.error = 0                # 502/504 when the exchange failed
+        self.waiter: asyncio.Future | None = None
+        self.paused = False           # upstream reading paused for the client
+        self.last = self.t0 = CLOCK.now
+        self.sent_all = False         # the whole request went upstream
+        self.upgrade_value = b""
+        self.upgrade_tail: bytes | None = None
+        self.conn_tokens = None
+        self.received = False
+        conn.exchange = self
+
+    # ------------------------------------------------------ from the socket
+    def feed(self, data: bytes) -> None:
+        self.received = True
+        self.last = CLOCK.now
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            if self.status == 101:
+                self.upgrade_tail = data[exc.args[0]:]
+                self.conn.exchange = None
+                self.conn.transport.pause_reading()   # the tunnel resumes it
+                self._wake()
+            else:
+                self.fail(BAD_GATEWAY)
+        except httptools.HttpParserError:
+            self.fail(BAD_GATEWAY)
+
+    def lost(self) -> None:
+        if self.complete:
+            return
+        if self.started and self.length is None and not self.chunked and self.status != 101:
+            self._finish(False)                 # a body delimited by the connection closing
+        else:
+            self.fail(BAD_GATEWAY)
+
+    # ------------------------------------------------------ parser callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lname = name.lower()
+        if lname in RESPONSE_DROP:
+            if lname == b"content-length":
+                self.length = int(value)
+            elif lname == b"transfer-encoding":
+                self.chunked = b"chunked" in value.lower()
+            elif lname == b"connection":
+                self.conn_tokens = value
+            elif lname == b"upgrade":
+                self.upgrade_value = value
+            return
+        self.block.append(name + b": " + value + b"\r\n")
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status < 200:
+            self.status = status
+            if status != 101:                 # interim (100, 103): not forwarded
+                self.block = []
+                self.length = None
+            return
+        self.status = status
+        block = self.block
+        if self.conn_tokens is not None:
+            block = _without_named(block, self.conn_tokens)
+        req = self.req
+        req.start_raw(status, b"".join(block), self.length)
+        self.started = True
+        if req.head_only:
+            # No body follows a HEAD response whatever its headers say; the parser
+            # cannot be told, so this exchange ends here.
+            self._finish(self.parser.should_keep_alive())
+
+    def on_body(self, chunk: bytes) -> None:
+        if self.complete:
+            return
+        if self.req.push(chunk) and not self.paused:
+            self.paused = True
+            self.conn.transport.pause_reading()
+            self._wake()
+
+    def on_message_complete(self) -> None:
+        if self.status < 200 or self.complete:
+            return
+        self._finish(self.parser.should_keep_alive())
+
+    # ------------------------------------------------------ endings
+    def _finish(self, reusable: bool) -> None:
+        self.complete = True
+        self.req.end()
+        conn = self.conn
+        conn.exchange = None
+        if self.paused:
+            # Done: what is left is already in the client's buffer.
+            self.paused = False
+            if not conn.closed:
+                conn.transport.resume_reading()
+        if reusable and self.sent_all and not conn.closed:
+            conn.target.release(conn)
+        else:
+            conn.close()
+        self._wake()
+
+    def fail(self, status: int) -> None:
+        if self.complete or self.error:
+            return
+        self.error = status
+        self.conn.exchange = None
+        self.conn.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self) -> None:
+        """Until the exchange is over, failed, upgraded or paused for the client."""
+        while not (self.complete or self.error or self.upgrade_tail is not None):
+            if self.paused:
+                await self.req.connection.wait_writable()
+                self.paused = False
+                self.last = CLOCK.now
+                if not self.conn.closed:
+                    self.conn.transport.resume_reading()
+                continue
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+
+
+def _without_named(block: list[bytes], tokens: bytes) -> list[bytes]:
+    """Drop the headers a Connection header names (they are hop-by-hop too)."""
+    names = {t.strip().lower() for t in tokens.split(b",")} - {b"close", b"keep-alive", b""}
+    if not names:
+        return block
+    return [line for line in block if line.split(b":", 1)[0].lower() not in names]
+
+
+class Target:
+    """One upstream server: its kept-alive connections and its health."""
+
+    __slots__ = ("cfg", "host", "port", "ssl", "server_hostname", "authority", "weight",
+                 "idle", "open", "active", "max_idle", "max_connections", "fails",
+                 "fail_since", "down_until", "healthy", "current", "max_fails", "fail_timeout",
+                 "name")
+
+    def __init__(self, cfg, opts, ssl_context) -> None:
+        self.cfg = cfg
+        self.name = cfg.url
+        self.host = cfg.host
+        self.port = cfg.port
+        self.ssl = ssl_context
+        self.server_hostname = (opts.server_name or cfg.host) if ssl_context else None
+        self.authority = cfg.authority
+        self.weight = cfg.weight
+        self.idle: list[UpstreamConnection] = []
+        self.open = 0                 # connections, idle or in use
+        self.active = 0               # exchanges in flight (least_conn)
+        self.max_idle = opts.max_idle
+        self.max_connections = opts.max_connections
+        self.max_fails = opts.max_fails
+        self.fail_timeout = opts.fail_timeout
+        self.fails = 0
+        self.fail_since = 0.0
+        self.down_until = 0.0
+        self.healthy = True           # the active check's verdict
+        self.current = 0              # smooth weighted round-robin state
+
+    # ------------------------------------------------------ pool
+    def idle_connection(self) -> UpstreamConnection | None:
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                conn.reused = True
+                return conn
+        return None
+
+    def full(self) -> bool:
+        return bool(self.max_connections) and self.open >= self.max_connections
+
+    async def connect(self, timeout: float) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        self.open += 1
+        try:
+            _transport, conn = await asyncio.wait_for(loop.create_connection(
+                lambda: UpstreamConnection(self), self.host, self.port, ssl=self.ssl,
+                server_hostname=self.server_hostname), timeout)
+        except BaseException:
+            self.open -= 1
+            raise
+        return conn
+
+    def release(self, conn: UpstreamConnection) -> None:
+        if len(self.idle) < self.max_idle:
+            conn.idle_since = CLOCK.now
+            self.idle.append(conn)
+        else:
+            conn.close()
+
+    def forget(self, conn: UpstreamConnection) -> None:
+        self.open -= 1
+
+    def close_idle(self, older_than: float) -> None:
+        keep = []
+        for conn in self.idle:
+            if conn.closed:
+                continue
+            if conn.idle_since < older_than:
+                conn.close()
+            else:
+                keep.append(conn)
+        self.idle = keep
+
+    # ------------------------------------------------------ passive health
+    def available(self, now: float) -> bool:
+        return self.healthy and now >= self.down_until
+
+    def failed(self, now: float) -> None:
+        if now - self.fail_since > self.fail_timeout:
+            self.fail_since, self.fails = now, 0
+        self.fails += 1
+        if self.max_fails and self.fails >= self.max_fails:
+            self.down_until = now + self.fail_timeout
+            self.fails = 0
+
+    def succeeded(self) -> None:
+        if self.fails:
+            self.fails = 0

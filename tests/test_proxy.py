@@ -1,0 +1,382 @@
+"""The reverse proxy end to end: real nestgate processes, real upstream servers."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import socket
+import ssl
+import time
+
+import pytest
+
+from test_proxy_upstreams import Upstream, refused_port, upstream  # noqa: F401 (fixture)
+
+
+def gateway(routes: str, top: str = "", site: str = "") -> str:
+    return f"""
+[server]
+workers = 1
+{top}
+[[listen]]
+address = "127.0.0.1:0"
+
+[[site]]
+hosts = ["*"]
+{site}
+{routes}
+"""
+
+
+def _toml(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def route(upstream, prefix: str = "/", extra: str = "") -> str:
+    targets = _toml(upstream)
+    return f"""
+[[site.route]]
+prefix = "{prefix}"
+type = "proxy"
+upstream = {targets}
+{extra}
+"""
+
+
+def get(port, path, method="GET", headers=None, body=None, conn=None, host="app.test"):
+    conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    hdrs = {"Host": host}
+    hdrs.update(headers or {})
+    conn.request(method, path, body=body, headers=hdrs)
+    resp = conn.getresponse()
+    return resp, resp.read(), conn
+
+
+def rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+# ------------------------------------------------------------------ forwarding
+
+
+def test_forwarding_headers_both_ways(start_server, upstream):
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    resp, body, _ = get(server.port(), "/echo?q=1", headers={
+        "Connection": "keep-alive, X-Drop-Me", "X-Drop-Me": "1", "Keep-Alive": "timeout=9",
+        "X-Forwarded-For": "203.0.113.9", "X-Custom": "kept", "TE": "trailers"})
+    seen = json.loads(body)
+    names = [n for n, _ in seen["headers"]]
+    hdr = dict(seen["headers"])
+    assert resp.status == 200 and seen["target"] == "/echo?q=1"
+    assert hdr["host"] == "app.test"                              # preserved by default
+    assert hdr["x-custom"] == "kept"
+    for hop in ("x-drop-me", "keep-alive", "te"):
+        assert hop not in names
+    # The peer is not a trusted proxy: its X-Forwarded-For is replaced, not extended.
+    assert hdr["x-forwarded-for"] == "127.0.0.1"
+    assert hdr["x-forwarded-proto"] == "http" and hdr["x-forwarded-host"] == "app.test"
+    # Response side: hop-by-hop and the headers named by Connection are gone.
+    assert resp.getheader("x-upstream") == "up"
+    assert resp.getheader("x-hop") is None and resp.getheader("keep-alive") is None
+    assert resp.getheader("server") == "nestgate"
+
+
+def test_upstream_connections_are_kept_alive(start_server, upstream):
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    conn = None
+    for _ in range(20):
+        resp, _body, conn = get(server.port(), "/echo", conn=conn)
+        assert resp.status == 200
+    assert up.connections == 1 and len(up.requests) == 20
+
+
+def test_host_and_longest_prefix_routing_with_strip(start_server, upstream):
+    a, b, c = upstream("a"), upstream("b"), upstream("c")
+    server = start_server(f"""
+[server]
+workers = 1
+[[listen]]
+address = "127.0.0.1:0"
+[[site]]
+hosts = ["app.test"]
+{route(a.url)}
+{route(b.url, "/api/", "strip_prefix = true")}
+[[site]]
+hosts = ["other.test"]
+{route(c.url, "/", 'host_header = "target"')}
+""")
+    port = server.port()
+    _r, body, _ = get(port, "/page")
+    assert json.loads(body)["upstream"] == "a"
+    _r, body, _ = get(port, "/api/v1/echo?x=2")
+    seen = json.loads(body)
+    assert seen["upstream"] == "b" and seen["target"] == "/v1/echo?x=2"
+    _r, body, _ = get(port, "/x", host="other.test")
+    seen = json.loads(body)
+    assert seen["upstream"] == "c" and dict(seen["headers"])["host"] == f"127.0.0.1:{c.port}"
+    assert dict(seen["headers"])["x-forwarded-host"] == "other.test"
+
+
+def test_head_and_interim_and_close_delimited(start_server, upstream):
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    resp, body, conn = get(server.port(), "/big?n=5000", method="HEAD")
+    assert resp.status == 200 and body == b"" and resp.getheader("content-length") == "5000"
+    resp, body, conn = get(server.port(), "/close", conn=conn)   # same client connection
+    assert resp.status == 200 and body == b"until the end"
+    resp, body, conn = get(server.port(), "/echo", conn=conn)
+    assert resp.status == 200
+
+
+# ------------------------------------------------------------------ streaming
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_large_download_streams_in_bounded_memory(start_server, upstream, chunked):
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    worker = server.worker_pids()[0]
+    get(server.port(), "/echo")
+    before = rss_kib(worker)
+    n = 96 * 1024 * 1024
+    conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=30)
+    conn.request("GET", f"/big?n={n}" + ("&chunked" if chunked else ""))
+    resp = conn.getresponse()
+    digest, size = hashlib.sha256(), 0
+    while chunk := resp.read(1 << 20):
+        digest.update(chunk)
+        size += len(chunk)
+        if size == 1 << 20:
+            time.sleep(0.2)               # a slow reader: the proxy must hold back
+    block = bytes(range(256)) * 256
+    expected = hashlib.sha256(block * (n // len(block))).hexdigest()
+    assert size == n and digest.hexdigest() == expected
+    assert rss_kib(worker) - before < 24 * 1024, "the download was buffered"
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_large_upload_streams_in_bounded_memory(start_server, upstream, chunked):
+    up = upstream()
+    server = start_server(gateway(route(up.url), site="") .replace(
+        "workers = 1", "workers = 1\n[limits]\nmax_body = \"1GiB\"", 1))
+    worker = server.worker_pids()[0]
+    get(server.port(), "/echo")
+    before = rss_kib(worker)
+    part = os.urandom(1 << 20)
+    total = 64
+
+    def parts():
+        for _ in range(total):
+            yield part
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=30)
+    headers = {"Host": "app.test"}
+    if not chunked:
+        headers["Content-Length"] = str(total * len(part))
+    conn.request("POST", "/echo", body=parts(), headers=headers, encode_chunked=chunked)
+    resp = conn.getresponse()
+    seen = json.loads(resp.read())
+    assert seen["size"] == total * len(part)
+    assert seen["sha256"] == hashlib.sha256(part * total).hexdigest()
+    assert rss_kib(worker) - before < 24 * 1024, "the upload was buffered"
+
+
+# ------------------------------------------------------------------ failures
+
+
+def test_refused_is_502_and_garbage_is_502(start_server, upstream):
+    up = upstream()
+    server = start_server(gateway(route(f"http://127.0.0.1:{refused_port()}", "/down/")
+                                  + route(up.url)))
+    resp, body, conn = get(server.port(), "/down/x")
+    assert resp.status == 502 and b"502" in body
+    resp, body, conn = get(server.port(), "/garbage", conn=conn)
+    assert resp.status == 502
+    resp, body, conn = get(server.port(), "/echo", conn=conn)   # the client connection lives on
+    assert resp.status == 200
+
+
+def test_stall_before_headers_is_504(start_server, upstream):
+    up = upstream()
+    server = start_server(gateway(route(up.url, extra='read_timeout = "300ms"')))
+    t0 = time.monotonic()
+    resp, _body, _ = get(server.port(), "/stall")
+    assert resp.status == 504 and time.monotonic() - t0 < 5
+
+
+def test_break_after_headers_cuts_the_client(start_server, upstream):
+    up = upstream()
+    server = start_server(gateway(route(up.url, extra='read_timeout = "300ms"')))
+    for path in ("/reset-mid-body", "/slow-body"):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=10)
+        conn.request("GET", path, headers={"Host": "app.test"})
+        resp = conn.getresponse()
+        assert resp.status == 200                        # the headers had gone out
+        with pytest.raises(http.client.IncompleteRead):
+            resp.read()                                  # then the connection was cut
+    up.unblock()
+
+
+def test_connect_timeout_is_504(start_server):
+    # A listener whose accept queue is full drops further SYNs: connect hangs.
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(0)
+    fill = []
+    for _ in range(3):
+        c = socket.socket()
+        c.setblocking(False)
+        try:
+            c.connect(sock.getsockname())
+        except BlockingIOError:
+            pass
+        fill.append(c)
+    server = start_server(gateway(route(f"http://127.0.0.1:{sock.getsockname()[1]}",
+                                        extra='connect_timeout = "300ms"\nretries = 0')))
+    t0 = time.monotonic()
+    resp, _body, _ = get(server.port(), "/")
+    assert resp.status == 504 and time.monotonic() - t0 < 5
+    for c in fill + [sock]:
+        c.close()
+
+
+# ------------------------------------------------------------------ retries and balancing
+
+
+def test_retry_only_for_idempotent_methods(start_server, upstream):
+    good = upstream("good")
+    dead = f"http://127.0.0.1:{refused_port()}"
+    server = start_server(gateway(route([dead, good.url], extra="max_fails = 0")))
+    port = server.port()
+    # Round-robin starts with the dead target: GET moves on, POST must not.
+    resp, body, _ = get(port, "/echo")
+    assert resp.status == 200 and json.loads(body)["upstream"] == "good"
+    statuses = [get(port, "/echo", method="POST", body=b"x")[0].status for _ in range(4)]
+    assert statuses.count(502) == 2 and statuses.count(200) == 2
+
+
+def test_passive_health_ejects_a_failing_target(start_server, upstream):
+    good = upstream("good")
+    dead = f"http://127.0.0.1:{refused_port()}"
+    server = start_server(gateway(route([dead, good.url],
+                                        extra='max_fails = 1\nfail_timeout = "30s"')))
+    port = server.port()
+    get(port, "/echo")                         # the dead target fails once: ejected
+    statuses = [get(port, "/echo", method="POST", body=b"x")[0].status for _ in range(6)]
+    assert statuses == [200] * 6
+
+
+def test_weighted_round_robin(start_server, upstream):
+    a, b = upstream("a"), upstream("b")
+    server = start_server(gateway(route([{"url": a.url, "weight": 2}, b.url])))
+    conn = None
+    seen = []
+    for _ in range(30):
+        _r, body, conn = get(server.port(), "/echo", conn=conn)
+        seen.append(json.loads(body)["upstream"])
+    assert seen.count("a") == 20 and seen.count("b") == 10
+
+
+def test_least_connections_prefers_the_idle_target(start_server, upstream):
+    a, b = upstream("a"), upstream("b")
+    server = start_server(gateway(route([a.url, b.url], extra='balance = "least_conn"')))
+    # Hold one request open on whichever target gets it; the next ones go elsewhere.
+    busy = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=10)
+    busy.request("GET", "/slow-body", headers={"Host": "app.test"})
+    first = busy.getresponse()
+    held = "a" if a.requests else "b"
+    others = [json.loads(get(server.port(), "/echo")[1])["upstream"] for _ in range(3)]
+    assert others == ["b" if held == "a" else "a"] * 3
+    a.unblock(), b.unblock()
+    assert first.read() == b"0123456789abcdefghij"
+
+
+def test_active_health_check_takes_a_target_out(start_server, upstream):
+    a, b = upstream("a"), upstream("b")
+    server = start_server(gateway(route(
+        [a.url, b.url], extra='health_path = "/health"\nhealth_interval = "100ms"')))
+    a.healthy = False
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:        # bounded: until a check ran
+        if any(r["target"] == "/health" for r in a.requests[1:]):
+            break
+        time.sleep(0.05)
+    time.sleep(0.2)
+    seen = {json.loads(get(server.port(), "/echo")[1])["upstream"] for _ in range(6)}
+    assert seen == {"b"}
+
+
+# ------------------------------------------------------------------ TLS upstream
+
+
+def test_https_upstream_verified(start_server, upstream, ca, certs):
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(*certs["local"])
+    up = upstream("tls", ssl=ctx)
+    server = start_server(gateway(
+        route(up.url, "/verified/", f'ca_file = "{certs["ca"]}"\nstrip_prefix = true')
+        + route(up.url, "/default/", "strip_prefix = true")))
+    resp, body, _ = get(server.port(), "/verified/echo")
+    assert resp.status == 200 and json.loads(body)["upstream"] == "tls"
+    resp, _body, _ = get(server.port(), "/default/echo")    # unknown CA: refused
+    assert resp.status == 502
+
+
+# ------------------------------------------------------------------ upgrade
+
+
+def test_websocket_upgrade_tunnel(start_server, upstream):
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    sock = socket.create_connection(("127.0.0.1", server.port()), timeout=5)
+    sock.sendall(b"GET /ws HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\n"
+                 b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\r\nearly")
+    data = b""
+    while not data.endswith(b"helloEARLY"):
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101") and b"x-tunnel: yes" in head.lower()
+    assert b"upgrade: websocket" in head.lower()
+    assert rest == b"helloEARLY"
+    payload = os.urandom(512 * 1024).hex().encode()        # both ways, with backpressure
+    sock.sendall(payload)
+    got = b""
+    while len(got) < len(payload):
+        chunk = sock.recv(1 << 20)
+        assert chunk
+        got += chunk
+    assert got == payload.upper(), "tunnel bytes differ"
+    sock.close()
+    # The upstream side of the tunnel goes when the client does.
+    deadline = time.monotonic() + 5
+    while up.writers and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not up.writers
+    sock2 = socket.create_connection(("127.0.0.1", server.port()), timeout=5)
+    sock2.sendall(b"GET /echo HTTP/1.1\r\nHost: app.test\r\n\r\n")
+    assert sock2.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+def test_upgrade_refused_by_upstream_is_a_normal_answer(start_server, upstream):
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    sock = socket.create_connection(("127.0.0.1", server.port()), timeout=5)
+    sock.sendall(b"GET /status/426 HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\n"
+                 b"Upgrade: websocket\r\n\r\n")
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    assert data.startswith(b"HTTP/1.1 426") and b"connection: close" in data.lower()

@@ -1,0 +1,235 @@
+"""Upstream servers the proxy tests talk to, and checks that they behave.
+
+`Upstream` is a small HTTP/1.1 server on asyncio streams + httptools, run on its
+own thread and loop, bound to 127.0.0.1:0. What it answers depends on the path:
+
+  /echo            JSON: method, target, headers, body size and sha256
+  /big?n=N&chunked  N bytes (Content-Length, or chunked)
+  /slow-body       headers, 10 bytes, then waits until released (a stall mid-body)
+  /stall           reads the request, never answers
+  /garbage         answers bytes that are not HTTP
+  /reset-mid-body  promises 100000 bytes, sends 1000, then resets the connection
+  /close           a body delimited by closing the connection (no length)
+  /ws              101 Switching Protocols, then echoes every byte upper-cased
+  /status/N        an empty response with status N
+  /health          200, or 503 once `healthy` is False
+
+Every request is recorded in `requests`; `connections` counts accepted sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import socket
+import struct
+import threading
+
+import httptools
+import pytest
+
+
+class _Parsed:
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[str, str]] = []
+        self.size = 0
+        self.digest = hashlib.sha256()
+        self.done = False
+        self.upgrade = False
+
+    def on_url(self, url):
+        self.url += url
+
+    def on_header(self, name, value):
+        self.headers.append((name.decode().lower(), value.decode("latin-1")))
+
+    def on_body(self, body):
+        self.size += len(body)
+        self.digest.update(body)
+
+    def on_message_complete(self):
+        self.done = True
+
+
+class Upstream:
+    def __init__(self, name: str = "up", ssl=None) -> None:
+        self.name = name
+        self.ssl = ssl
+        self.requests: list[dict] = []
+        self.connections = 0
+        self.writers = set()
+        self.healthy = True
+        self.release = None
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self.thread.start()
+        assert ready.wait(5)
+
+    def _run(self, ready) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def start():
+            self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0,
+                                                     ssl=self.ssl)
+            self.port = self.server.sockets[0].getsockname()[1]
+            self.release = asyncio.Event()
+            ready.set()
+        self.loop.run_until_complete(start())
+        self.loop.run_forever()
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.ssl else 'http'}://127.0.0.1:{self.port}"
+
+    def unblock(self) -> None:
+        self.loop.call_soon_threadsafe(self.release.set)
+
+    def stop(self) -> None:
+        async def close():
+            self.server.close()
+            for writer in list(self.writers):
+                writer.transport.abort()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+    async def _serve(self, reader, writer) -> None:
+        self.connections += 1
+        self.writers.add(writer)
+        try:
+            while True:
+                parsed = _Parsed()
+                parser = httptools.HttpRequestParser(parsed)
+                tail = b""
+                while not parsed.done:
+                    data = await reader.read(65536)
+                    if not data:
+                        return
+                    try:
+                        parser.feed_data(data)
+                    except httptools.HttpParserUpgrade as exc:
+                        parsed.upgrade = True
+                        tail = data[exc.args[0]:]
+                        parsed.done = True
+                method = parser.get_method().decode()
+                record = {"method": method, "target": parsed.url.decode(),
+                          "headers": parsed.headers, "size": parsed.size,
+                          "sha256": parsed.digest.hexdigest(), "upstream": self.name}
+                self.requests.append(record)
+                if not await self._answer(record, parser, reader, writer, tail):
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.writers.discard(writer)
+            writer.close()
+
+    async def _answer(self, record, parser, reader, writer, tail) -> bool:
+        target = record["target"]
+        path, _, query = target.partition("?")
+        keep = parser.should_keep_alive()
+        if path.startswith("/status/"):
+            status = int(path.rsplit("/", 1)[1])
+            writer.write(b"HTTP/1.1 %d X\r\ncontent-length: 0\r\n\r\n" % status)
+        elif path == "/health":
+            status = 200 if self.healthy else 503
+            writer.write(b"HTTP/1.1 %d X\r\ncontent-length: 2\r\n\r\nok" % status)
+        elif path == "/big":
+            params = dict(p.partition("=")[::2] for p in query.split("&") if p)
+            n = int(params.get("n", "0"))
+            chunked = "chunked" in params
+            block = bytes(range(256)) * 256            # 64 KiB
+            if chunked:
+                writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n"
+                             b"content-type: application/octet-stream\r\n\r\n")
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n"
+                             b"content-type: application/octet-stream\r\n\r\n" % n)
+            left = n
+            while left > 0 and record["method"] != "HEAD":
+                part = block[:min(left, len(block))]
+                writer.write(b"%x\r\n%b\r\n" % (len(part), part) if chunked else part)
+                left -= len(part)
+                await writer.drain()
+            if chunked:
+                writer.write(b"0\r\n\r\n")
+        elif path == "/slow-body":
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 20\r\n\r\n0123456789")
+            await writer.drain()
+            await self.release.wait()
+            writer.write(b"abcdefghij")
+        elif path == "/stall":
+            await self.release.wait()
+            return False
+        elif path == "/garbage":
+            writer.write(b"this is not HTTP at all\r\n\r\n")
+            await writer.drain()
+            return False
+        elif path == "/reset-mid-body":
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n" + b"x" * 1000)
+            await writer.drain()
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+            return False
+        elif path == "/close":
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end")
+            await writer.drain()
+            return False
+        elif path == "/ws" and record.get("method") == "GET" and parser.should_upgrade():
+            writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n"
+                         b"connection: upgrade\r\nx-tunnel: yes\r\n\r\nhello")
+            if tail:
+                writer.write(tail.upper())
+            while data := await reader.read(65536):
+                writer.write(data.upper())
+                await writer.drain()
+            return False
+        else:
+            body = json.dumps(record).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\nx-upstream: %s\r\nconnection: keep-alive, x-hop"
+                         b"\r\nx-hop: secret\r\nkeep-alive: timeout=5\r\n\r\n%b"
+                         % (len(body), self.name.encode(), body))
+        await writer.drain()
+        return keep
+
+
+def refused_port() -> int:
+    """A port nothing listens on (bound, then closed)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+@pytest.fixture
+def upstream():
+    servers = []
+
+    def make(name: str = "up", ssl=None) -> Upstream:
+        server = Upstream(name, ssl)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.unblock()
+        server.stop()
+
+
+def test_upstream_answers_echo(upstream):
+    import http.client
+    up = upstream()
+    conn = http.client.HTTPConnection("127.0.0.1", up.port, timeout=5)
+    conn.request("POST", "/echo?x=1", body=b"abc")
+    data = json.loads(conn.getresponse().read())
+    assert data["target"] == "/echo?x=1" and data["size"] == 3
