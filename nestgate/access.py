@@ -6,7 +6,7 @@ for the handler that really answers: the route's own, the built-in 403, or the
 sign-in check. Routes without a gate never reach this module.
 
 The verdict for a client address is kept on the connection (`conn.decisions`),
-keyed by gate, so a kept-alive connection pays for the lookup once; it is
+keyed by policy, so a kept-alive connection pays for the lookup once; it is
 recomputed only when the client address changes (X-Forwarded-For) or the dynamic
 allow-list changes (its `version`).
 
@@ -107,12 +107,13 @@ class Gate:
         cache = getattr(conn, "decisions", None)
         if cache is None:
             cache = conn.decisions = {}
-        hit = cache.get(self)
+        # Keyed by policy: every gate of a site shares one decision per connection.
+        hit = cache.get(self.policy)
         if hit is not None and hit[0] == client and hit[1] == dynamic.version:
             verdict = hit[2]
         else:
             verdict = self.decide(client)
-            cache[self] = (client, dynamic.version, verdict)
+            cache[self.policy] = (client, dynamic.version, verdict)
         if verdict == DENY:
             return self.forbidden
         if verdict == PASS or self.auth is None:
