@@ -44,8 +44,6 @@ log = logging.getLogger("nestgate.http1")
 
 # Reading-side states.
 IDLE, HEAD, BODY = 0, 1, 2
-# What a passed deadline does.
-DEADLINE_CLOSE, DEADLINE_408 = 0, 408
 
 BODY_HIGH_WATER = 256 * 1024      # pause reading when this much body waits unread
 WRITE_HIGH_WATER = 64 * 1024
@@ -288,7 +286,6 @@ class HTTP1Connection(asyncio.Protocol):
         # reading side
         self.state = IDLE
         self.deadline = 0.0
-        self.deadline_action = DEADLINE_CLOSE
         self._first = True
         # answering side: the running async request, then what waits behind it
         self._active: Request | None = None
@@ -298,7 +295,6 @@ class HTTP1Connection(asyncio.Protocol):
         self._headers: list = []
         self._header_bytes = 0
         self._host = None
-        self._host_count = 0
         self._chunked = False
         self._content_length = None
         self._body: Body | None = None
@@ -325,7 +321,6 @@ class HTTP1Connection(asyncio.Protocol):
             return
         ctx.connections.add(self)
         self.deadline = CLOCK.now + self.limits.header_timeout
-        self.deadline_action = DEADLINE_CLOSE
 
     def connection_lost(self, exc) -> None:
         self._closing = True
@@ -432,20 +427,18 @@ class HTTP1Connection(asyncio.Protocol):
         except httptools.HttpParserError:
             self._fail(400)
 
+    # The callbacks below run for every request: each attribute touched costs, so
+    # fields that a request rarely sets (_host, _chunked, _content_length) are put
+    # back by on_headers_complete only when they were set, not reset here.
     def on_message_begin(self) -> None:
         self.state = HEAD
         if self._first:
             self._first = False        # header deadline counts from accept
         else:
             self.deadline = CLOCK.now + self._header_timeout
-        self.deadline_action = DEADLINE_408
         self._url = b""
         self._headers = []
         self._header_bytes = 0
-        self._host = None
-        self._host_count = 0
-        self._chunked = False
-        self._content_length = None
         if self.logging:
             self._t0 = time.perf_counter()
 
@@ -461,8 +454,11 @@ class HTTP1Connection(asyncio.Protocol):
         name = name.lower()
         self._headers.append((name, value))
         if name == b"host":
+            # The characters of a Host value are checked once per distinct value, by
+            # the router (Router.site_for); here only repeats and emptiness.
+            if self._host is not None or not value:
+                raise RequestError(400, "repeated or empty Host")
             self._host = value
-            self._host_count += 1
         elif name == b"transfer-encoding":
             # Only a single `chunked`: anything else is a smuggling shape.
             if self._chunked or value.lower() != b"chunked":
@@ -471,42 +467,76 @@ class HTTP1Connection(asyncio.Protocol):
         elif name == b"content-length":
             self._content_length = int(value)      # llhttp has checked: digits, no repeat
 
+    def _framing(self, version: str) -> bool:
+        """Checks a request that declared a body; True when a body follows."""
+        chunked, length = self._chunked, self._content_length
+        self._chunked = False
+        self._content_length = None
+        if chunked and version == "1.0":
+            raise RequestError(400, "Transfer-Encoding in HTTP/1.0")   # RFC 9112 6.1
+        if length is not None and length > self._max_body:
+            raise RequestError(413)
+        if chunked or length:
+            self._body = None
+            self._body_size = 0
+            return True
+        return False
+
     def on_headers_complete(self) -> None:
         parser = self.parser
         version = parser.get_http_version()
         if version != "1.1" and version != "1.0":
-            raise RequestError(505)
-        if self._host_count != 1 and (self._host_count > 1 or version == "1.1"):
-            raise RequestError(400, "HTTP/1.1 needs exactly one Host")
-        if self._content_length is not None and self._content_length > self._max_body:
-            raise RequestError(413)
+            # llhttp reports a request line without a version as 0.9: malformed here.
+            raise RequestError(400 if version == "0.9" else 505)
+        host = self._host
+        if host is None:
+            if version == "1.1":
+                raise RequestError(400, "HTTP/1.1 needs a Host")
+            host = b""
+        else:
+            self._host = None
+        has_body = (self._chunked or self._content_length is not None) and self._framing(version)
         self._requests += 1
         ctx = self.ctx
         keep_alive = (parser.should_keep_alive() and not ctx.draining
                       and self._requests < self._keepalive_requests)
-        has_body = self._chunked or bool(self._content_length)
         if has_body:
             self.state = BODY
             self.deadline = CLOCK.now + self._body_timeout
         else:
             self.state = IDLE
             self.deadline = 0.0
-        self._body = None
-        self._body_size = 0
 
         url = self._url
         if url[:1] != b"/":
-            url = self._absolute_form(url)
+            url = self._absolute_form(url, host)
         qmark = url.find(b"?")
-        host = self._host or b""
+        if qmark < 0:
+            raw_path = url
+        else:
+            raw_path = url[:qmark]
+            if b"#" in url:
+                raise RequestError(400, "fragment in request target")
         if self.xff_trusted:
             self.client = forwarded_client(
                 self.peer, [v for n, v in self._headers if n == b"x-forwarded-for"],
                 ctx.trusted_proxies)
-        handler, params, label, path = ctx.route(host, url if qmark < 0 else url[:qmark])
+        router = ctx.router
+        site = router.memo.get(host) or router.site_for(host)
+        route = site.exact_raw.get(raw_path) or ctx.route_slow(site, raw_path)
+        handler, params, label, path = route
         if handler.is_async is GATED:
             handler = handler.admit(self, self._headers)
         method = parser.get_method()
+        if method == b"CONNECT":
+            raise RequestError(400, "CONNECT: nestgate is not a forward proxy")
+
+        if not handler.is_async and not has_body and keep_alive and not self.logging \
+                and self._active is None and not self._queue:
+            # The common case, answered from here: a ready response, nothing ahead of it.
+            self.transport.write(handler.current().render(
+                KEEP_ALIVE if version == "1.1" else KEEP_ALIVE_EXPLICIT, method == b"HEAD"))
+            return
 
         if not handler.is_async:
             response = handler.current()
@@ -562,13 +592,19 @@ class HTTP1Connection(asyncio.Protocol):
                 return True
         return False
 
-    @staticmethod
-    def _absolute_form(url: bytes) -> bytes:
-        # RFC 9112 3.2.2: servers accept absolute-form; the path is what routes.
-        # Anything else (authority-form, "*") is not served here.
-        for scheme in (b"http://", b"https://"):
+    def _absolute_form(self, url: bytes, host: bytes) -> bytes:
+        # RFC 9112 3.2.2: servers accept absolute-form. Its authority must name the
+        # same host as the Host header (a disagreement is how requests get smuggled
+        # past a front end); the path is what routes. Authority-form and "*" are not
+        # served here.
+        for scheme, default_port in ((b"http://", b":80"), (b"https://", b":443")):
             if url[:len(scheme)].lower() == scheme:
                 slash = url.find(b"/", len(scheme))
+                authority = url[len(scheme):slash if slash > 0 else len(url)].lower()
+                host = host.lower()
+                if b"@" in authority or authority.removesuffix(default_port) != \
+                        host.removesuffix(default_port):
+                    raise RequestError(400, "absolute-form target and Host disagree")
                 return url[slash:] if slash > 0 else b"/"
         raise RequestError(400, "request target must be a path")
 
@@ -588,12 +624,13 @@ class HTTP1Connection(asyncio.Protocol):
         elif self._body is not None:
             self._body.finish()
             self._body = None
-        self._parsing = None
+            self._parsing = None
+        elif self._parsing is not None:
+            self._parsing = None
         if self._active is None and not self._queue and not self._closing:
             # Between requests: the keep-alive deadline (silent close).
             self.deadline = CLOCK.now + (DRAIN_IDLE_GRACE if self.ctx.draining
                                          else self._keepalive_timeout)
-            self.deadline_action = DEADLINE_CLOSE
 
     def _answer_sync(self, response, mode, method, path, host, label) -> None:
         head_only = method == b"HEAD"
@@ -690,10 +727,11 @@ class HTTP1Connection(asyncio.Protocol):
             self.deadline = CLOCK.now + DRAIN_IDLE_GRACE
         else:
             self.deadline = CLOCK.now + self.limits.keepalive_timeout
-        self.deadline_action = DEADLINE_CLOSE
 
     def _fail(self, status: int) -> None:
         """A protocol error or limit: answer `status` after what is ahead, then close."""
+        if self._closing_transport():
+            return       # bytes after a closing response: nothing more is answered
         self._closing = True
         self.state = IDLE
         self.deadline = 0.0
@@ -716,7 +754,7 @@ class HTTP1Connection(asyncio.Protocol):
         else:
             self._queue.append((response, CLOSE, False))
         if self.logging:
-            self.ctx.access_log.record(self.client, b"-", self._host or b"", "-", status,
+            self.ctx.access_log.record(self.client, b"-", b"", "-", status,
                                        response.content_length, self._t0, self._headers, "")
 
     def _close_when_idle(self) -> None:
@@ -730,17 +768,19 @@ class HTTP1Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------ worker hooks
     def check_deadline(self, now: float) -> None:
+        """Called by the worker's tick. A deadline passed while a request was being
+        read (head or body) is a 408; between requests it is a silent close."""
         if self.deadline and now >= self.deadline and not self._closing_transport():
             self.deadline = 0.0
-            if self.deadline_action == DEADLINE_408 and self._active is None and not self._queue:
+            if self.state == IDLE:
+                self._closing = True
+                self.transport.close()
+            elif self._active is None and not self._queue:
                 self._closing = True
                 self.transport.write(ERRORS[408].render(CLOSE))
                 self.transport.close()
-            elif self.deadline_action == DEADLINE_408:
-                self._fail(408)
             else:
-                self._closing = True
-                self.transport.close()
+                self._fail(408)
 
     def drain(self) -> None:
         """Graceful stop: finish what is in flight; an idle connection may still send

@@ -50,7 +50,8 @@ class Prebuilt:
     every method with itself (HEAD without the body), like nginx's `return`."""
 
     is_async = False
-    __slots__ = ("status", "body", "_head", "_full_tails", "_head_tails", "content_length")
+    __slots__ = ("status", "body", "_head", "_full_tails", "_head_tails", "content_length",
+                 "h2_cache")
 
     def __init__(self, status: int, body: bytes = b"", content_type: str | None = None,
                  headers=()) -> None:
@@ -63,6 +64,7 @@ class Prebuilt:
         self._full_tails = tuple(end + body for end in _CONNECTION_ENDINGS)
         self._head_tails = _CONNECTION_ENDINGS
         self.content_length = len(body)
+        self.h2_cache = None          # the HTTP/2 header list, made on first use
 
     def render(self, mode: int, head_only: bool = False) -> bytes:
         tails = self._head_tails if head_only else self._full_tails

@@ -10,8 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from nestgate.errors import RequestError
+
 NO_PARAMS: dict[str, str] = {}
 _MEMO_LIMIT = 4096
+_HOST_CHARS = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+               b"-._~!$&'()*+,;=%:[]")
+
+
+def valid_host(value: bytes) -> bool:
+    """uri-host [ ":" port ]: nothing outside the host characters, digits for a port
+    (an IPv6 literal's colons are not a port)."""
+    if value.translate(None, _HOST_CHARS):
+        return False
+    _, colon, port = value.rpartition(b":")
+    return not colon or b"]" in port or port.isdigit() or port == b""
 
 
 def host_name(raw: bytes) -> bytes:
@@ -88,7 +101,8 @@ class Router:
         self.wildcards: list[tuple[bytes, SiteRoutes]] = []
         self.catch_all: SiteRoutes | None = None
         self.unclaimed = unclaimed              # answers Hosts no site claims
-        self._memo: dict[bytes, SiteRoutes] = {}
+        # Host header value as received -> site; only valid values get in.
+        self.memo: dict[bytes, SiteRoutes] = {}
 
     def add_site(self, hosts, site: SiteRoutes) -> None:
         for host in hosts:
@@ -101,13 +115,16 @@ class Router:
                 self.exact.setdefault(host.encode(), site)
 
     def site_for(self, raw_host: bytes) -> SiteRoutes:
-        try:
-            return self._memo[raw_host]
-        except KeyError:
-            pass
+        """The site for a Host header value (b"" when an HTTP/1.0 request has none).
+        Raises RequestError(400) for a value that is not host[:port] (RFC 9112 3.2)."""
+        site = self.memo.get(raw_host)
+        if site is not None:
+            return site
+        if raw_host and not valid_host(raw_host):
+            raise RequestError(400, "invalid Host")
         site = self._resolve(host_name(raw_host))
-        if len(self._memo) < _MEMO_LIMIT:        # bounded: random Hosts cannot grow it
-            self._memo[raw_host] = site
+        if len(self.memo) < _MEMO_LIMIT:         # bounded: random Hosts cannot grow it
+            self.memo[raw_host] = site
         return site
 
     def _resolve(self, host: bytes) -> SiteRoutes:

@@ -1,29 +1,31 @@
 """TLS server contexts: certificates per listener chosen by SNI, ALPN offered.
 
 Built in the supervisor at load time (so `check` and reload catch a bad key) and
-inherited by the forked workers. `ALPN_PROTOCOLS` is the one place a new
-protocol is offered; the worker picks the protocol from what ALPN selected.
+inherited by the forked workers. ALPN offers h2 (unless the listener sets
+`http2 = false`) and http/1.1; the worker picks the protocol from what ALPN selected.
 """
 
 from __future__ import annotations
 
 import ssl
 
-ALPN_PROTOCOLS = ["http/1.1"]
+ALPN_HTTP1 = ["http/1.1"]
+ALPN_HTTP2 = ["h2", "http/1.1"]
 
 
-def _context(cert: str, key: str) -> ssl.SSLContext:
+def _context(cert: str, key: str, alpn=ALPN_HTTP1) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert, key)
-    ctx.set_alpn_protocols(ALPN_PROTOCOLS)
+    ctx.set_alpn_protocols(alpn)
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
     return ctx
 
 
 def server_context(listener) -> ssl.SSLContext:
     """The listener's default context; others are switched in by SNI."""
-    contexts = [_context(c.cert, c.key) for c in listener.certificates]
+    alpn = ALPN_HTTP2 if listener.http2 else ALPN_HTTP1
+    contexts = [_context(c.cert, c.key, alpn) for c in listener.certificates]
     default = contexts[0]
     exact: dict[str, ssl.SSLContext] = {}
     wildcard: dict[str, ssl.SSLContext] = {}

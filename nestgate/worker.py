@@ -18,7 +18,9 @@ import uvloop
 from nestgate.accesslog import AccessLog, should_log
 from nestgate.clock import CLOCK
 from nestgate.clientip import parse_networks
+from nestgate.errors import RequestError
 from nestgate.http1 import HTTP1Connection, ProxyProtocolConnection
+from nestgate.http2 import ALPNSwitch
 from nestgate.paths import decode_path
 from nestgate.site import build_router, https_redirect_router
 
@@ -27,6 +29,9 @@ _PR_SET_PDEATHSIG = 1
 
 class ServerContext:
     """What every connection on one listener shares."""
+
+    trusted_proxies: frozenset = frozenset()      # peers whose X-Forwarded-For is believed
+    proxy_protocol_from: frozenset = frozenset()  # peers allowed to send a PROXY header
 
     def __init__(self, worker: Worker, listener, router) -> None:
         self.loop = worker.loop
@@ -46,9 +51,13 @@ class ServerContext:
     def route(self, host: bytes, raw_path: bytes):
         """(handler, params, route label, decoded path) for a request."""
         site = self.router.site_for(host)
-        hit = site.exact_raw.get(raw_path)
-        if hit is not None:
-            return hit
+        return site.exact_raw.get(raw_path) or self.route_slow(site, raw_path)
+
+    @staticmethod
+    def route_slow(site, raw_path: bytes):
+        """What `route` does when the raw path is not an exact route as it stands."""
+        if b"#" in raw_path:
+            raise RequestError(400, "fragment in request target")
         path = decode_path(raw_path)
         handler, params, label = site.lookup(path)
         return handler, params, label, path
@@ -67,10 +76,15 @@ class ServerContext:
 
 
 def protocol_factory(ctx, listener):
-    """The protocol each new connection on `listener` starts with."""
+    """The protocol each new connection on `listener` starts with. On TLS listeners
+    that offer h2, ALPN decides between HTTP/2 and HTTP/1.1 after the handshake."""
+    def http1():
+        return HTTP1Connection(ctx)
     if listener.proxy_protocol_from:
         return lambda: ProxyProtocolConnection(ctx)
-    return lambda: HTTP1Connection(ctx)
+    if listener.tls and listener.http2:
+        return lambda: ALPNSwitch(ctx, http1)
+    return http1
 
 
 class Worker:

@@ -165,13 +165,14 @@ def test_tls_sni_picks_the_certificate(start_server, certs):
                 assert tls.version() in ("TLSv1.2", "TLSv1.3")
 
 
-def test_tls_alpn_offers_http11(start_server, certs):
+def test_tls_alpn_offers_h2_and_http11(start_server, certs):
     server = start_server(TEMPLATE.format(tls=tls_block(certs)))
-    ctx = ssl.create_default_context(cafile=certs["ca"])
-    ctx.set_alpn_protocols(["h2", "http/1.1"])
-    with socket.create_connection(("127.0.0.1", server.port("https"))) as raw:
-        with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
-            assert tls.selected_alpn_protocol() == "http/1.1"
+    for offered, chosen in ((["h2", "http/1.1"], "h2"), (["http/1.1"], "http/1.1")):
+        ctx = ssl.create_default_context(cafile=certs["ca"])
+        ctx.set_alpn_protocols(offered)
+        with socket.create_connection(("127.0.0.1", server.port("https"))) as raw:
+            with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+                assert tls.selected_alpn_protocol() == chosen
 
 
 def test_plain_listener_redirects_to_https(start_server, certs):

@@ -1,0 +1,522 @@
+"""HTTP/2 over TLS (ALPN "h2"), on the h2 library, answering from the same routes.
+
+Theory of operation
+-------------------
+`ALPNSwitch` is the protocol a TLS listener starts with: once the handshake is done
+it looks at what ALPN chose and hands the transport to an `HTTP2Connection` or to
+the listener's HTTP/1.1 protocol. Handlers see the same `Request` interface as on
+HTTP/1.1 (`H2Request` speaks frames instead of bytes): a synchronous handler's
+`Prebuilt` response is sent from the event callback, an asynchronous one runs as a
+task per stream. Streams are independent, so there is no pipelining queue.
+
+Flow control: request body data is acknowledged (window reopened) as the handler
+consumes it, so a slow handler holds back the client instead of buffering; response
+data waits for the client's window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+
+from nestgate.access import GATED
+from nestgate.clock import CLOCK
+from nestgate.errors import HandlerError, RequestError
+from nestgate.http1 import Body, Request
+from nestgate.responses import ERRORS
+
+log = logging.getLogger("nestgate.http2")
+
+MAX_CONCURRENT_STREAMS = 128
+# Connection-specific headers are illegal in HTTP/2 (RFC 9113 8.2.2).
+_CONNECTION_HEADERS = frozenset((b"connection", b"keep-alive", b"proxy-connection",
+                                 b"transfer-encoding", b"upgrade"))
+_STATUS = {s: str(s).encode() for s in range(100, 600)}
+
+
+class ALPNSwitch:
+    """Starts every TLS connection; becomes HTTP/2 or HTTP/1.1 as ALPN decided."""
+
+    def __init__(self, ctx, http1_factory) -> None:
+        self.ctx = ctx
+        self.http1_factory = http1_factory
+
+    def connection_made(self, transport) -> None:
+        ssl_object = transport.get_extra_info("ssl_object")
+        chosen = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
+        protocol = HTTP2Connection(self.ctx) if chosen == "h2" else self.http1_factory()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+
+    def connection_lost(self, exc) -> None:
+        pass
+
+    def data_received(self, data) -> None:  # not reached: replaced in connection_made
+        raise RuntimeError("ALPNSwitch received data before choosing a protocol")
+
+    def eof_received(self):
+        return None
+
+    def pause_writing(self) -> None:
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+
+def h2_headers(response) -> list[tuple[bytes, bytes]]:
+    """The header list of a `Prebuilt` for HEADERS frames, parsed once and kept."""
+    cached = getattr(response, "h2_cache", None)
+    if cached is not None:
+        return cached
+    lines = response.render(0, True).split(b"\r\n")
+    headers = [(b":status", _STATUS[response.status])]
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, _, value = line.partition(b": ")
+        name = name.lower()
+        if name not in _CONNECTION_HEADERS and name != b"date":
+            headers.append((name, value))
+    try:
+        response.h2_cache = headers
+    except AttributeError:
+        pass                   # a class with fixed slots: parse each time
+    return headers
+
+
+class _StreamFlow:
+    """What `Body` needs from its connection, for one stream."""
+
+    __slots__ = ("conn", "stream_id", "paused", "unacked", "loop", "_active")
+
+    def __init__(self, conn: HTTP2Connection, stream_id: int) -> None:
+        self.conn = conn
+        self.stream_id = stream_id
+        self.loop = conn.loop
+        self.paused = False
+        self.unacked = 0
+
+    def pause_reading_for_body(self) -> None:
+        self.paused = True
+
+    def resume_reading_for_body(self) -> None:
+        if self.paused:
+            self.paused = False
+            if self.unacked:
+                self.conn.acknowledge(self.stream_id, self.unacked)
+                self.unacked = 0
+
+    def send_continue(self) -> None:
+        pass                   # HTTP/2 clients do not wait for 100 on their own
+
+
+class H2Request(Request):
+    """A Request whose answer goes out as HEADERS and DATA frames on one stream."""
+
+    __slots__ = ("stream_id", "flow")
+
+    @property
+    def connection(self):
+        return self._conn
+
+    def start(self, status: int, headers, content_length: int | None = None) -> None:
+        pairs = [(n.encode("latin-1") if isinstance(n, str) else n,
+                  v.encode("latin-1") if isinstance(v, str) else v) for n, v in headers]
+        self._start_pairs(status, pairs, content_length)
+
+    def start_raw(self, status: int, block: bytes, content_length: int | None = None) -> None:
+        pairs = []
+        for line in block.split(b"\r\n"):
+            if line:
+                name, _, value = line.partition(b":")
+                pairs.append((name.strip(), value.strip()))
+        self._start_pairs(status, pairs, content_length)
+
+    def _start_pairs(self, status, pairs, content_length) -> None:
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = True
+        self.status = status
+        headers = [(b":status", _STATUS.get(status) or str(status).encode()),
+                   (b"server", b"nestgate"), (b"date", CLOCK.date)]
+        for name, value in pairs:
+            name = name.lower()
+            if name not in _CONNECTION_HEADERS and name != b"content-length":
+                headers.append((name, value))
+        if content_length is not None:
+            headers.append((b"content-length", b"%d" % content_length))
+        self._conn.send_headers(self.stream_id, headers, end_stream=self.head_only)
+        if self.head_only:
+            self.finished = True
+
+    async def write(self, data: bytes) -> None:
+        if not self.started:
+            raise RuntimeError("write before start")
+        if self.head_only or not data:
+            return
+        self.sent += len(data)
+        await self._conn.send_data(self.stream_id, data)
+
+    def push(self, data: bytes) -> bool:
+        # Frames need the client's window: queue them and tell the caller to wait.
+        if self.head_only or not data:
+            return False
+        self.sent += len(data)
+        self._conn.queue_data(self.stream_id, data)
+        return True
+
+    async def send_prebuilt(self, response) -> None:
+        self.started = True
+        self.status = response.status
+        headers = h2_headers(response) + [(b"date", CLOCK.date)]
+        body = b"" if self.head_only else response.body
+        self._conn.send_headers(self.stream_id, headers, end_stream=not body)
+        if body:
+            self.sent += len(body)
+            await self._conn.send_data(self.stream_id, body, end=True)
+        self.finished = True
+
+    def take_over(self, head: bytes) -> bytes:
+        raise HandlerError(501, "protocol upgrade is an HTTP/1.1 feature")
+
+    def end(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self._conn.end_stream(self.stream_id)
+
+
+class HTTP2Connection:
+    """One HTTP/2 client connection (after ALPN chose h2)."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.limits = ctx.limits
+        self.loop = ctx.loop
+        self.transport = None
+        self.client = self.peer = ""
+        self.decisions = None
+        self.logging = False
+        self.write_paused = False
+        self.deadline = 0.0
+        self.state = 0
+        self._draining = False
+        self._streams: dict[int, H2Request] = {}
+        self._window_waiters: dict[int, asyncio.Future] = {}
+        self._writable: asyncio.Future | None = None
+        config = h2.config.H2Configuration(client_side=False, header_encoding=None,
+                                           validate_inbound_headers=True)
+        self.h2 = h2.connection.H2Connection(config=config)
+
+    # ------------------------------------------------------------ transport
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        ctx = self.ctx
+        self.client = self.peer = ctx.client_address(transport.get_extra_info("peername"))
+        self.logging = ctx.access_log is not None and ctx.should_log(self.client)
+        if len(ctx.connections) >= self.limits.max_connections or ctx.draining:
+            transport.close()
+            return
+        ctx.connections.add(self)
+        self.h2.local_settings = h2.settings.Settings(client=False, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.limits.max_header_bytes,
+        })
+        self.h2.initiate_connection()
+        self.flush()
+        self._idle()
+
+    def connection_lost(self, exc) -> None:
+        self.ctx.connections.discard(self)
+        for req in list(self._streams.values()):
+            self._abandon(req)
+        self._streams.clear()
+        for waiter in list(self._window_waiters.values()) + [self._writable]:
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(ConnectionResetError("client went away"))
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def eof_received(self):
+        return None
+
+    async def wait_writable(self) -> None:
+        """For handlers using `push`: wait until every queued frame went out."""
+        while self._window_waiters or self.write_paused:
+            if self.transport is None or self.transport.is_closing():
+                raise ConnectionResetError("client went away")
+            if self.write_paused:
+                self._writable = self.loop.create_future()
+                await self._writable
+            else:
+                await asyncio.sleep(0)
+
+    def flush(self) -> None:
+        data = self.h2.data_to_send()
+        if data and not self.transport.is_closing():
+            self.transport.write(data)
+
+    # ------------------------------------------------------------ events
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            self.flush()              # h2 has queued GOAWAY with the error code
+            self.transport.close()
+            return
+        for event in events:
+            kind = type(event)
+            if kind is h2.events.RequestReceived:
+                self._request(event)
+            elif kind is h2.events.DataReceived:
+                self._data(event)
+            elif kind is h2.events.StreamEnded:
+                req = self._streams.get(event.stream_id)
+                if req is not None and req.body is not None:
+                    req.body.finish()
+            elif kind is h2.events.WindowUpdated:
+                self._window_opened(event.stream_id)
+            elif kind is h2.events.StreamReset:
+                req = self._streams.pop(event.stream_id, None)
+                if req is not None:
+                    self._abandon(req)
+            elif kind is h2.events.ConnectionTerminated:
+                self.transport.close()
+                return
+        self.flush()
+        if self._streams:
+            self.deadline = 0.0
+
+    def _request(self, event) -> None:
+        stream_id = event.stream_id
+        method = raw_target = authority = b""
+        headers = []
+        size = 0
+        for name, value in event.headers:
+            size += len(name) + len(value)
+            if name[:1] == b":":
+                if name == b":method":
+                    method = value
+                elif name == b":path":
+                    raw_target = value
+                elif name == b":authority":
+                    authority = value
+            else:
+                headers.append((name, value))
+                if name == b"host" and not authority:
+                    authority = value
+        try:
+            if len(raw_target) > self.limits.max_url:
+                raise RequestError(414)
+            if size > self.limits.max_header_bytes or len(headers) > self.limits.max_headers:
+                raise RequestError(431)
+            qmark = raw_target.find(b"?")
+            handler, params, label, path = self.ctx.route(
+                authority, raw_target if qmark < 0 else raw_target[:qmark])
+            if handler.is_async is GATED:
+                handler = handler.admit(self, headers)
+        except RequestError as exc:
+            self._answer(stream_id, ERRORS.get(exc.status) or ERRORS[400], method == b"HEAD",
+                         method, authority, "-", "", headers, time.perf_counter())
+            return
+        t0 = time.perf_counter() if self.logging else 0.0
+        if not handler.is_async:
+            self._answer(stream_id, handler.current(), method == b"HEAD", method, authority,
+                         path, label, headers, t0)
+            return
+        req = H2Request()
+        req.method = method
+        req.raw_target = raw_target
+        req.path = path
+        req.query = b"" if qmark < 0 else raw_target[qmark + 1:]
+        req.version = "2"
+        req.headers = headers
+        req.host = authority
+        req.client = self.client
+        req.params = params
+        req.route = label
+        req.handler = handler
+        req.keep_alive = True
+        req.head_only = method == b"HEAD"
+        req.scheme = self.ctx.scheme
+        req.stream_id = stream_id
+        req.flow = _StreamFlow(self, stream_id)
+        ended = event.stream_ended is not None
+        req.body = None if ended else Body(req.flow, False)
+        req.status = req.sent = 0
+        req.started = req.finished = False
+        req._conn = self
+        req._chunked = False
+        req._t0 = t0
+        req.upgrade = False
+        self._streams[stream_id] = req
+        req.task = self.loop.create_task(self._run(req))
+
+    def _answer(self, stream_id, response, head_only, method, host, path, label, headers,
+                t0) -> None:
+        body = b"" if head_only else response.body
+        fits = len(body) <= min(self.h2.local_flow_control_window(stream_id),
+                                self.h2.max_outbound_frame_size)
+        self.h2.send_headers(stream_id, h2_headers(response) + [(b"date", CLOCK.date)],
+                             end_stream=not body)
+        if body and fits:
+            self.h2.send_data(stream_id, body, end_stream=True)
+        elif body:
+            self.loop.create_task(self._send_rest(stream_id, body))
+        if self.logging:
+            self.ctx.access_log.record(self.client, method, host, path, response.status,
+                                       len(body), t0, headers, label)
+
+    async def _send_rest(self, stream_id: int, body: bytes) -> None:
+        try:
+            await self.send_data(stream_id, body, end=True)
+        except (ConnectionResetError, h2.exceptions.StreamClosedError):
+            pass
+
+    def _data(self, event) -> None:
+        req = self._streams.get(event.stream_id)
+        if req is None or req.body is None:
+            self.acknowledge(event.stream_id, event.flow_controlled_length)
+            return
+        req.body.feed(event.data)
+        if req.body.received > self.limits.max_body:
+            self._reset(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            if not req.started:
+                req.body.abort(ConnectionResetError("request body refused (413)"))
+            return
+        if req.flow.paused:
+            req.flow.unacked += event.flow_controlled_length
+        else:
+            self.acknowledge(event.stream_id, event.flow_controlled_length)
+
+    def acknowledge(self, stream_id: int, length: int) -> None:
+        try:
+            self.h2.acknowledge_received_data(length, stream_id)
+        except (h2.exceptions.StreamClosedError, KeyError):
+            pass
+        self.flush()
+
+    # ------------------------------------------------------------ answering
+    async def _run(self, req: H2Request) -> None:
+        try:
+            await req.handler.handle(req)
+            if not req.started:
+                raise HandlerError(500, "handler sent no response")
+            req.end()
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:
+            status = exc.status if isinstance(exc, (HandlerError, RequestError)) else 500
+            if status == 500 and not isinstance(exc, HandlerError):
+                log.exception("handler for %s failed", req.route)
+            if req.started:
+                self._reset(req.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            elif not self.transport.is_closing():
+                try:
+                    await req.send_prebuilt(ERRORS.get(status) or ERRORS[500])
+                except (ConnectionResetError, h2.exceptions.StreamClosedError):
+                    pass
+        finally:
+            self._streams.pop(req.stream_id, None)
+        if self.logging:
+            self.ctx.access_log.record(req.client, req.method, req.host, req.path, req.status,
+                                       req.sent, req._t0, req.headers, req.route)
+        self._idle()
+
+    def send_headers(self, stream_id: int, headers, end_stream: bool = False) -> None:
+        self.h2.send_headers(stream_id, headers, end_stream=end_stream)
+        self.flush()
+
+    def end_stream(self, stream_id: int) -> None:
+        try:
+            self.h2.end_stream(stream_id)
+        except h2.exceptions.StreamClosedError:
+            return
+        self.flush()
+
+    async def send_data(self, stream_id: int, data: bytes, end: bool = False) -> None:
+        view = memoryview(data)
+        while view or end:
+            window = min(self.h2.local_flow_control_window(stream_id),
+                         self.h2.max_outbound_frame_size)
+            if window <= 0 and view:
+                waiter = self._window_waiters[stream_id] = self.loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    self._window_waiters.pop(stream_id, None)
+                continue
+            chunk, view = view[:window], view[window:]
+            self.h2.send_data(stream_id, bytes(chunk), end_stream=end and not view)
+            self.flush()
+            if end and not view:
+                break
+            if self.write_paused:
+                self._writable = self.loop.create_future()
+                await self._writable
+
+    def queue_data(self, stream_id: int, data: bytes) -> None:
+        self.loop.create_task(self._send_rest(stream_id, data))
+
+    def _window_opened(self, stream_id: int) -> None:
+        if stream_id == 0:
+            waiters = list(self._window_waiters.values())
+        else:
+            waiters = [self._window_waiters.get(stream_id)]
+        for waiter in waiters:
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    def _reset(self, stream_id: int, code) -> None:
+        try:
+            self.h2.reset_stream(stream_id, code)
+        except h2.exceptions.StreamClosedError:
+            pass
+        self.flush()
+        req = self._streams.pop(stream_id, None)
+        if req is not None:
+            self._abandon(req)
+
+    def _abandon(self, req: H2Request) -> None:
+        if req.body is not None:
+            req.body.abort()
+        if req.task is not None and not req.task.done():
+            req.task.cancel()
+
+    # ------------------------------------------------------------ worker hooks
+    def _idle(self) -> None:
+        if not self._streams:
+            self.deadline = CLOCK.now + self.limits.keepalive_timeout
+            if self._draining:
+                self.close_gracefully()
+
+    def check_deadline(self, now: float) -> None:
+        if self.deadline and now >= self.deadline and not self._streams:
+            self.close_gracefully()
+
+    def close_gracefully(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.h2.close_connection()
+        self.flush()
+        self.transport.close()
+
+    def drain(self) -> None:
+        """Graceful stop: GOAWAY when the last stream in flight is done."""
+        self._draining = True
+        if not self._streams:
+            self.close_gracefully()

@@ -1,0 +1,124 @@
+"""HTTP/2 over TLS: ALPN picks it, the same routes answer, bodies flow both ways."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from h2client import H2Client
+from test_e2e_core import TEMPLATE, tls_block
+
+
+@pytest.fixture
+def h2conn(start_server, certs):
+    server = start_server(TEMPLATE.format(tls=tls_block(certs)))
+    client = H2Client(server.port("https"), certs["ca"])
+    yield client
+    client.close()
+
+
+def test_health_over_h2(h2conn):
+    status, headers, body = h2conn.request("GET", "/api/v1/health")
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert json.loads(body)["status"] == "ok" and "date" in headers
+
+
+def test_many_streams_on_one_connection(h2conn):
+    for path, expected in (("/hello", b"hello\n"), ("/docs/x", b"docs\n"), ("/hello", b"hello\n")):
+        status, _headers, body = h2conn.request("GET", path)
+        assert (status, body) == (200, expected)
+
+
+def test_head_unknown_host_and_redirect(h2conn):
+    status, headers, body = h2conn.request("HEAD", "/hello")
+    assert (status, body, headers["content-length"]) == (200, b"", "6")
+    status, _h, body = h2conn.request("GET", "/hello", authority=b"nobody.invalid")
+    assert status == 404 and b"404 Not Found" in body
+    status, headers, _b = h2conn.request("GET", "/old")
+    assert (status, headers["location"]) == (301, "/hello")
+
+
+def test_no_connection_specific_headers(h2conn):
+    _status, headers, _body = h2conn.request("GET", "/hello")
+    assert not {"connection", "transfer-encoding", "keep-alive"} & set(headers)
+
+
+def test_h2_can_be_turned_off(start_server, certs):
+    import socket
+    import ssl
+    config = TEMPLATE.format(tls=tls_block(certs).replace(
+        "[[listen.certificate]]", "http2 = false\n[[listen.certificate]]", 1))
+    server = start_server(config)
+    ctx = ssl.create_default_context(cafile=certs["ca"])
+    ctx.set_alpn_protocols(["h2", "http/1.1"])
+    with socket.create_connection(("127.0.0.1", server.port("https"))) as raw:
+        with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+            assert tls.selected_alpn_protocol() == "http/1.1"
+
+
+# ---- protocol level: an HTTP/2 client and server exchanging bytes, no sockets
+
+import h2.config  # noqa: E402
+import h2.connection  # noqa: E402
+import h2.events  # noqa: E402
+
+from nestgate.http2 import HTTP2Connection  # noqa: E402
+from test_http1_protocol import Echo, Broken  # noqa: E402
+from wire import FakeTransport, Wire  # noqa: E402
+
+
+class Pump:
+    """Moves bytes between an h2 client and an HTTP2Connection until a stream ends."""
+
+    def __init__(self) -> None:
+        self.wire = Wire(handlers={"/echo": Echo(), "/broken": Broken()})
+        self.transport = FakeTransport()
+        self.server = HTTP2Connection(self.wire.ctx)
+        self.server.connection_made(self.transport)
+        self.client = h2.connection.H2Connection(h2.config.H2Configuration(
+            client_side=True, header_encoding=None))
+        self.client.initiate_connection()
+
+    def exchange(self, method: bytes, path: bytes, body: bytes = b""):
+        stream = self.client.get_next_available_stream_id()
+        self.client.send_headers(stream, [(b":method", method), (b":path", path),
+                                          (b":scheme", b"https"), (b":authority", b"a")],
+                                 end_stream=not body)
+        pending = memoryview(body)
+        status, data = 0, b""
+        for _ in range(10_000):
+            while pending and self.client.local_flow_control_window(stream) > 0:
+                size = min(len(pending), self.client.local_flow_control_window(stream),
+                           self.client.max_outbound_frame_size)
+                self.client.send_data(stream, bytes(pending[:size]),
+                                      end_stream=size == len(pending))
+                pending = pending[size:]
+            out = self.client.data_to_send()
+            if out:
+                self.server.data_received(out)
+            self.wire.run(5)
+            inbound, self.transport.out = bytes(self.transport.out), bytearray()
+            for event in self.client.receive_data(inbound) if inbound else ():
+                if isinstance(event, h2.events.ResponseReceived):
+                    status = int(dict(event.headers)[b":status"])
+                elif isinstance(event, h2.events.DataReceived):
+                    data += event.data
+                    self.client.acknowledge_received_data(event.flow_controlled_length, stream)
+                elif isinstance(event, h2.events.StreamEnded) and event.stream_id == stream:
+                    return status, data
+        raise AssertionError("stream never ended")
+
+
+def test_large_bodies_both_ways_respect_flow_control():
+    pump = Pump()
+    pump.wire.ctx.limits = pump.server.limits = type(pump.server.limits)(max_body=1 << 20)
+    body = bytes(range(256)) * 1024                        # 256 KiB, four default windows
+    status, data = pump.exchange(b"POST", b"/echo", body)
+    assert status == 200 and data == body
+
+
+def test_handler_failure_is_500_on_its_stream_only():
+    pump = Pump()
+    assert pump.exchange(b"GET", b"/broken")[0] == 500
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
