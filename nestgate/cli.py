@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:
         from nestgate.bench.cli import main as bench_main
         return bench_main(argv[1:])
+    if argv[:1] == ["passwd"]:
+        from nestgate.auth.passwords import passwd_main
+        return passwd_main(argv[1:])
 
     parser = argparse.ArgumentParser(prog="nestgate", description="The front door of a "
                                      "self-hosted server.")
@@ -29,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_config_flags(commands.add_parser("serve", help="run the server"))
     _add_config_flags(commands.add_parser("check", help="validate the config and exit"))
     commands.add_parser("bench", help="benchmark against nginx (see `nestgate bench -h`)")
+    commands.add_parser("passwd", help="print an argon2 hash for [[auth.user]] "
+                        "(see `nestgate passwd -h`)")
     args = parser.parse_args(argv)
 
     from nestgate.config import ConfigError

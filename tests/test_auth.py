@@ -1,0 +1,300 @@
+"""Sign-in before forwarding: the portal, sessions shared by workers, CSRF, back-off,
+no open redirect, TOTP, post-login IP grants and the dynamic allow-list."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+import sys
+import time
+from urllib.parse import urlencode
+
+import pytest
+
+from conftest import REPO, _env
+from nestgate.auth import totp
+from nestgate.auth.passwords import hash_password, verify_password
+from nestgate.auth.portal import safe_next
+from nestgate.auth.store import Store
+from test_access import ask, v1
+from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
+
+PASSWORD_HASH = hash_password("demo-password")
+TOTP_SECRET = totp.new_secret()
+HTML = {"Accept": "text/html,application/xhtml+xml"}
+
+
+def protected(up_url: str, store: str, extra_auth: str = "", workers: int = 1,
+              site_extra: str = "") -> str:
+    return f"""
+[server]
+workers = {workers}
+
+[[listen]]
+address = "127.0.0.1:0"
+proxy_protocol_from = ["127.0.0.1"]
+
+[auth]
+store = "{store}"
+{extra_auth}
+
+[[auth.user]]
+name = "demo"
+password = "{PASSWORD_HASH}"
+
+[[auth.user]]
+name = "otp"
+password = "{PASSWORD_HASH}"
+totp = "{TOTP_SECRET}"
+
+[[site]]
+hosts = ["private.test"]
+protected = true
+{site_extra}
+
+[[site.route]]
+prefix = "/"
+type = "proxy"
+upstream = "{up_url}"
+
+[[site]]
+hosts = ["lan.test"]
+allow = ["10.0.0.0/8"]
+
+[[site.route]]
+path = "/hello"
+type = "return"
+body = "hello"
+"""
+
+
+class Browser:
+    """Just enough of a browser: one cookie jar, one Host."""
+
+    def __init__(self, port: int, host: str = "private.test") -> None:
+        self.port, self.host = port, host
+        self.jar: dict[str, str] = {}
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers=None,
+                cookies: bool = True):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        hdrs = {"Host": self.host}
+        if cookies and self.jar:
+            hdrs["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.jar.items())
+        hdrs.update(headers or {})
+        conn.request(method, path, body=body, headers=hdrs)
+        resp = conn.getresponse()
+        data = resp.read()
+        for value in resp.msg.get_all("set-cookie") or []:
+            name, _, rest = value.partition("=")
+            val = rest.split(";", 1)[0]
+            if "Max-Age=0" in value:
+                self.jar.pop(name, None)
+            else:
+                self.jar[name] = val
+        conn.close()
+        return resp, data
+
+    def login_form(self, next_url: str = "/"):
+        resp, page = self.request("GET", "/__auth__/login?" + urlencode({"next": next_url}),
+                                  headers=HTML)
+        assert resp.status == 200
+        return re.search(rb'name="csrf" value="([0-9a-f]+)"', page).group(1).decode()
+
+    def sign_in(self, user="demo", password="demo-password", next_url="/", code=None,
+                csrf=None, headers=None):
+        token = self.login_form(next_url) if csrf is None else csrf
+        fields = {"user": user, "password": password, "csrf": token, "next": next_url}
+        if code is not None:
+            fields["code"] = code
+        hdrs = {"Content-Type": "application/x-www-form-urlencoded"}
+        hdrs.update(headers or {})
+        return self.request("POST", "/__auth__/login", urlencode(fields).encode(), hdrs)
+
+
+@pytest.fixture
+def gate(start_server, upstream, tmp_path):
+    up = upstream()
+
+    def start(**kw):
+        server = start_server(protected(up.url, str(tmp_path / "state.db"), **kw))
+        return server, up
+    return start
+
+
+def test_password_hashes_and_passwd_command():
+    assert verify_password(PASSWORD_HASH, "demo-password")
+    assert not verify_password(PASSWORD_HASH, "wrong")
+    assert not verify_password(None, "demo-password")
+    out = subprocess.run([sys.executable, "-m", "nestgate", "passwd", "--stdin"],
+                         input="s3cret\n", capture_output=True, text=True, env=_env(),
+                         cwd=REPO, timeout=30)
+    assert out.returncode == 0 and verify_password(out.stdout.strip(), "s3cret")
+
+
+def test_totp_rfc6238_vectors():
+    secret = "GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ"        # "12345678901234567890"
+    assert totp.now_code(secret, 59) == "287082"
+    assert totp.now_code(secret, 1111111109) == "081804"
+    assert totp.verify(secret, "287082", at=59 + 30)         # one step of skew
+    assert not totp.verify(secret, "287082", at=59 + 90)
+    assert not totp.verify(secret, "28708", at=59)
+
+
+def test_no_open_redirect():
+    for evil in ("//evil.example/", "https://evil.example/", "/\\evil.example", "evil",
+                 "/ok\r\nset-cookie: x=1", "", None, "/a b"):
+        assert safe_next(evil) == "/"
+    assert safe_next("/app/page?x=1") == "/app/page?x=1"
+
+
+def test_sign_in_flow_and_session_shared_by_workers(gate):
+    server, up = gate(workers=2)
+    port = server.port()
+    b = Browser(port)
+    # API clients get 401 JSON, browsers the sign-in page; nothing reaches the upstream.
+    resp, body = b.request("GET", "/echo", headers={"Accept": "application/json"})
+    assert resp.status == 401 and json.loads(body)["login"] == "/__auth__/login"
+    resp, body = b.request("GET", "/app/page?x=1", headers=HTML)
+    assert resp.status == 401 and b'action="/__auth__/login"' in body
+    assert b'name="next" value="/app/page?x=1"' in body
+    assert not up.requests
+    # Sign in: back to the page asked for, with a session cookie.
+    resp, _ = b.sign_in(next_url="/app/page?x=1")
+    assert resp.status == 303 and resp.getheader("location") == "/app/page?x=1"
+    cookie = [c for c in resp.msg.get_all("set-cookie") if c.startswith("nestgate_session=")][0]
+    for attr in ("HttpOnly", "Secure", "SameSite=Lax", "Path=/", "Max-Age=43200"):
+        assert attr in cookie
+    # The session works on every worker (new connections spread over both).
+    pids = set()
+    for _ in range(40):
+        resp, body = b.request("GET", "/api/v1/health")
+        assert resp.status == 200
+        pids.add(json.loads(body)["pid"])
+        if len(pids) == 2:
+            break
+    assert pids == set(server.worker_pids())
+    resp, body = b.request("GET", "/echo")
+    assert resp.status == 200 and json.loads(body)["target"] == "/echo"
+    # The session cookie is the gateway's business, but it is forwarded like any cookie;
+    # sign-out ends it for every worker within a second.
+    resp, _ = b.request("POST", "/__auth__/logout")
+    assert resp.status == 303 and "nestgate_session" not in b.jar
+    stale = Browser(port)
+    stale.jar["nestgate_session"] = cookie.split(";")[0].split("=", 1)[1]
+    deadline = time.monotonic() + 3
+    statuses = set()
+    while time.monotonic() < deadline:
+        statuses = {stale.request("GET", "/echo")[0].status for _ in range(6)}
+        if statuses == {401}:
+            break
+        time.sleep(0.1)
+    assert statuses == {401}
+
+
+def test_csrf_and_origin_checks(gate):
+    server, up = gate()
+    b = Browser(server.port())
+    resp, _ = b.sign_in(csrf="0" * 64)
+    assert resp.status == 403
+    other = Browser(server.port())                    # a form from a page without our cookie
+    token = b.login_form()
+    resp, _ = other.sign_in(csrf=token)
+    assert resp.status == 403
+    resp, _ = b.sign_in(headers={"Origin": "https://evil.example"})
+    assert resp.status == 403
+    resp, _ = b.sign_in(headers={"Origin": "http://private.test"})
+    assert resp.status == 303
+
+
+def test_redirect_after_sign_in_stays_on_the_site(gate):
+    server, _up = gate()
+    resp, _ = Browser(server.port()).sign_in(next_url="//evil.example/steal")
+    assert resp.status == 303 and resp.getheader("location") == "/"
+
+
+def test_login_back_off(gate):
+    server, _up = gate(extra_auth='max_failures = 3\nfailure_window = "60s"')
+    b = Browser(server.port())
+    for _ in range(3):
+        assert b.sign_in(password="nope")[0].status == 401
+    resp, _ = b.sign_in()                              # even the right password now waits
+    assert resp.status == 429 and resp.getheader("retry-after") == "60"
+
+
+def test_totp_user(gate):
+    server, _up = gate()
+    b = Browser(server.port())
+    wrong = "000000" if totp.now_code(TOTP_SECRET) != "000000" else "111111"
+    assert b.sign_in(user="otp", code=wrong)[0].status == 401
+    assert b.sign_in(user="otp")[0].status == 401                  # no code
+    resp, _ = b.sign_in(user="otp", code=totp.now_code(TOTP_SECRET))
+    assert resp.status == 303
+
+
+def test_ip_grant_after_sign_in(gate):
+    server, up = gate(extra_auth='ip_grant = "1h"')
+    port = server.port()
+    # Sign in as 198.51.100.7 (through a PROXY header from the trusted loopback peer).
+    assert ask(port, "private.test", "/echo", proxy=v1("198.51.100.7"))[0] == 401
+    b = Browser(port)
+    resp, _ = b.sign_in()
+    assert resp.status == 303
+    # The visitor's address (loopback here) is now allowed without the cookie ...
+    assert b.request("GET", "/echo", cookies=False)[0].status == 200
+    # ... and other addresses still are not.
+    assert ask(port, "private.test", "/echo", proxy=v1("198.51.100.7"))[0] == 401
+
+
+def test_dynamic_allow_entries_seen_by_every_worker_within_a_second(gate, tmp_path):
+    server, _up = gate(workers=2)
+    port = server.port()
+    assert ask(port, "lan.test", proxy=v1("198.51.100.9"))[0] == 403
+    store = Store(str(tmp_path / "state.db"))
+    entry = store.add_allow("198.51.100.0/24", ttl=2.0, comment="visiting laptop")
+    t0 = time.monotonic()
+    while ask(port, "lan.test", proxy=v1("198.51.100.9"))[0] != 200:
+        assert time.monotonic() - t0 < 1.5, "not seen within a second"
+        time.sleep(0.05)
+    statuses = {ask(port, "lan.test", proxy=v1("198.51.100.9"))[0] for _ in range(10)}
+    assert statuses == {200}                       # on both workers
+    _id, cidr, _expires, comment = store.allow_entries()[0]
+    assert (cidr, comment) == ("198.51.100.0/24", "visiting laptop")
+    # It expires on its own, and removal is seen too.
+    while ask(port, "lan.test", proxy=v1("198.51.100.9"))[0] != 403:
+        assert time.monotonic() - t0 < 5
+        time.sleep(0.1)
+    store.add_allow("198.51.100.9", ttl=3600)
+    while ask(port, "lan.test", proxy=v1("198.51.100.9"))[0] != 200:
+        assert time.monotonic() - t0 < 7
+        time.sleep(0.05)
+    assert store.remove_allow(store.allow_entries()[0][0])
+    while ask(port, "lan.test", proxy=v1("198.51.100.9"))[0] != 403:
+        assert time.monotonic() - t0 < 9
+        time.sleep(0.05)
+    with pytest.raises(ValueError):
+        store.add_allow("not-an-ip", ttl=60)
+    assert entry
+
+
+def test_cookie_scoped_to_parent_domain(start_server, upstream, tmp_path):
+    up = upstream()
+    server = start_server(protected(up.url, str(tmp_path / "s.db"),
+                                    'cookie_domain = "private.test"\ncookie_samesite = "Strict"'))
+    resp, _ = Browser(server.port()).sign_in()
+    cookie = [c for c in resp.msg.get_all("set-cookie") if c.startswith("nestgate_session=")][0]
+    assert "Domain=private.test" in cookie and "SameSite=Strict" in cookie
+
+
+def test_protected_site_needs_users():
+    from nestgate.config import ConfigError, parse_config
+    with pytest.raises(ConfigError) as info:
+        parse_config({"listen": [{"address": "127.0.0.1:0"}],
+                      "site": [{"hosts": ["*"], "protected": True}]})
+    assert "[auth]" in "\n".join(info.value.problems)
+    with pytest.raises(ConfigError) as info:
+        parse_config({"listen": [{"address": "127.0.0.1:0"}],
+                      "auth": {"user": [{"name": "x", "password": "plain"}]}})
+    assert "argon2" in "\n".join(info.value.problems)
