@@ -72,6 +72,7 @@ class Listener:
     certificates: tuple[Certificate, ...] = ()
     redirect_https: bool = False
     https_port: int = 443
+    http2: bool = True                      # TLS listeners offer h2 by ALPN
     proxy_protocol_from: tuple[str, ...] = ()   # peers that may send a PROXY header
 
     @property
@@ -396,6 +397,7 @@ def _read_listener(s: _Section) -> Listener:
     listener = Listener(host, port, tuple(certs),
                         redirect_https=s.bool("redirect_https", False),
                         https_port=s.int("https_port", 443, 1, 65535),
+                        http2=s.bool("http2", True),
                         proxy_protocol_from=s.get("proxy_protocol_from", (), _cidr_list, ""))
     if listener.tls and listener.proxy_protocol_from:
         s.fail("proxy_protocol_from", "a plain listener (PROXY before TLS is not supported)")
