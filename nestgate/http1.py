@@ -170,6 +170,11 @@ class Request:
     def start_raw(self, status: int, block: bytes, content_length: int | None = None) -> None:
         """`start` with the header lines already as bytes (`name: value\r\n` each), for
         headers that were parsed and checked elsewhere, such as an upstream's."""
+        self._conn.write(self.head_bytes(status, block, content_length))
+
+    def head_bytes(self, status: int, block: bytes, content_length: int | None = None) -> bytes:
+        """The response head `start_raw` would write, returned instead, for a caller that
+        writes it together with the first body bytes (one send instead of two)."""
         if self.started:
             raise RuntimeError("response already started")
         self.started = True
@@ -192,7 +197,7 @@ class Request:
                      else b"connection: keep-alive\r\n\r\n" if self.version == "1.0" else b"\r\n")
         data = b"".join(lines)
         self.sent += len(data)
-        conn.write(data)
+        return data
 
     async def write(self, data: bytes) -> None:
         if not self.started:
@@ -210,14 +215,29 @@ class Request:
     def push(self, data: bytes) -> bool:
         """`write` without waiting: True when the client's buffer is full and the caller
         should stop producing until `connection.wait_writable()` returns."""
+        data = self.frame(data)
+        if data:
+            self._conn.write(data)
+        return self._conn.write_paused
+
+    def frame(self, data: bytes) -> bytes:
+        """Body bytes as they go on the wire (chunk-framed if need be), not written."""
         if self.head_only or not data:
-            return False
-        conn = self._conn
+            return b""
         if self._chunked:
             data = b"%x\r\n%b\r\n" % (len(data), data)
         self.sent += len(data)
-        conn.write(data)
-        return conn.write_paused
+        return data
+
+    def end_bytes(self) -> bytes:
+        """What `end` would write (the last chunk), returned instead."""
+        if self.finished:
+            return b""
+        self.finished = True
+        if self._chunked:
+            self.sent += 5
+            return b"0\r\n\r\n"
+        return b""
 
     async def send_prebuilt(self, response) -> None:
         """Answer with a `Prebuilt` response (a synchronous handler's answer)."""

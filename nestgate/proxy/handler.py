@@ -16,7 +16,7 @@ import ssl
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError
 from nestgate.proxy.balancer import Balancer
-from nestgate.proxy.upstream import Exchange, Target
+from nestgate.proxy.upstream import Exchange, Target, give_back
 
 IDEMPOTENT = frozenset((b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"))
 
@@ -191,7 +191,7 @@ class ProxyHandler:
         return req.method + b" " + target + b" HTTP/1.1\r\nhost: ", b"\r\n" + b"".join(lines)
 
     async def _exchange(self, req, target: Target, conn, head: bytes) -> None:
-        ex = Exchange(conn, req)
+        ex = Exchange.on(conn, req)
         target.active += 1
         self.inflight.add(ex)
         try:
@@ -217,9 +217,10 @@ class ProxyHandler:
             if target is not None:
                 target.active -= 1
                 self.inflight.discard(ex)
-            if not ex.complete and ex.upgrade_tail is None:
-                conn.exchange = None
-                conn.close()
+            if ex.upgrade_tail is None:
+                if not ex.complete:
+                    conn.exchange = None
+                give_back(conn, ex)
 
     async def _send_body(self, req, conn, ex: Exchange) -> None:
         chunked = req.header(b"content-length") is None

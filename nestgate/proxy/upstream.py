@@ -37,7 +37,7 @@ class UpstreamConnection(asyncio.Protocol):
     """A connection to one target; `exchange` receives its bytes while it is in use."""
 
     __slots__ = ("target", "transport", "exchange", "closed", "write_paused", "_drain",
-                 "idle_since", "reused")
+                 "idle_since", "reused", "spare")
 
     def __init__(self, target) -> None:
         self.target = target
@@ -48,6 +48,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._drain: asyncio.Future | None = None
         self.idle_since = 0.0
         self.reused = False
+        self.spare: Exchange | None = None      # reused for the next request
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -96,12 +97,28 @@ class Exchange:
 
     __slots__ = ("conn", "req", "parser", "block", "status", "length", "chunked", "started",
                  "complete", "error", "waiter", "paused", "last", "t0", "sent_all",
-                 "upgrade_value", "upgrade_tail", "conn_tokens", "received")
+                 "upgrade_value", "upgrade_tail", "conn_tokens", "received", "out",
+                 "reusable")
+
+    @classmethod
+    def on(cls, conn: UpstreamConnection, req) -> Exchange:
+        """The exchange for `req` on `conn`: the connection's previous one (and its
+        parser) when it ended cleanly, else a new one."""
+        ex = conn.spare
+        if ex is None:
+            return cls(conn, req)
+        conn.spare = None
+        ex._reset(req)
+        return ex
 
     def __init__(self, conn: UpstreamConnection, req) -> None:
         self.conn = conn
-        self.req = req
         self.parser = httptools.HttpResponseParser(self)
+        self._reset(req)
+
+    def _reset(self, req) -> None:
+        conn = self.conn
+        self.req = req
         self.block: list[bytes] = []
         self.status = 0
         self.length = None
@@ -117,6 +134,8 @@ class Exchange:
         self.upgrade_tail: bytes | None = None
         self.conn_tokens = None
         self.received = False
+        self.out: list[bytes] = []    # bytes for the client, written once per upstream read
+        self.reusable = False         # ended cleanly: the handler gives the connection back
         conn.exchange = self
 
     # ------------------------------------------------------ from the socket
@@ -125,6 +144,8 @@ class Exchange:
         self.last = CLOCK.now
         try:
             self.parser.feed_data(data)
+            if self.out:
+                self._flush()
         except httptools.HttpParserUpgrade as exc:
             if self.status == 101:
                 self.upgrade_tail = data[exc.args[0]:]
@@ -136,11 +157,23 @@ class Exchange:
         except httptools.HttpParserError:
             self.fail(BAD_GATEWAY)
 
+    def _flush(self) -> None:
+        out, self.out = self.out, []
+        client = self.req.connection
+        client.write(out[0] if len(out) == 1 else b"".join(out))
+        if client.write_paused and not self.complete and not self.paused:
+            # The client is slower than the upstream: stop reading the upstream.
+            self.paused = True
+            self.conn.transport.pause_reading()
+            self._wake()
+
     def lost(self) -> None:
         if self.complete:
             return
         if self.started and self.length is None and not self.chunked and self.status != 101:
             self._finish(False)                 # a body delimited by the connection closing
+            if self.out:
+                self._flush()
         else:
             self.fail(BAD_GATEWAY)
 
@@ -172,20 +205,21 @@ class Exchange:
         if self.conn_tokens is not None:
             block = _without_named(block, self.conn_tokens)
         req = self.req
-        req.start_raw(status, b"".join(block), self.length)
+        self.out.append(req.head_bytes(status, b"".join(block), self.length))
         self.started = True
         if req.head_only:
             # No body follows a HEAD response whatever its headers say; the parser
-            # cannot be told, so this exchange ends here.
-            self._finish(self.parser.should_keep_alive())
+            # cannot be told, so this exchange ends here (and the parser with it).
+            keep_alive = self.parser.should_keep_alive()
+            self.parser = None
+            self._finish(keep_alive)
 
     def on_body(self, chunk: bytes) -> None:
         if self.complete:
             return
-        if self.req.push(chunk) and not self.paused:
-            self.paused = True
-            self.conn.transport.pause_reading()
-            self._wake()
+        data = self.req.frame(chunk)
+        if data:
+            self.out.append(data)
 
     def on_message_complete(self) -> None:
         if self.status < 200 or self.complete:
@@ -195,7 +229,9 @@ class Exchange:
     # ------------------------------------------------------ endings
     def _finish(self, reusable: bool) -> None:
         self.complete = True
-        self.req.end()
+        tail = self.req.end_bytes()
+        if tail:
+            self.out.append(tail)
         conn = self.conn
         conn.exchange = None
         if self.paused:
@@ -204,7 +240,7 @@ class Exchange:
             if not conn.closed:
                 conn.transport.resume_reading()
         if reusable and self.sent_all and not conn.closed:
-            conn.target.release(conn)
+            self.reusable = True
         else:
             conn.close()
         self._wake()
@@ -245,6 +281,16 @@ def _without_named(block: list[bytes], tokens: bytes) -> list[bytes]:
     if not names:
         return block
     return [line for line in block if line.split(b":", 1)[0].lower() not in names]
+
+
+def give_back(conn: UpstreamConnection, ex: Exchange) -> None:
+    """After the handler is done with `ex`: its connection back to the pool (with the
+    exchange and its parser for the next request), or closed."""
+    if ex.reusable and not conn.closed:
+        conn.spare = ex if ex.parser is not None else None
+        conn.target.release(conn)
+    else:
+        conn.close()
 
 
 class Target:
