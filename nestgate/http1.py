@@ -10,17 +10,22 @@ Only asynchronous handlers (they wait on disk, an upstream or a request body)
 get a `Request` object and a task, started at `on_headers_complete` so they can
 stream the body.
 
+Every response says `connection: keep-alive` or `connection: close` (as nginx
+does), so the answer never depends on the request's minor version.
+
 Pipelined requests are answered in order: while a task is answering, later
 requests are parsed and queued (as ready bytes or as waiting `Request`s) and
 run when the one ahead finishes. A request that breaks the protocol or a limit
 queues its error response and the connection closes after it.
 
-Timeouts are deadlines on the worker's coarse clock, checked by the worker's
-tick, not a timer per request:
-  * from accept, and from the first byte of each later request, to the end of the
-    headers: `header_timeout`, absolute (408, then close);
-  * between body bytes: `body_timeout` (408, then close);
-  * between requests on a kept-alive connection: `keepalive_timeout` (silent close).
+Timeouts cost nothing per request: the worker's tick (a few times a second) asks
+each connection how long it has made no progress in its current state, and
+  * reading a request head: `header_timeout`, counted from the first byte and not
+    extended by a trickle of bytes (408, then close);
+  * reading a body: `body_timeout` between pieces of it (408, then close);
+  * between requests (or before the first): `keepalive_timeout` (`header_timeout`
+    for a connection that never sent a byte), then a silent close.
+While a handler answers (and nothing is being read), no timeout runs.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from nestgate.clientip import (V2_MAX, ProxyHeaderError, forwarded_client, parse
                                starts_like_proxy)
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError, RequestError
-from nestgate.responses import (CLOSE, CONTINUE, ERRORS, KEEP_ALIVE, KEEP_ALIVE_EXPLICIT,
+from nestgate.responses import (CLOSE, CONTINUE, ERRORS, KEEP_ALIVE_EXPLICIT,
                                 SERVER_LINE, STATUS_LINES, header_block, status_line)
 
 log = logging.getLogger("nestgate.http1")
@@ -194,7 +199,7 @@ class Request:
         else:
             self.keep_alive = False
         lines.append(b"connection: close\r\n\r\n" if not self.keep_alive
-                     else b"connection: keep-alive\r\n\r\n" if self.version == "1.0" else b"\r\n")
+                     else b"connection: keep-alive\r\n\r\n")
         data = b"".join(lines)
         self.sent += len(data)
         return data
@@ -241,8 +246,7 @@ class Request:
 
     async def send_prebuilt(self, response) -> None:
         """Answer with a `Prebuilt` response (a synchronous handler's answer)."""
-        mode = CLOSE if not self.keep_alive or self._conn.ctx.draining else \
-            (KEEP_ALIVE if self.version == "1.1" else KEEP_ALIVE_EXPLICIT)
+        mode = CLOSE if not self.keep_alive or self._conn.ctx.draining else KEEP_ALIVE_EXPLICIT
         data = response.render(mode, self.head_only)
         self.started = self.finished = True
         self.status = response.status
@@ -305,8 +309,10 @@ class HTTP1Connection(asyncio.Protocol):
         self._requests = 0
         # reading side
         self.state = IDLE
-        self.deadline = 0.0
-        self._first = True
+        # Progress bookkeeping for the worker's tick (see the module docstring).
+        self._seen = (0, IDLE)
+        self._stalled = 0.0
+        self._body_progress = False
         # answering side: the running async request, then what waits behind it
         self._active: Request | None = None
         self._queue: collections.deque = collections.deque()
@@ -340,7 +346,6 @@ class HTTP1Connection(asyncio.Protocol):
             transport.close()
             return
         ctx.connections.add(self)
-        self.deadline = CLOCK.now + self.limits.header_timeout
 
     def connection_lost(self, exc) -> None:
         self._closing = True
@@ -393,7 +398,6 @@ class HTTP1Connection(asyncio.Protocol):
                 self.transport.resume_reading()
 
     def become_tunnel(self, head: bytes) -> bytes:
-        self.deadline = 0.0
         self.state = IDLE
         self.write(head)
         tail, self._upgrade_tail = self._upgrade_tail, b""
@@ -452,10 +456,6 @@ class HTTP1Connection(asyncio.Protocol):
     # back by on_headers_complete only when they were set, not reset here.
     def on_message_begin(self) -> None:
         self.state = HEAD
-        if self._first:
-            self._first = False        # header deadline counts from accept
-        else:
-            self.deadline = CLOCK.now + self._header_timeout
         self._url = b""
         self._headers = []
         self._header_bytes = 0
@@ -502,41 +502,46 @@ class HTTP1Connection(asyncio.Protocol):
             return True
         return False
 
-    def on_headers_complete(self) -> None:
-        parser = self.parser
-        version = parser.get_http_version()
+    def _checked_version(self) -> str:
+        version = self.parser.get_http_version()
         if version != "1.1" and version != "1.0":
             # llhttp reports a request line without a version as 0.9: malformed here.
             raise RequestError(400 if version == "0.9" else 505)
+        return version
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
         host = self._host
-        if host is None:
-            if version == "1.1":
-                raise RequestError(400, "HTTP/1.1 needs a Host")
-            host = b""
+        self._host = None
+        keep_alive = parser.should_keep_alive()
+        if host is None or not keep_alive or self._chunked:
+            # Only these requests need their version spelled out, which costs a
+            # str.format in httptools: a kept-alive request with a Host and no
+            # chunked body is HTTP/1.x whichever minor version it is.
+            version = self._checked_version()
+            if host is None:
+                if version == "1.1":
+                    raise RequestError(400, "HTTP/1.1 needs a Host")
+                host = b""
         else:
-            self._host = None
+            version = ""
         has_body = (self._chunked or self._content_length is not None) and self._framing(version)
         self._requests += 1
         ctx = self.ctx
-        keep_alive = (parser.should_keep_alive() and not ctx.draining
-                      and self._requests < self._keepalive_requests)
-        if has_body:
-            self.state = BODY
-            self.deadline = CLOCK.now + self._body_timeout
-        else:
-            self.state = IDLE
-            self.deadline = 0.0
+        keep_alive = keep_alive and not ctx.draining and self._requests < self._keepalive_requests
+        self.state = BODY if has_body else IDLE
 
         url = self._url
-        if url[:1] != b"/":
+        if url[0] != 47:                                   # not "/"
             url = self._absolute_form(url, host)
-        qmark = url.find(b"?")
-        if qmark < 0:
-            raw_path = url
-        else:
+        if 63 in url:                                      # "?"
+            qmark = url.find(b"?")
             raw_path = url[:qmark]
             if b"#" in url:
                 raise RequestError(400, "fragment in request target")
+        else:
+            qmark = -1
+            raw_path = url
         if self.xff_trusted:
             self.client = forwarded_client(
                 self.peer, [v for n, v in self._headers if n == b"x-forwarded-for"],
@@ -554,8 +559,8 @@ class HTTP1Connection(asyncio.Protocol):
         if not handler.is_async and not has_body and keep_alive and not self.logging \
                 and self._active is None and not self._queue:
             # The common case, answered from here: a ready response, nothing ahead of it.
-            self.transport.write(handler.current().render(
-                KEEP_ALIVE if version == "1.1" else KEEP_ALIVE_EXPLICIT, method == b"HEAD"))
+            self.transport.write(handler.current().render(KEEP_ALIVE_EXPLICIT,
+                                                          method == b"HEAD"))
             return
 
         if not handler.is_async:
@@ -564,8 +569,7 @@ class HTTP1Connection(asyncio.Protocol):
             if expect:
                 keep_alive = False   # the client may or may not send the body now
                 self._closing = True
-            mode = (KEEP_ALIVE if version == "1.1" else KEEP_ALIVE_EXPLICIT) if keep_alive \
-                else CLOSE
+            mode = KEEP_ALIVE_EXPLICIT if keep_alive else CLOSE
             if has_body and not expect:
                 self._sync = (response, mode, method, path, host, label)   # after the body
             else:
@@ -578,7 +582,7 @@ class HTTP1Connection(asyncio.Protocol):
         req.raw_target = url
         req.path = path
         req.query = b"" if qmark < 0 else url[qmark + 1:]
-        req.version = version
+        req.version = version or self._checked_version()
         req.headers = self._headers
         req.host = host
         req.client = self.client
@@ -632,7 +636,7 @@ class HTTP1Connection(asyncio.Protocol):
         self._body_size += len(chunk)
         if self._body_size > self._max_body:
             raise RequestError(413)
-        self.deadline = CLOCK.now + self._body_timeout
+        self._body_progress = True
         if self._body is not None:
             self._body.feed(chunk)
 
@@ -647,10 +651,6 @@ class HTTP1Connection(asyncio.Protocol):
             self._parsing = None
         elif self._parsing is not None:
             self._parsing = None
-        if self._active is None and not self._queue and not self._closing:
-            # Between requests: the keep-alive deadline (silent close).
-            self.deadline = CLOCK.now + (DRAIN_IDLE_GRACE if self.ctx.draining
-                                         else self._keepalive_timeout)
 
     def _answer_sync(self, response, mode, method, path, host, label) -> None:
         head_only = method == b"HEAD"
@@ -699,8 +699,7 @@ class HTTP1Connection(asyncio.Protocol):
 
     def _answer_error(self, req: Request, status: int) -> None:
         response = ERRORS.get(status) or ERRORS[500]
-        mode = CLOSE if not req.keep_alive or self.ctx.draining else \
-            (KEEP_ALIVE if req.version == "1.1" else KEEP_ALIVE_EXPLICIT)
+        mode = CLOSE if not req.keep_alive or self.ctx.draining else KEEP_ALIVE_EXPLICIT
         data = response.render(mode, req.head_only)
         req.started = req.finished = True
         req.status = response.status
@@ -737,16 +736,6 @@ class HTTP1Connection(asyncio.Protocol):
                 self._queue.clear()
                 self.transport.close()
                 return
-        if self.state == IDLE:
-            self._idle()
-
-    def _idle(self) -> None:
-        if self._closing:
-            return
-        if self.ctx.draining:
-            self.deadline = CLOCK.now + DRAIN_IDLE_GRACE
-        else:
-            self.deadline = CLOCK.now + self.limits.keepalive_timeout
 
     def _fail(self, status: int) -> None:
         """A protocol error or limit: answer `status` after what is ahead, then close."""
@@ -754,7 +743,6 @@ class HTTP1Connection(asyncio.Protocol):
             return       # bytes after a closing response: nothing more is answered
         self._closing = True
         self.state = IDLE
-        self.deadline = 0.0
         response = ERRORS.get(status) or ERRORS[400]
         broken, self._parsing = self._parsing, None
         if broken is not None:
@@ -787,26 +775,42 @@ class HTTP1Connection(asyncio.Protocol):
                     item.keep_alive = False
 
     # ------------------------------------------------------------ worker hooks
-    def check_deadline(self, now: float) -> None:
-        """Called by the worker's tick. A deadline passed while a request was being
-        read (head or body) is a 408; between requests it is a silent close."""
-        if self.deadline and now >= self.deadline and not self._closing_transport():
-            self.deadline = 0.0
-            if self.state == IDLE:
-                self._closing = True
-                self.transport.close()
-            elif self._active is None and not self._queue:
-                self._closing = True
-                self.transport.write(ERRORS[408].render(CLOSE))
-                self.transport.close()
-            else:
-                self._fail(408)
+    def tick(self, elapsed: float) -> None:
+        """Called by the worker's tick with the seconds since the last one."""
+        if self._closing:
+            return
+        state = self.state
+        if state == IDLE and (self._active is not None or self._queue):
+            self._stalled = 0.0              # answering, not waiting for the client
+            self._seen = None
+            return
+        progress = (self._requests, state)
+        if progress != self._seen or self._body_progress:
+            self._seen = progress
+            self._body_progress = False
+            self._stalled = 0.0
+            return
+        self._stalled += elapsed
+        if state == HEAD:
+            limit = self._header_timeout
+        elif state == BODY:
+            limit = self._body_timeout
+        elif self.ctx.draining:
+            limit = DRAIN_IDLE_GRACE
+        else:
+            limit = self._keepalive_timeout if self._requests else self._header_timeout
+        if self._stalled < limit or self._closing_transport():
+            return
+        if state == IDLE:
+            self._closing = True
+            self.transport.close()
+        else:
+            self._fail(408)           # after any answer still ahead of it
 
     def drain(self) -> None:
-        """Graceful stop: finish what is in flight; an idle connection may still send
-        one request (answered with `connection: close`) for a short grace."""
-        if self.state == IDLE and self._active is None and not self._queue:
-            self._idle()
+        """Graceful stop. In-flight requests finish and are answered with
+        `connection: close`; an idle connection may still send one request for
+        DRAIN_IDLE_GRACE, then the tick closes it."""
 
 
 class ProxyProtocolConnection(HTTP1Connection):

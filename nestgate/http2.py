@@ -206,8 +206,7 @@ class HTTP2Connection:
         self.decisions = None
         self.logging = False
         self.write_paused = False
-        self.deadline = 0.0
-        self.state = 0
+        self._stalled = 0.0
         self._draining = False
         self._streams: dict[int, H2Request] = {}
         self._window_waiters: dict[int, asyncio.Future] = {}
@@ -232,7 +231,6 @@ class HTTP2Connection:
         })
         self.h2.initiate_connection()
         self.flush()
-        self._idle()
 
     def connection_lost(self, exc) -> None:
         self.ctx.connections.discard(self)
@@ -298,8 +296,6 @@ class HTTP2Connection:
                 self.transport.close()
                 return
         self.flush()
-        if self._streams:
-            self.deadline = 0.0
 
     def _request(self, event) -> None:
         stream_id = event.stream_id
@@ -499,13 +495,16 @@ class HTTP2Connection:
 
     # ------------------------------------------------------------ worker hooks
     def _idle(self) -> None:
-        if not self._streams:
-            self.deadline = CLOCK.now + self.limits.keepalive_timeout
-            if self._draining:
-                self.close_gracefully()
+        if not self._streams and self._draining:
+            self.close_gracefully()
 
-    def check_deadline(self, now: float) -> None:
-        if self.deadline and now >= self.deadline and not self._streams:
+    def tick(self, elapsed: float) -> None:
+        """Called by the worker's tick: close a connection idle past keepalive_timeout."""
+        if self._streams:
+            self._stalled = 0.0
+            return
+        self._stalled += elapsed
+        if self._stalled >= self.limits.keepalive_timeout:
             self.close_gracefully()
 
     def close_gracefully(self) -> None:

@@ -150,13 +150,14 @@ class Worker:
         shortest = min(limits.header_timeout, limits.body_timeout, limits.keepalive_timeout,
                        self.config.log.flush_interval)
         interval = max(0.05, min(1.0, shortest / 4))
-        last_flush = CLOCK.now
+        last_flush = last_tick = CLOCK.now
         while True:
             await asyncio.sleep(interval)
             CLOCK.tick()
             now = CLOCK.now
+            elapsed, last_tick = now - last_tick, now
             for conn in list(self.connections):
-                conn.check_deadline(now)
+                conn.tick(elapsed)
             if now - last_flush >= self.config.log.flush_interval:
                 last_flush = now
                 self.access_log.flush()

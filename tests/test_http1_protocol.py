@@ -45,7 +45,7 @@ def test_get_keep_alive(wire):
     responses = wire.responses()
     assert [r.status for r in responses] == [200, 200]
     assert responses[0].body == b"hello\n"
-    assert "connection" not in responses[0].headers and "date" in responses[0].headers
+    assert responses[0].headers["connection"] == "keep-alive" and "date" in responses[0].headers
     assert not wire.closed
 
 
@@ -160,6 +160,7 @@ def test_limits_answer_their_status_and_close(tight, request_bytes, status):
 
 def test_partial_header_past_deadline_gets_408(tight):
     tight.send(b"GET / HTTP/1.1\r\nHost: a\r\n")
+    tight.expire(0.1)                       # the tick sees a head being read
     tight.expire(1.0)
     tight.send(b"X-Slow: 1\r\n")            # bytes keep coming: the deadline is absolute
     assert not tight.closed
@@ -169,15 +170,36 @@ def test_partial_header_past_deadline_gets_408(tight):
 
 def test_idle_keep_alive_closes_silently(tight):
     tight.send(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    tight.expire(0.1)
     tight.expire(2.5)
     assert not tight.closed
     tight.expire(1.0)
     assert tight.closed and len(tight.responses()) == 1
 
 
+def test_each_request_restarts_the_idle_clock(tight):
+    for _ in range(3):
+        tight.send(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+        tight.expire(2.5)
+    assert not tight.closed and len(tight.responses()) == 3
+
+
+def test_silent_new_connection_closes_after_header_timeout(tight):
+    tight.expire(1.5)
+    assert not tight.closed
+    tight.expire(1.0)
+    assert tight.closed and tight.responses() == []
+
+
 def test_slow_body_gets_408(tight):
     tight.send(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
-    tight.expire(2.5)
+    tight.expire(0.1)
+    tight.expire(1.5)
+    tight.send(b"def")                      # a piece of body: the idle clock restarts
+    tight.expire(0.1)
+    tight.expire(1.5)
+    assert not tight.closed
+    tight.expire(1.0)
     assert [r.status for r in tight.responses()] == [408] and tight.closed
 
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import httptools
 
 from nestgate.accesslog import AccessLog
-from nestgate.clock import CLOCK
 from nestgate.config import parse_config
 from nestgate.http1 import HTTP1Connection
 from nestgate.site import build_router
@@ -110,9 +109,8 @@ class Wire:
         return self.transport.closed
 
     def expire(self, seconds: float) -> None:
-        """Move the coarse clock on and run the deadline check, as the tick would."""
-        CLOCK.now += seconds
-        self.conn.check_deadline(CLOCK.now)
+        """Let `seconds` pass in one tick of the worker, as its timer would."""
+        self.conn.tick(seconds)
 
     def close(self) -> None:
         self.conn.connection_lost(None)
