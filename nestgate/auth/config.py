@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 from dataclasses import dataclass
 
 
@@ -74,6 +75,10 @@ def read_auth(s) -> AuthConfig | None:
         s.fail("cookie_name", "letters, digits, _ and -", cfg.cookie_name)
     if cfg.cookie_samesite == "None" and not cfg.cookie_secure:
         s.fail("cookie_samesite", "\"Lax\" or \"Strict\" when cookie_secure is false")
+    if cfg.store != ":memory:":
+        parent = os.path.dirname(cfg.store)
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            s.fail("store", "a file in a writable directory", store)
     if cfg.session_ttl <= 0:
         s.fail("session_ttl", "a duration above zero")
     s.check_unknown()
