@@ -211,8 +211,13 @@ class HTTP2Connection:
         self._streams: dict[int, H2Request] = {}
         self._window_waiters: dict[int, asyncio.Future] = {}
         self._writable: asyncio.Future | None = None
+        # Inbound headers are validated (strict parsing); outbound ones are built here
+        # from prebuilt responses or checked upstream headers, and h2's per-header
+        # validation of them would cost more than the rest of the request.
         config = h2.config.H2Configuration(client_side=False, header_encoding=None,
-                                           validate_inbound_headers=True)
+                                           validate_inbound_headers=True,
+                                           validate_outbound_headers=False,
+                                           normalize_outbound_headers=False)
         self.h2 = h2.connection.H2Connection(config=config)
 
     # ------------------------------------------------------------ transport
