@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nestgate.clientip import LOCAL, Networks, parse_networks
-
-GATED = 2                 # a handler's `is_async` when the engine must call `admit` first
+from nestgate.handlers import GATED   # a handler's `is_async` when `admit` comes first
 
 DENY, PASS, SIGN_IN = 0, 1, 2   # PASS: no sign-in needed; SIGN_IN: allowed, sign-in if protected
 

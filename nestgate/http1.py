@@ -37,7 +37,7 @@ import time
 
 import httptools
 
-from nestgate.access import GATED
+from nestgate.handlers import GATED, PEEK, settle
 from nestgate.clientip import (V2_MAX, ProxyHeaderError, forwarded_client, parse_proxy_header,
                                starts_like_proxy)
 from nestgate.clock import CLOCK
@@ -550,11 +550,12 @@ class HTTP1Connection(asyncio.Protocol):
         site = router.memo.get(host) or router.site_for(host)
         route = site.exact_raw.get(raw_path) or ctx.route_slow(site, raw_path)
         handler, params, label, path = route
-        if handler.is_async is GATED:
-            handler = handler.admit(self, self._headers)
         method = parser.get_method()
         if method == b"CONNECT":
             raise RequestError(400, "CONNECT: nestgate is not a forward proxy")
+        kind = handler.is_async
+        if kind is GATED or kind is PEEK:
+            handler = settle(handler, self, path, method, self._headers)
 
         if not handler.is_async and not has_body and keep_alive and not self.logging \
                 and self._active is None and not self._queue:

@@ -26,7 +26,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 
-from nestgate.access import GATED
+from nestgate.handlers import settle
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError, RequestError
 from nestgate.http1 import Body, Request
@@ -328,8 +328,7 @@ class HTTP2Connection:
             qmark = raw_target.find(b"?")
             handler, params, label, path = self.ctx.route(
                 authority, raw_target if qmark < 0 else raw_target[:qmark])
-            if handler.is_async is GATED:
-                handler = handler.admit(self, headers)
+            handler = settle(handler, self, path, method, headers)
         except RequestError as exc:
             self._answer(stream_id, ERRORS.get(exc.status) or ERRORS[400], method == b"HEAD",
                          method, authority, "-", "", headers, time.perf_counter())

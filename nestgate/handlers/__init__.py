@@ -1,3 +1,26 @@
-"""Route handlers. A handler is either synchronous (`is_async = False`: `current()`
-returns a `Prebuilt` response, written from the parser callback) or asynchronous
-(`is_async = True`: `handle(request)` is a coroutine that answers through the request)."""
+"""Route handlers, and the kinds of handler the engines (http1, http2) know.
+
+A handler's `is_async` says how the engine answers with it:
+  False  synchronous: `current()` returns a `Prebuilt` response, written from the
+         parser callback;
+  True   asynchronous: `handle(request)` is a coroutine answering through the request;
+  GATED  access control first: `admit(conn, headers)` returns the handler to use
+         (or a ready refusal);
+  PEEK   `peek(path, method, headers)` returns a ready `Prebuilt` when it has one
+         (a cached file or page), else None and `handle(request)` runs.
+"""
+
+GATED = 2
+PEEK = 3
+
+
+def settle(handler, conn, path: str, method: bytes, headers):
+    """The handler that answers after GATED and PEEK are resolved: a synchronous
+    one (falsy `is_async`) or an asynchronous one."""
+    if handler.is_async is GATED:
+        handler = handler.admit(conn, headers)
+    if handler.is_async is PEEK:
+        ready = handler.peek(path, method, headers)
+        if ready is not None:
+            return ready
+    return handler
