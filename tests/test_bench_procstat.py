@@ -24,17 +24,23 @@ def test_parse_stat():
     assert st.rss_bytes == 2560 * procstat.PAGE_BYTES
 
 
-def test_tree_cpu_and_rss_of_a_real_process_tree():
+def test_tree_cpu_and_rss_of_a_real_process_tree(tmp_path):
     # A parent with two children that each burn 0.3 s of CPU time (not wall time, so a
     # loaded machine only makes it slower) and say so: the tree must hold all three
     # and their CPU time.
-    code = ("import subprocess, sys, time\n"
-            "kids = [subprocess.Popen([sys.executable, '-c', "
-            "'import time\\nwhile time.process_time() < 0.3: pass\\n"
-            "print(\\'spun\\', flush=True)\\ntime.sleep(30)'])"
-            " for _ in range(2)]\n"
-            "print('up', flush=True)\ntime.sleep(30)\n")
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = tmp_path / "child.py"
+    child.write_text("import time\n"
+                     "while time.process_time() < 0.3:\n    pass\n"
+                     "print('spun', flush=True)\n"
+                     "time.sleep(30)\n")
+    parent_code = tmp_path / "parent.py"
+    parent_code.write_text("import subprocess, sys, time\n"
+                           f"kids = [subprocess.Popen([sys.executable, {str(child)!r}]) "
+                           "for _ in range(2)]\n"
+                           "print('up', flush=True)\n"
+                           "time.sleep(30)\n")
+    parent = subprocess.Popen([sys.executable, str(parent_code)], stdout=subprocess.PIPE,
+                              text=True)
     try:
         assert parent.stdout.readline().strip() == "up"
         assert [parent.stdout.readline().strip() for _ in range(2)] == ["spun", "spun"]
