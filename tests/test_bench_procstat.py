@@ -29,9 +29,10 @@ def test_tree_cpu_and_rss_of_a_real_process_tree(tmp_path):
     # loaded machine only makes it slower) and say so: the tree must hold all three
     # and their CPU time.
     child = tmp_path / "child.py"
-    child.write_text("import time\n"
+    child.write_text("import os, time\n"
                      "while time.process_time() < 0.3:\n    pass\n"
-                     "print('spun', flush=True)\n"
+                     "os.write(1, b'spun\\n')\n"          # one write: the two lines stay whole
+
                      "time.sleep(30)\n")
     parent_code = tmp_path / "parent.py"
     parent_code.write_text("import subprocess, sys, time\n"
