@@ -148,6 +148,31 @@ class Request:
                  "scheme", "status", "sent", "started", "finished", "_conn", "_chunked",
                  "_t0", "task", "upgrade")
 
+    def __init__(self, conn, handler, route, method: bytes, raw_target: bytes, qmark: int,
+                 version: str, headers, host: bytes, keep_alive: bool, t0: float) -> None:
+        # `route` is the router's (handler, params, label, path); `handler` may be the
+        # one access control or a PEEK settled on instead of route[0].
+        _, self.params, self.route, self.path = route
+        self.handler = handler
+        self.method = method
+        self.raw_target = raw_target
+        self.query = b"" if qmark < 0 else raw_target[qmark + 1:]
+        self.version = version
+        self.headers = headers
+        self.host = host
+        self.client = conn.client
+        self.scheme = conn.ctx.scheme
+        self.keep_alive = keep_alive
+        self.head_only = method == b"HEAD"
+        self.body = None
+        self.status = self.sent = 0
+        self.started = self.finished = False
+        self._conn = conn
+        self._chunked = False
+        self._t0 = t0
+        self.task = None
+        self.upgrade = False
+
     def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
         """First value of a header, `name` in lower case."""
         for key, value in self.headers:
@@ -578,32 +603,13 @@ class HTTP1Connection(asyncio.Protocol):
                 self._answer_sync(response, mode, method, path, host, label)
             return
 
-        req = Request()
-        req.method = method
-        req.raw_target = url
-        req.path = path
-        req.query = b"" if qmark < 0 else url[qmark + 1:]
-        req.version = version or self._checked_version()
-        req.headers = self._headers
-        req.host = host
-        req.client = self.client
-        req.params = params
-        req.route = label
-        req.handler = handler
-        req.keep_alive = keep_alive
-        req.head_only = method == b"HEAD"
-        req.scheme = self.ctx.scheme
+        req = Request(self, handler, route, method, url, qmark,
+                      version or self._checked_version(), self._headers, host, keep_alive,
+                      self._t0)
         req.body = self._body = Body(self, self._expect_continue()) if has_body else None
+        req.upgrade = parser.should_upgrade()
         self._sync = None
         self._parsing = req
-        req.status = 0
-        req.sent = 0
-        req.started = req.finished = False
-        req._conn = self
-        req._chunked = False
-        req._t0 = self._t0
-        req.task = None
-        req.upgrade = parser.should_upgrade()
         if self._active is None and not self._queue:
             self._start(req)
         else:

@@ -326,9 +326,9 @@ class HTTP2Connection:
             if size > self.limits.max_header_bytes or len(headers) > self.limits.max_headers:
                 raise RequestError(431)
             qmark = raw_target.find(b"?")
-            handler, params, label, path = self.ctx.route(
-                authority, raw_target if qmark < 0 else raw_target[:qmark])
-            handler = settle(handler, self, path, method, headers)
+            route = self.ctx.route(authority, raw_target if qmark < 0 else raw_target[:qmark])
+            label, path = route[2], route[3]
+            handler = settle(route[0], self, path, method, headers)
         except RequestError as exc:
             self._answer(stream_id, ERRORS.get(exc.status) or ERRORS[400], method == b"HEAD",
                          method, authority, "-", "", headers, time.perf_counter())
@@ -338,31 +338,12 @@ class HTTP2Connection:
             self._answer(stream_id, handler.current(), method == b"HEAD", method, authority,
                          path, label, headers, t0)
             return
-        req = H2Request()
-        req.method = method
-        req.raw_target = raw_target
-        req.path = path
-        req.query = b"" if qmark < 0 else raw_target[qmark + 1:]
-        req.version = "2"
-        req.headers = headers
-        req.host = authority
-        req.client = self.client
-        req.params = params
-        req.route = label
-        req.handler = handler
-        req.keep_alive = True
-        req.head_only = method == b"HEAD"
-        req.scheme = self.ctx.scheme
+        req = H2Request(self, handler, route, method, raw_target, qmark, "2", headers,
+                        authority, True, t0)
         req.stream_id = stream_id
         req.flow = _StreamFlow(self, stream_id)
-        ended = event.stream_ended is not None
-        req.body = None if ended else Body(req.flow, False)
-        req.status = req.sent = 0
-        req.started = req.finished = False
-        req._conn = self
-        req._chunked = False
-        req._t0 = t0
-        req.upgrade = False
+        if event.stream_ended is None:
+            req.body = Body(req.flow, False)
         self._streams[stream_id] = req
         req.task = self.loop.create_task(self._run(req))
 
