@@ -146,7 +146,7 @@ class Request:
     __slots__ = ("method", "raw_target", "path", "query", "version", "headers", "host",
                  "client", "params", "route", "handler", "keep_alive", "head_only", "body",
                  "scheme", "status", "sent", "started", "finished", "_conn", "_chunked",
-                 "_t0", "task", "upgrade")
+                 "_t0", "task", "upgrade", "cancel")
 
     def __init__(self, conn, handler, route, method: bytes, raw_target: bytes, qmark: int,
                  version: str, headers, host: bytes, keep_alive: bool, t0: float) -> None:
@@ -377,8 +377,11 @@ class HTTP1Connection(asyncio.Protocol):
         self.ctx.connections.discard(self)
         if self._body is not None:
             self._body.abort()
-        if self._active is not None and self._active.task is not None:
-            self._active.task.cancel()
+        if self._active is not None:
+            if self._active.task is not None:
+                self._active.task.cancel()
+            elif self._active.cancel is not None:
+                self._active.cancel()
         for item in self._queue:
             if isinstance(item, Request) and item.body is not None:
                 item.body.abort()
@@ -608,6 +611,7 @@ class HTTP1Connection(asyncio.Protocol):
                       self._t0)
         req.body = self._body = Body(self, self._expect_continue()) if has_body else None
         req.upgrade = parser.should_upgrade()
+        req.cancel = None
         self._sync = None
         self._parsing = req
         if self._active is None and not self._queue:
@@ -679,7 +683,33 @@ class HTTP1Connection(asyncio.Protocol):
     # ------------------------------------------------------------ answering
     def _start(self, req: Request) -> None:
         self._active = req
+        begin = getattr(req.handler, "begin", None)
+        if begin is not None and begin(req):
+            return       # answered from callbacks; the handler calls `finish` (no task)
         req.task = self.loop.create_task(self._run(req))
+
+    def finish(self, req: Request, status: int = 0) -> None:
+        """For a handler whose `begin(req)` took the request: it is answered, or failed
+        with `status` (the answer if nothing was sent yet, else the connection is cut).
+        A handler may set `req.cancel` to be told if the client goes away first."""
+        if self._active is not req:
+            return                          # the client went away meanwhile
+        req.cancel = None
+        if not status:
+            req.end()
+        elif req.started:
+            req.keep_alive = False
+            req.finished = True
+        else:
+            self._answer_error(req, status)
+        self._finished(req)
+
+    def fallback(self, req: Request) -> None:
+        """A handler's `begin` took `req` but cannot answer it from callbacks after all
+        (nothing was sent): answer it with `handle` in a task, as usual."""
+        req.cancel = None
+        if self._active is req:
+            req.task = self.loop.create_task(self._run(req))
 
     async def _run(self, req: Request) -> None:
         try:
@@ -699,6 +729,9 @@ class HTTP1Connection(asyncio.Protocol):
                 req.finished = True
             else:
                 self._answer_error(req, status)
+        self._finished(req)
+
+    def _finished(self, req: Request) -> None:
         if self.logging:
             self.ctx.access_log.record(req.client, req.method, req.host, req.path, req.status,
                                        req.sent, req._t0, req.headers, req.route)

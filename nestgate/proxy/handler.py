@@ -58,6 +58,7 @@ class ProxyHandler:
             drop |= FORWARDED
         self.drop = frozenset(drop)
         self.inflight: set[Exchange] = set()
+        self._picked: dict = {}                 # request -> target `begin` chose for `handle`
         self._tasks: list[asyncio.Task] = []
 
     # ------------------------------------------------------ lifespan
@@ -94,6 +95,61 @@ class ProxyHandler:
                     target.close_idle(now - opts.idle_timeout)
 
     # ------------------------------------------------------ requests
+    def begin(self, req) -> bool:
+        """The common case without a coroutine: no body, no upgrade, an idle kept-alive
+        connection ready. The exchange answers from its callbacks and `settled` tells
+        the engine. Anything else (False) goes through `handle` in a task."""
+        if req.body is not None or req.upgrade or not self._tasks:
+            return False
+        target = self.balancer.pick(())
+        if target is None:
+            return False
+        conn = target.idle_connection()
+        if conn is None:
+            if len(self._picked) > 4096:        # requests whose client left before `handle`
+                self._picked.clear()
+            self._picked[req] = target          # `handle` starts from this pick
+            return False
+        before, after = self._head(req)
+        ex = Exchange.on(conn, req)
+        ex.fast = self
+        ex.target = target
+        ex.sent_all = True
+        target.active += 1
+        self.inflight.add(ex)
+        req.cancel = lambda: self._abandon(ex)
+        conn.transport.write(before + (target.authority if self.host_from_target or not req.host
+                                       else req.host) + after)
+        return True
+
+    def settled(self, ex: Exchange) -> None:
+        """A callback-driven exchange is over (or failed)."""
+        target, conn, req = ex.target, ex.conn, ex.req
+        target.active -= 1
+        self.inflight.discard(ex)
+        error = ex.error
+        if error:
+            if conn.reused and not ex.received and error == 502 and not ex.started \
+                    and req.method in IDEMPOTENT:
+                give_back(conn, ex)
+                req.connection.fallback(req)        # a stale kept-alive connection
+                return
+            target.failed(CLOCK.now)
+        else:
+            target.succeeded()
+        give_back(conn, ex)
+        req.connection.finish(req, error)
+
+    def _abandon(self, ex: Exchange) -> None:
+        """The client went away before a callback-driven exchange ended."""
+        if ex.fast is None:
+            return
+        ex.fast = None
+        ex.target.active -= 1
+        self.inflight.discard(ex)
+        ex.conn.exchange = None
+        ex.conn.close()
+
     async def handle(self, req) -> None:
         if not self._tasks:
             self.start()
@@ -104,8 +160,10 @@ class ProxyHandler:
         stale_retry = idempotent and req.body is None
         excluded: list[Target] = []
         status = 502
+        picked = self._picked.pop(req, None)
         while attempts > 0:
-            target = self.balancer.pick(excluded)
+            target = picked or self.balancer.pick(excluded)
+            picked = None
             if target is None:
                 break
             conn = target.idle_connection()

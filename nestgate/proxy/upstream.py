@@ -98,7 +98,7 @@ class Exchange:
     __slots__ = ("conn", "req", "parser", "block", "status", "length", "chunked", "started",
                  "complete", "error", "waiter", "paused", "last", "t0", "sent_all",
                  "upgrade_value", "upgrade_tail", "conn_tokens", "received", "out",
-                 "reusable")
+                 "reusable", "fast", "target")
 
     @classmethod
     def on(cls, conn: UpstreamConnection, req) -> Exchange:
@@ -136,6 +136,8 @@ class Exchange:
         self.received = False
         self.out: list[bytes] = []    # bytes for the client, written once per upstream read
         self.reusable = False         # ended cleanly: the handler gives the connection back
+        self.fast = None              # the handler, when no coroutine waits (see `settle`)
+        self.target = None
         conn.exchange = self
 
     # ------------------------------------------------------ from the socket
@@ -146,8 +148,10 @@ class Exchange:
             self.parser.feed_data(data)
             if self.out:
                 self._flush()
+            if self.fast is not None and self.complete:
+                self._settle()
         except httptools.HttpParserUpgrade as exc:
-            if self.status == 101:
+            if self.status == 101 and self.fast is None:
                 self.upgrade_tail = data[exc.args[0]:]
                 self.conn.exchange = None
                 self.conn.transport.pause_reading()   # the tunnel resumes it
@@ -165,7 +169,24 @@ class Exchange:
             # The client is slower than the upstream: stop reading the upstream.
             self.paused = True
             self.conn.transport.pause_reading()
+            if self.fast is not None:
+                asyncio.get_running_loop().create_task(self._resume_when_writable())
             self._wake()
+
+    async def _resume_when_writable(self) -> None:
+        try:
+            await self.req.connection.wait_writable()
+        except ConnectionError:
+            return                          # the client went away: `cancel` cleans up
+        if self.paused and self.fast is not None:
+            self.paused = False
+            self.last = CLOCK.now
+            if not self.conn.closed:
+                self.conn.transport.resume_reading()
+
+    def _settle(self) -> None:
+        handler, self.fast = self.fast, None
+        handler.settled(self)
 
     def lost(self) -> None:
         if self.complete:
@@ -174,6 +195,8 @@ class Exchange:
             self._finish(False)                 # a body delimited by the connection closing
             if self.out:
                 self._flush()
+            if self.fast is not None:
+                self._settle()
         else:
             self.fail(BAD_GATEWAY)
 
@@ -251,6 +274,8 @@ class Exchange:
         self.error = status
         self.conn.exchange = None
         self.conn.close()
+        if self.fast is not None:
+            self._settle()
         self._wake()
 
     def _wake(self) -> None:
