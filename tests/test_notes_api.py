@@ -96,6 +96,9 @@ def test_crud(start_server, notes):
     assert body["slug"] == "second" and body["tags"] == ["x", "y"]
     text = (notes / "second.md").read_text()
     assert text.startswith("---\ntitle: Second\n") and text.endswith("Some **text**\n")
+    # The write rendered the page already (the first GET is a cache hit), and kept the
+    # rendered Markdown for the other workers.
+    assert len(list((notes / ".nestgate-html").glob("second.*.html"))) == 1
     status, _, body = call(port, "GET", "/api/v1/notes/second")
     assert status == 200 and body["body"] == "Some **text**\n"
     assert body["date"] == "2026-03-04T05:06:07+08:00"
@@ -110,6 +113,7 @@ def test_crud(start_server, notes):
     assert [n["slug"] for n in body["notes"]] == ["first"]
     assert call(port, "DELETE", "/api/v1/notes/second")[0] == 204
     assert not (notes / "second.md").exists()
+    assert not list((notes / ".nestgate-html").glob("second.*"))
     assert call(port, "DELETE", "/api/v1/notes/second")[0] == 404
     assert call(port, "GET", "/api/v1/notes/second")[0] == 404
 

@@ -186,3 +186,36 @@ def test_owner_templates_override_builtin(start_server, notes, tmp_path):
     status, _, body = get(server.port(), "/notes/older")
     assert body.startswith(b"<p>custom Older</p>")
     assert b"<!doctype html>" in get(server.port(), "/notes")[2]     # others stay built in
+
+
+def test_pages_answer_405_to_other_methods(start_server, notes):
+    server = serve(start_server, notes)
+    for path in ("/notes", "/notes/rich", "/notes/tag/code", "/notes/never-written"):
+        get(server.port(), path)                 # cached or not, the answer is the same
+        for method in ("POST", "DELETE", "PUT"):
+            conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=10)
+            conn.request(method, path, body=b"x")
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 405 and resp.getheader("allow") == "GET, HEAD", (method, path)
+            conn.close()
+
+
+def test_rendered_markdown_is_kept_and_checked_against_the_note(start_server, notes):
+    server = serve(start_server, notes)
+    status, _, page = get(server.port(), "/notes/older")
+    assert status == 200
+    kept = list((notes / ".nestgate-html").glob("older.*.html"))
+    assert len(kept) == 1
+    key, _, html = kept[0].read_bytes().partition(b"\n")
+    assert key.startswith(b"nestgate-html ") and html in page
+    # A kept rendering that does not match the note file is not used.
+    kept[0].write_bytes(key + b"\n<p>forged</p>\n")
+    note(notes, "older", "Older", "2026-01-01", ["code"], body="edited on disk")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        page = get(server.port(), "/notes/older")[2]
+        if b"edited on disk" in page:
+            break
+        time.sleep(0.2)
+    assert b"edited on disk" in page and b"forged" not in page

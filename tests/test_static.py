@@ -280,3 +280,34 @@ def test_missing_root_is_a_config_error(tmp_path):
                       "site": [{"route": [{"prefix": "/", "type": "static",
                                            "root": str(tmp_path / "nope")}]}]})
     assert "site[0].route[0].root: expected a path to a readable directory" in str(err.value)
+
+
+def test_warm_answers_from_the_parser_callback_match_the_task_path(start_server, root):
+    """Once a file is cached, `peek` answers GET/HEAD/304/405 and precompressed variants
+    without a task; Range still goes to the task. One kept-alive connection, in order."""
+    (root / "style.css.gz").write_bytes(gzip.compress((root / "style.css").read_bytes()))
+    server = serve(start_server, root)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=10)
+
+    def ask(method="GET", headers=None, body=None):
+        conn.request(method, "/style.css", body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+
+    cold = ask()
+    warm = ask()
+    assert warm[0] == 200 and warm[2] == cold[2] and warm[1]["etag"] == cold[1]["etag"]
+    assert ask("HEAD")[2] == b""
+    assert ask(headers={"If-None-Match": cold[1]["etag"]})[0] == 304
+    status, headers, body = ask(headers={"Accept-Encoding": "gzip"})
+    assert headers["content-encoding"] == "gzip" and gzip.decompress(body) == cold[2]
+    gz_etag = headers["etag"]
+    assert ask(headers={"Accept-Encoding": "gzip", "If-None-Match": gz_etag})[0] == 304
+    assert ask(headers={"Accept-Encoding": "gzip", "If-None-Match": cold[1]["etag"]})[0] == 200
+    assert ask(headers={"Range": "bytes=0-3"})[2] == cold[2][:4]
+    status, headers, _ = ask("POST", body=b"x")
+    assert status == 405 and headers["allow"] == "GET, HEAD"
+    status, headers, _ = ask("DELETE")
+    assert status == 405
+    assert ask()[2] == cold[2]                  # the connection is still in step
+    conn.close()

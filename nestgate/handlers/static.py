@@ -32,6 +32,7 @@ from email.utils import formatdate, parsedate_to_datetime
 from urllib.parse import quote
 
 from nestgate.clock import CLOCK
+from nestgate.handlers import PEEK
 from nestgate.responses import (CLOSE, KEEP_ALIVE, KEEP_ALIVE_EXPLICIT, SERVER_LINE,
                                 STATUS_LINES, Prebuilt, header_block, html_page, status_line)
 
@@ -39,6 +40,11 @@ _ENDINGS = (b"\r\n", b"connection: close\r\n\r\n", b"connection: keep-alive\r\n\
 _READ_CHUNK = 256 * 1024
 _SENDFILE_CHUNK = 4 * 1024 * 1024
 _ENCODINGS = (("br", ".br"), ("gzip", ".gz"))   # preference order
+# Request headers that change the answer for a cached file; any other header is skipped
+# with one set lookup in `peek`.
+_CONDITIONAL = frozenset((b"if-none-match", b"if-modified-since", b"range", b"if-range",
+                          b"accept-encoding"))
+_ACCEPT_MEMO_MAX = 256
 
 _TYPES = {
     ".html": "text/html; charset=utf-8", ".htm": "text/html; charset=utf-8",
@@ -146,9 +152,14 @@ def _signature(st) -> tuple | None:
 
 
 class StaticFiles:
-    """The `static` route type. Options come from `config._static_options`."""
+    """The `static` route type. Options come from `config._static_options`.
 
-    is_async = True
+    `peek` answers from the parser callback whatever a cached file can answer without
+    the disk: its 200 (or the precompressed variant Accept-Encoding picks), its 304,
+    and 405 for other methods. A Range request, a file not cached, or one due for its
+    once-a-second stat returns None: `handle` then runs as a task."""
+
+    is_async = PEEK
 
     def __init__(self, options: dict, prefix: str, headers=(), not_found=None,
                  tls: bool = False) -> None:
@@ -168,16 +179,65 @@ class StaticFiles:
         self.not_found = not_found or Prebuilt(404, html_page(404), "text/html; charset=utf-8")
         self._cache: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         self._cached_bytes = 0
+        self._accept_memo: dict[bytes, tuple[str, ...]] = {}
+        self.method_not_allowed = Prebuilt(405, b"method not allowed\n",
+                                           "text/plain; charset=utf-8",
+                                           [("allow", "GET, HEAD"), *self.extra])
         self.loop = None
         if options["warm"]:
             self.warm()
 
+    # ------------------------------------------------------------ the parser callback
+    def peek(self, path: str, method: bytes, headers):
+        """A ready response when memory holds the answer, else None (see the class)."""
+        if method != b"GET" and method != b"HEAD":
+            return self.method_not_allowed
+        prefix = self.prefix
+        if not path.startswith(prefix):
+            return None
+        # Only paths `_relative` accepted are ever cached, so a hit needs no checks.
+        rel = path[len(prefix):]
+        entry = self._cache.get(rel)
+        if entry is None or CLOCK.now - entry.checked >= self.recheck:
+            return None
+        self._cache.move_to_end(rel)
+        inm = ims = accept = None
+        for name, value in headers:
+            if name in _CONDITIONAL:
+                if name == b"if-none-match":
+                    inm = value
+                elif name == b"accept-encoding":
+                    accept = value
+                elif name == b"if-modified-since":
+                    ims = value
+                else:
+                    return None                  # Range, If-Range: the task path
+        variant = entry.identity
+        if accept is not None and len(entry.variants) > 1:
+            variant = self._variant_for(entry.variants, accept)
+        if (inm is not None or ims is not None) and \
+                _not_modified(inm, ims, variant.etag, entry.mtime):
+            return variant.not_modified
+        return variant.full
+
+    def _variant_for(self, variants: dict, accept: bytes) -> Variant:
+        """`_choose` with the parsed Accept-Encoding kept: browsers send a few values."""
+        wanted = self._accept_memo.get(accept)
+        if wanted is None:
+            if len(self._accept_memo) >= _ACCEPT_MEMO_MAX:
+                self._accept_memo.clear()
+            wanted = tuple(enc for enc, _ in _ENCODINGS if _accepts(accept, enc))
+            self._accept_memo[accept] = wanted
+        for encoding in wanted:
+            variant = variants.get(encoding)
+            if variant is not None:
+                return variant
+        return variants[""]
+
     # ------------------------------------------------------------ the request
     async def handle(self, request) -> None:
         if request.method not in (b"GET", b"HEAD"):
-            await request.send(405, [("allow", "GET, HEAD"), *self.extra,
-                                     ("content-type", "text/plain; charset=utf-8")],
-                               b"method not allowed\n")
+            await send_ready(request, self.method_not_allowed)
             return
         rel = self._relative(request.path)
         if rel is None:

@@ -110,7 +110,9 @@ class NotesApi:
                 return 200, await loop.run_in_executor(None, self._list, request.query), []
             if method == b"POST":
                 meta, body = await self._read_note(request)
-                return await loop.run_in_executor(None, self._create, meta, body)
+                answer = await loop.run_in_executor(None, self._create, meta, body)
+                await self.pages.prerender(loop, answer[1]["slug"])
+                return answer
             raise ApiError(405, "method not allowed", headers=[("allow", self._allowed())])
         slug = request.params["slug"]
         if method in (b"GET", b"HEAD"):
@@ -121,7 +123,9 @@ class NotesApi:
             return 200, note.as_json(), []
         if method == b"PUT":
             meta, body = await self._read_note(request)
-            return await loop.run_in_executor(None, self._put, slug, meta, body)
+            answer = await loop.run_in_executor(None, self._put, slug, meta, body)
+            await self.pages.prerender(loop, slug)    # the next GET of it is a cache hit
+            return answer
         if method == b"DELETE":
             if not SLUG.match(slug) or not await loop.run_in_executor(None, self._delete, slug):
                 raise ApiError(404, f"no note {slug!r}")
@@ -171,9 +175,11 @@ class NotesApi:
 
     def _delete(self, slug: str) -> bool:
         try:
-            return self.store.delete(slug)
+            deleted = self.store.delete(slug)
         except StoreError as exc:
             raise ApiError(exc.status, str(exc)) from None
+        self.pages.forget(slug)
+        return deleted
 
     def _save(self, note, create_only: bool = False) -> bool:
         try:

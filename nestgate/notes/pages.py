@@ -3,16 +3,24 @@
 Theory of operation
 -------------------
 Every page that exists (home, /notes, /notes/page/N, /notes/<slug>, /notes/tag/<tag>,
-/notes/feed.xml) is a `CachedPage` registered as an exact route, so a warm hit is
-the engine's one dict lookup plus `Prebuilt.render`: the page is answered from the
-parser callback. Its `is_async` is a property: False while it holds a page rendered
-at the current generation, True when the page is missing or stale, and then the
-engine calls `handle`, which rebuilds the page off the loop.
+/notes/feed.xml) is a `CachedPage` registered as an exact route with `is_async = PEEK`:
+the engine calls its `peek` from the parser callback, which returns the page while it
+was rendered at the current generation (a warm hit is the route lookup, a generation
+read and `Prebuilt.render`, no Request and no task), 405 for methods other than GET and
+HEAD, and None when the page is missing or stale; the engine then runs `handle`, which
+rebuilds the page off the loop.
 
 The generation is the store's shared counter (bumped by any worker's write) plus a
 local count of outside edits, noticed by a directory check made at most once a
-second, in the executor. Pages are bounded (`cache_pages`): the oldest rendered is
-dropped first and renders again on its next request.
+second, in the executor: per request only a clock comparison and a memory read.
+Pages are bounded (`cache_pages`): the oldest rendered is dropped first and renders
+again on its next request.
+
+A write through the API renders the note's page before it is answered (`prerender`),
+so the first request after a write is a cache hit in the writing worker. The rendered
+Markdown is also kept beside the notes (`.nestgate-html/`, keyed by the note file's
+inode, mtime and size), so the other workers build the page from it instead of
+parsing the Markdown again.
 
 Pages not yet registered (a note written by another worker, a tag page never asked
 for) reach a `PageFallback` pattern route, which validates the name, renders, and
@@ -28,6 +36,7 @@ import threading
 from urllib.parse import quote
 
 from nestgate.clock import CLOCK
+from nestgate.handlers import PEEK
 from nestgate.handlers.static import send_ready
 from nestgate.notes.render import Renderer
 from nestgate.notes.store import SLUG, NoteStore
@@ -47,12 +56,16 @@ class SitePages:
         self.home = site_config.home
         self.notes = site_config.notes
         self.store = NoteStore(self.notes.dir) if self.notes else None
-        self.renderer = Renderer(site_config)
+        self.renderer = Renderer(site_config, self.store.dir if self.store else None)
         self.headers = [("cache-control", "no-cache"), *headers]
         self.not_found = not_found
+        self.method_not_allowed = Prebuilt(405, b"method not allowed\n",
+                                           "text/plain; charset=utf-8",
+                                           [("allow", "GET, HEAD"), *headers])
         self.routes = None
         self.rendered: collections.OrderedDict[CachedPage, None] = collections.OrderedDict()
         self.registered: dict[str, CachedPage] = {}
+        self.building: dict[tuple, tuple] = {}   # page key -> (generation, future)
         self.limit = self.notes.cache_pages if self.notes else 16
         self._index_lock = threading.Lock()
         self._index_gen = None
@@ -158,6 +171,45 @@ class SitePages:
             body = None
         return gen, None if body is None else Prebuilt(200, body, HTML, self.headers)
 
+    async def prerender(self, loop, slug: str) -> None:
+        """After a write through this worker: render the note's page now, so the first
+        request for it is a hit. Other pages (lists, tags, feed, home) are cheap and
+        render on their next request."""
+        if not self.notes or not SLUG.match(slug):
+            return
+        page = self.page_for("note", {"slug": slug})
+        if page is None:
+            return
+        try:
+            await self.render(loop, page)
+        except Exception:                     # the write stands; the GET will say why
+            log.exception("rendering note %s after its write failed", slug)
+
+    async def render(self, loop, page: CachedPage) -> Prebuilt | None:
+        """Build `page` in the executor and keep it; None when it does not exist.
+        Requests arriving while the same page builds at the same generation wait for
+        that build instead of starting their own."""
+        gen_now = self.generation()
+        building = self.building.get(page.key)
+        if building is None or building[0] != gen_now:
+            future = loop.run_in_executor(None, self.build, page.key)
+            building = (gen_now, future)
+            self.building[page.key] = building
+            future.add_done_callback(lambda _, key=page.key, b=building:
+                                     self.building.pop(key, None) if
+                                     self.building.get(key) is b else None)
+        gen, response = await asyncio.shield(building[1])
+        if response is None:
+            self.drop(page)
+        else:
+            self.keep(page, gen, response)
+        return response
+
+    def forget(self, slug: str) -> None:
+        """A note deleted through this worker: its kept Markdown rendering goes too
+        (runs in the executor)."""
+        self.renderer.forget(slug)
+
     def keep(self, page: CachedPage, gen: int, response: Prebuilt) -> None:
         page.page, page.gen = response, gen
         self.rendered.pop(page, None)
@@ -202,9 +254,10 @@ class SitePages:
 
 
 class CachedPage:
-    """One page as an exact route; see the module docstring for `is_async`."""
+    """One page as an exact route; see the module docstring for `peek`."""
 
     __slots__ = ("site", "key", "path", "label", "page", "gen")
+    is_async = PEEK
 
     def __init__(self, site: SitePages, key: tuple, path: str) -> None:
         self.site, self.key, self.path = site, key, path
@@ -213,37 +266,34 @@ class CachedPage:
         self.page: Prebuilt | None = None
         self.gen = -1
 
-    @property
-    def is_async(self) -> bool:
-        return self.page is None or self.gen != self.site.generation()
-
-    def current(self) -> Prebuilt:
-        return self.page
+    def peek(self, path: str, method: bytes, headers):
+        if method != b"GET" and method != b"HEAD":
+            return self.site.method_not_allowed
+        page = self.page
+        if page is not None and self.gen == self.site.generation():
+            return page
+        return None
 
     async def handle(self, request) -> None:
         if request.method not in (b"GET", b"HEAD"):
-            await request.send(405, [("allow", "GET, HEAD"),
-                                     ("content-type", "text/plain; charset=utf-8")],
-                               b"method not allowed\n")
+            await send_ready(request, self.site.method_not_allowed)
             return
-        site = self.site
-        loop = request.connection.loop
-        gen, response = await loop.run_in_executor(None, site.build, self.key)
-        if response is None:
-            site.drop(self)
-            await send_ready(request, site.not_found)
-            return
-        site.keep(self, gen, response)
-        await send_ready(request, response)
+        response = await self.site.render(request.connection.loop, self)
+        await send_ready(request, response or self.site.not_found)
 
 
 class PageFallback:
     """Pattern routes under the notes path: pages not (yet) registered."""
 
-    is_async = True
+    is_async = PEEK
 
     def __init__(self, site: SitePages, kind: str) -> None:
         self.site, self.kind = site, kind
+
+    def peek(self, path: str, method: bytes, headers):
+        if method == b"GET" or method == b"HEAD":
+            return None
+        return self.site.method_not_allowed
 
     async def handle(self, request) -> None:
         page = self.site.page_for(self.kind, request.params)

@@ -5,20 +5,33 @@ raw HTML in a note is escaped unless the site owner turns `raw_html` on, so a no
 cannot inject a script. Pages come from Jinja2 templates with autoescape on; a site's
 own template directory is searched before the built-in one, so an owner overrides
 one template by writing a file of the same name.
+
+A note's rendered Markdown is kept in `<notes dir>/.nestgate-html/<slug>.<flavour>.html`,
+whose first line names the note file it came from (inode, mtime, size) and the
+renderer's settings: a worker that did not render it itself (another worker took the
+write) reads it back instead of parsing the Markdown again. It is a cache: written
+without fsync, checked on every read (key line and length), rebuilt when it does not
+match, and nothing breaks when the directory is read-only.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import math
+import os
+import threading
 from pathlib import Path
 
 import jinja2
+import markdown_it
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 from mdit_py_plugins.tasklists import tasklists_plugin
 
 BUILTIN_TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+HTML_CACHE_DIR = ".nestgate-html"
+_RENDER_VERSION = 1          # bump when markdown_renderer's output changes
 
 
 def markdown_renderer(raw_html: bool = False) -> MarkdownIt:
@@ -31,7 +44,7 @@ def markdown_renderer(raw_html: bool = False) -> MarkdownIt:
 class Renderer:
     """One site's templates and Markdown settings."""
 
-    def __init__(self, site_config) -> None:
+    def __init__(self, site_config, notes_dir: str | None = None) -> None:
         notes, home = site_config.notes, site_config.home
         loaders = [jinja2.FileSystemLoader(str(BUILTIN_TEMPLATES))]
         if site_config.templates:
@@ -40,7 +53,13 @@ class Renderer:
             loader=jinja2.ChoiceLoader(loaders),
             autoescape=jinja2.select_autoescape(["html", "xml"]),
             trim_blocks=True, lstrip_blocks=True, auto_reload=False)
-        self.md = markdown_renderer(notes.raw_html if notes else False)
+        raw_html = notes.raw_html if notes else False
+        self.md = markdown_renderer(raw_html)
+        settings = f"{_RENDER_VERSION} {markdown_it.__version__} raw_html={raw_html}"
+        self._flavour = hashlib.sha256(settings.encode()).hexdigest()[:12]
+        self._cache_dir = os.path.join(notes_dir, HTML_CACHE_DIR) if notes_dir else None
+        self._tmp_lock = threading.Lock()
+        self._tmp_count = 0
         self.notes = notes
         self.home = home
         self.base_url = site_config.base_url
@@ -57,8 +76,61 @@ class Renderer:
 
     def note_html(self, note) -> Markup:
         if note.html is None:
-            note.html = self.md.render(note.body)
+            html = self._kept(note)
+            if html is None:
+                html = self.md.render(note.body)
+                self._keep(note, html)
+            note.html = html
         return Markup(note.html)
+
+    # ---- rendered Markdown shared through the notes directory (see the module doc)
+    def _kept_path(self, slug: str) -> str:
+        return os.path.join(self._cache_dir, f"{slug}.{self._flavour}.html")
+
+    def _key(self, note, length: int) -> bytes:
+        ino, mtime_ns, size = note.signature
+        return f"nestgate-html {self._flavour} {ino} {mtime_ns} {size} {length}\n".encode()
+
+    def _kept(self, note) -> str | None:
+        if self._cache_dir is None or not note.signature:
+            return None
+        try:
+            with open(self._kept_path(note.slug), "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        newline = data.find(b"\n")
+        if newline < 0 or data[:newline + 1] != self._key(note, len(data) - newline - 1):
+            return None
+        try:
+            return data[newline + 1:].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    def _keep(self, note, html: str) -> None:
+        if self._cache_dir is None or not note.signature:
+            return
+        body = html.encode("utf-8")
+        with self._tmp_lock:
+            self._tmp_count += 1
+            tmp = os.path.join(self._cache_dir, f".{note.slug}.{os.getpid()}.{self._tmp_count}.tmp")
+        try:
+            os.makedirs(self._cache_dir, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(self._key(note, len(body)) + body)
+            os.replace(tmp, self._kept_path(note.slug))
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def forget(self, slug: str) -> None:
+        if self._cache_dir is not None:
+            try:
+                os.unlink(self._kept_path(slug))
+            except OSError:
+                pass
 
     def _page(self, template: str, **values) -> bytes:
         return self.env.get_template(template).render(**self.common, **values).encode("utf-8")

@@ -28,6 +28,7 @@ SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 RESERVED_SLUGS = frozenset({"page", "tag", "feed"})
 GENERATION_FILE = ".nestgate-generation"
 _SUFFIX = ".md"
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)    # libyaml when present
 
 
 class StoreError(Exception):
@@ -85,7 +86,7 @@ def split_front_matter(text: str) -> tuple[dict, str]:
     raw = text[4:4 + match.start()]
     body = text[4 + match.end():].lstrip("\r\n")
     try:
-        meta = yaml.safe_load(raw) or {}
+        meta = yaml.load(raw, Loader=_YAML_LOADER) or {}
     except yaml.YAMLError as exc:
         raise BadNote("front_matter", f"front matter is not valid YAML: {exc}") from None
     if not isinstance(meta, dict):
@@ -272,6 +273,7 @@ class NoteStore:
                 while view:
                     view = view[os.write(fd[0], view):]
                 os.fsync(fd[0])
+                st = os.fstat(fd[0])          # the note's inode once renamed into place
             finally:
                 os.close(fd[0])
             if create_only:
@@ -288,8 +290,17 @@ class NoteStore:
         except OSError as exc:
             _unlink_quietly(tmp)
             raise _storage_error("save", exc) from None
+        self._remember(note, st)
         self._bump()
         return created
+
+    def _remember(self, note: Note, st) -> None:
+        """The note as it now is on disk, so the next `scan` need not read it back."""
+        body = note.body if note.body.endswith("\n") or not note.body else note.body + "\n"
+        saved = Note(note.slug, note.title, note.date, note.tags, note.draft, body,
+                     note.summary, (st.st_ino, st.st_mtime_ns, st.st_size))
+        with self._lock:
+            self._notes[note.slug] = saved
 
     def delete(self, slug: str) -> bool:
         try:
@@ -298,6 +309,8 @@ class NoteStore:
             return False
         except OSError as exc:
             raise _storage_error("delete", exc) from None
+        with self._lock:
+            self._notes.pop(slug, None)
         try:
             _fsync_dir(self.dir)
         except OSError as exc:
