@@ -380,3 +380,54 @@ def test_upgrade_refused_by_upstream_is_a_normal_answer(start_server, upstream):
     while chunk := sock.recv(65536):
         data += chunk
     assert data.startswith(b"HTTP/1.1 426") and b"connection: close" in data.lower()
+
+
+# ------------------------------------------------------------------ limits and HTTP/2
+
+
+def test_max_connections_per_target(start_server, upstream):
+    up = upstream()
+    server = start_server(gateway(route(up.url, extra="max_connections = 1")))
+    busy = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=10)
+    busy.request("GET", "/slow-body", headers={"Host": "app.test"})
+    first = busy.getresponse()                    # holds the only connection
+    assert get(server.port(), "/echo")[0].status == 503
+    up.unblock()
+    assert first.read() == b"0123456789abcdefghij"
+    assert get(server.port(), "/echo")[0].status == 200
+
+
+def test_request_timeout_covers_the_whole_exchange(start_server, upstream):
+    up = upstream()
+    server = start_server(gateway(route(up.url, extra='request_timeout = "300ms"')))
+    t0 = time.monotonic()
+    assert get(server.port(), "/stall")[0].status == 504
+    assert time.monotonic() - t0 < 5
+
+
+def test_proxy_over_http2(start_server, upstream, certs):
+    from h2client import H2Client
+    up = upstream()
+    cert, key = certs["local"]
+    server = start_server(f"""
+[server]
+workers = 1
+[[listen]]
+address = "127.0.0.1:0"
+[[listen.certificate]]
+cert = "{cert}"
+key = "{key}"
+[[site]]
+hosts = ["*"]
+{route(up.url)}
+""")
+    client = H2Client(server.port("https"), certs["ca"])
+    try:
+        status, headers, body = client.request("POST", "/echo", body=b"x" * 16000)
+        seen = json.loads(body)
+        assert status == 200 and seen["size"] == 16000 and headers["x-upstream"] == "up"
+        assert dict(seen["headers"])["x-forwarded-proto"] == "https"
+        status, _headers, body = client.request("GET", "/big?n=300000&chunked")
+        assert status == 200 and len(body) == 300000
+    finally:
+        client.close()

@@ -15,6 +15,7 @@ import ssl
 
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError
+from nestgate.http1 import Request
 from nestgate.proxy.balancer import Balancer
 from nestgate.proxy.upstream import Exchange, Target, give_back
 
@@ -99,7 +100,7 @@ class ProxyHandler:
         """The common case without a coroutine: no body, no upgrade, an idle kept-alive
         connection ready. The exchange answers from its callbacks and `settled` tells
         the engine. Anything else (False) goes through `handle` in a task."""
-        if req.body is not None or req.upgrade or not self._tasks:
+        if type(req) is not Request or req.body is not None or req.upgrade or not self._tasks:
             return False
         target = self.balancer.pick(())
         if target is None:
@@ -231,7 +232,7 @@ class ProxyHandler:
                 lines = [l for l in lines if l.split(b":", 1)[0] not in names]
         if self.opts.forwarded:
             conn = req.connection
-            trusted = conn.xff_trusted
+            trusted = getattr(conn, "xff_trusted", False)     # HTTP/2: not kept
             chain = b", ".join(xff) + b", " + conn.peer.encode() if trusted and xff \
                 else req.client.encode()
             lines.append(b"x-forwarded-for: " + chain + b"\r\n")
@@ -243,7 +244,7 @@ class ProxyHandler:
         body = req.body
         if body is not None and req.header(b"content-length") is None:
             lines.append(b"transfer-encoding: chunked\r\n")
-        if req.upgrade and upgrade is not None and self.upgrades:
+        if upgrade is not None and self.upgrades and getattr(req, "upgrade", False):
             lines.append(b"connection: upgrade\r\nupgrade: " + upgrade + b"\r\n")
         lines.append(b"\r\n")
         return req.method + b" " + target + b" HTTP/1.1\r\nhost: ", b"\r\n" + b"".join(lines)
@@ -295,7 +296,7 @@ class ProxyHandler:
             transport.write(b"0\r\n\r\n")
 
     async def _tunnel(self, req, conn, ex: Exchange) -> None:
-        if not req.upgrade or not self.upgrades:
+        if not getattr(req, "upgrade", False) or not self.upgrades:
             conn.close()
             raise HandlerError(502)
         head = (b"HTTP/1.1 101 Switching Protocols\r\n" + b"".join(ex.block)

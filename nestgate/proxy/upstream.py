@@ -21,8 +21,10 @@ import asyncio
 import httptools
 
 from nestgate.clock import CLOCK
+from nestgate.http1 import Request
 
 WRITE_HIGH_WATER = 64 * 1024
+PENDING_HIGH_WATER = 256 * 1024   # response bytes held for a non-HTTP/1.1 client
 
 # Response headers never forwarded: hop-by-hop ones, and those the engine writes itself.
 RESPONSE_DROP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
@@ -98,7 +100,7 @@ class Exchange:
     __slots__ = ("conn", "req", "parser", "block", "status", "length", "chunked", "started",
                  "complete", "error", "waiter", "paused", "last", "t0", "sent_all",
                  "upgrade_value", "upgrade_tail", "conn_tokens", "received", "out",
-                 "reusable", "fast", "target")
+                 "reusable", "fast", "target", "h1", "pending", "pending_size")
 
     @classmethod
     def on(cls, conn: UpstreamConnection, req) -> Exchange:
@@ -137,6 +139,11 @@ class Exchange:
         self.out: list[bytes] = []    # bytes for the client, written once per upstream read
         self.reusable = False         # ended cleanly: the handler gives the connection back
         self.fast = None              # the handler, when no coroutine waits (see `settle`)
+        # HTTP/1.1 clients get raw bytes, written once per upstream read; other
+        # protocols (HTTP/2) are answered through the Request interface.
+        self.h1 = type(req) is Request
+        self.pending: list[bytes] = []          # not h1: body chunks the handler writes
+        self.pending_size = 0
         self.target = None
         conn.exchange = self
 
@@ -228,7 +235,10 @@ class Exchange:
         if self.conn_tokens is not None:
             block = _without_named(block, self.conn_tokens)
         req = self.req
-        self.out.append(req.head_bytes(status, b"".join(block), self.length))
+        if self.h1:
+            self.out.append(req.head_bytes(status, b"".join(block), self.length))
+        else:
+            req.start_raw(status, b"".join(block), self.length)
         self.started = True
         if req.head_only:
             # No body follows a HEAD response whatever its headers say; the parser
@@ -240,9 +250,17 @@ class Exchange:
     def on_body(self, chunk: bytes) -> None:
         if self.complete:
             return
-        data = self.req.frame(chunk)
-        if data:
-            self.out.append(data)
+        if self.h1:
+            data = self.req.frame(chunk)
+            if data:
+                self.out.append(data)
+        else:
+            self.pending.append(chunk)
+            self.pending_size += len(chunk)
+            if self.pending_size > PENDING_HIGH_WATER and not self.paused:
+                self.paused = True
+                self.conn.transport.pause_reading()
+            self._wake()
 
     def on_message_complete(self) -> None:
         if self.status < 200 or self.complete:
@@ -252,9 +270,11 @@ class Exchange:
     # ------------------------------------------------------ endings
     def _finish(self, reusable: bool) -> None:
         self.complete = True
-        tail = self.req.end_bytes()
-        if tail:
-            self.out.append(tail)
+        if self.h1:
+            tail = self.req.end_bytes()
+            if tail:
+                self.out.append(tail)
+        # else: the engine ends the response once the handler has written `pending`
         conn = self.conn
         conn.exchange = None
         if self.paused:
@@ -285,7 +305,20 @@ class Exchange:
 
     async def wait(self) -> None:
         """Until the exchange is over, failed, upgraded or paused for the client."""
-        while not (self.complete or self.error or self.upgrade_tail is not None):
+        while True:
+            if self.pending and not self.error:
+                # Not HTTP/1.1: the body goes through the protocol's own `write`.
+                chunks, self.pending, self.pending_size = self.pending, [], 0
+                for chunk in chunks:
+                    await self.req.write(chunk)
+                self.last = CLOCK.now
+                if self.paused:
+                    self.paused = False
+                    if not self.conn.closed:
+                        self.conn.transport.resume_reading()
+                continue
+            if self.complete or self.error or self.upgrade_tail is not None:
+                return
             if self.paused:
                 await self.req.connection.wait_writable()
                 self.paused = False
