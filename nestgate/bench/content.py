@@ -50,17 +50,26 @@ def page_html(size: int) -> bytes:
     return head + body + tail
 
 
+LONG_NOTE_SECTIONS = 80          # about 20 KB of Markdown
+
+
+def note_markdown(i: int, sections: int, revision: int = 0) -> str:
+    """Hugo-style note: front matter, then sections with text, a table and code.
+    `revision` changes every section, so a rewritten note shares no block with the last."""
+    section = ("## Section {j}\n\nSome *text* with `code` and a [link](https://example.com), "
+               "revision {r}.\n\n| a | b |\n|---|---|\n| {j} | {r} |\n\n"
+               "```python\nprint({j}, {r})\n```\n\n")
+    body = "".join(section.format(j=j, r=revision) for j in range(sections))
+    return f"---\ntitle: Note {i}\ndate: 2025-01-{1 + i % 28:02d}\ntags: [bench]\n---\n\n{body}"
+
+
 def write_notes(notes: Path, count: int = 30) -> None:
-    """Hugo-style notes: front matter, a table, code; one long (~20 KB) for the detail page."""
+    """30 notes; the first is the long one (~20 KB) for the detail page."""
     notes.mkdir(parents=True, exist_ok=True)
-    section = ("## Section {i}\n\nSome *text* with `code` and a [link](https://example.com).\n\n"
-               "| a | b |\n|---|---|\n| 1 | 2 |\n\n```python\nprint({i})\n```\n\n")
     for i in range(count):
         slug = "long-note" if i == 0 else f"note-{i:03d}"
-        sections = 80 if i == 0 else 3
-        body = "".join(section.format(i=j) for j in range(sections))
-        (notes / f"{slug}.md").write_text(
-            f"---\ntitle: Note {i}\ndate: 2025-01-{1 + i % 28:02d}\ntags: [bench]\n---\n\n{body}")
+        sections = LONG_NOTE_SECTIONS if i == 0 else 3
+        (notes / f"{slug}.md").write_text(note_markdown(i, sections))
 
 
 def health_json(length: int) -> str:

@@ -10,6 +10,7 @@ import ssl
 import time
 from pathlib import Path
 
+from .content import LONG_NOTE_SECTIONS, note_markdown
 from .drivers import ERROR_KEYS, LATENCY_KEYS, RunResult, percentile
 
 
@@ -51,13 +52,15 @@ def _result(latencies_ms: list[float], statuses: list[int], nbytes: int, elapsed
 
 def cold(scheme: str, port: int, page: str, write_path: str, token: str, duration_s: float,
          raw_path: Path) -> RunResult:
-    """Rewrite the note (invalidating its cached page), then time the first GET of it."""
+    """Rewrite the long note with new text in every section (invalidating its cached
+    page), then time the first GET of it."""
     conn = _connect(scheme, port)
     latencies, statuses, nbytes, i = [], [], 0, 0
     started = time.perf_counter()
     while time.perf_counter() - started < duration_s:
         i += 1
-        _request(conn, "PUT", write_path, note_text(i), token)
+        body = note_markdown(0, LONG_NOTE_SECTIONS, revision=i).encode()
+        _request(conn, "PUT", write_path, body, token)
         t0 = time.perf_counter()
         status, size = _request(conn, "GET", page, None, "")
         latencies.append((time.perf_counter() - t0) * 1e3)
