@@ -277,6 +277,19 @@ def test_passive_health_ejects_a_failing_target(start_server, upstream):
     assert statuses == [200] * 6
 
 
+def test_stale_kept_alive_connection_is_replaced_for_idempotent_requests(start_server,
+                                                                          upstream):
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    resp, _body, conn = get(server.port(), "/then-close")
+    resp, body, conn = get(server.port(), "/echo", conn=conn)     # GET: tried again, fresh
+    assert resp.status == 200 and up.connections == 2
+    assert [r.get("dropped", False) for r in up.requests] == [False, True, False]
+    resp, _body, conn = get(server.port(), "/then-close", conn=conn)
+    resp, _body, conn = get(server.port(), "/echo", method="POST", body=b"x", conn=conn)
+    assert resp.status == 502                                      # POST: never repeated
+
+
 def test_weighted_round_robin(start_server, upstream):
     a, b = upstream("a"), upstream("b")
     server = start_server(gateway(route([{"url": a.url, "weight": 2}, b.url])))

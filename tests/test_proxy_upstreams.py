@@ -12,6 +12,8 @@ own thread and loop, bound to 127.0.0.1:0. What it answers depends on the path:
   /close           a body delimited by closing the connection (no length)
   /ws              101 Switching Protocols, then echoes every byte upper-cased
   /status/N        an empty response with status N
+  /then-close      200, but the next request on that connection is dropped unanswered
+                   (an upstream that closed a kept-alive connection as we reused it)
   /health          200, or 503 once `healthy` is False
 
 Every request is recorded in `requests`; `connections` counts accepted sockets.
@@ -92,10 +94,13 @@ class Upstream:
             self.server.close()
             for writer in list(self.writers):
                 writer.transport.abort()
+            self.release.set()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            if tasks:
+                # Aborted sockets end the serving tasks; cancel only what is left.
+                _done, left = await asyncio.wait(tasks, timeout=2)
+                for task in left:
+                    task.cancel()
         asyncio.run_coroutine_threadsafe(close(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
@@ -103,6 +108,7 @@ class Upstream:
     async def _serve(self, reader, writer) -> None:
         self.connections += 1
         self.writers.add(writer)
+        drop_next = False
         try:
             while True:
                 parsed = _Parsed()
@@ -123,6 +129,10 @@ class Upstream:
                           "headers": parsed.headers, "size": parsed.size,
                           "sha256": parsed.digest.hexdigest(), "upstream": self.name}
                 self.requests.append(record)
+                if drop_next:
+                    record["dropped"] = True
+                    return
+                drop_next = record["target"] == "/then-close"
                 if not await self._answer(record, parser, reader, writer, tail):
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
