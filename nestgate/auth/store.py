@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import secrets
 import sqlite3
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -174,7 +175,7 @@ class SharedState:
                     purged = time.monotonic()
                     await self.run("purge")
             except sqlite3.Error as exc:
-                print(f"nestgate: store {self.path}: {exc}", flush=True)
+                print(f"nestgate: store {self.path}: {exc}", file=sys.stderr, flush=True)
             await asyncio.sleep(POLL_INTERVAL)
 
     def start(self) -> None:
