@@ -299,3 +299,24 @@ def test_protected_site_needs_users():
         parse_config({"listen": [{"address": "127.0.0.1:0"}],
                       "auth": {"user": [{"name": "x", "password": "plain"}]}})
     assert "argon2" in "\n".join(info.value.problems)
+
+
+def test_websocket_behind_sign_in(gate):
+    import socket
+    server, _up = gate()
+    b = Browser(server.port())
+    assert b.sign_in()[0].status == 303
+    cookie = "; ".join(f"{k}={v}" for k, v in b.jar.items())
+    for with_cookie, expected in ((False, b"HTTP/1.1 401"), (True, b"HTTP/1.1 101")):
+        sock = socket.create_connection(("127.0.0.1", server.port()), timeout=5)
+        sock.sendall(b"GET /ws HTTP/1.1\r\nHost: private.test\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: websocket\r\n%s\r\n"
+                     % (f"Cookie: {cookie}\r\n".encode() if with_cookie else b""))
+        data = sock.recv(65536)
+        assert data.startswith(expected), data[:80]
+        if with_cookie:
+            while not data.endswith(b"hello"):
+                data += sock.recv(65536)
+            sock.sendall(b"ping")
+            assert sock.recv(65536) == b"PING"
+        sock.close()
