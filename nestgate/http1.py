@@ -588,8 +588,7 @@ class HTTP1Connection(asyncio.Protocol):
         if not handler.is_async and not has_body and keep_alive and not self.logging \
                 and self._active is None and not self._queue:
             # The common case, answered from here: a ready response, nothing ahead of it.
-            self.transport.write(handler.current().render(KEEP_ALIVE_EXPLICIT,
-                                                          method == b"HEAD"))
+            handler.current().write_to(self.transport, KEEP_ALIVE_EXPLICIT, method == b"HEAD")
             return
 
         if not handler.is_async:
@@ -668,10 +667,10 @@ class HTTP1Connection(asyncio.Protocol):
         if self._active is None and not self._queue:
             if mode == CLOSE or self.ctx.draining:
                 self._closing = True
-                self.transport.write(response.render(CLOSE, head_only))
+                response.write_to(self.transport, CLOSE, head_only)
                 self.transport.close()
             else:
-                self.transport.write(response.render(mode, head_only))
+                response.write_to(self.transport, mode, head_only)
         else:
             self._queue.append((response, mode, head_only))
         if self.logging:
@@ -770,7 +769,7 @@ class HTTP1Connection(asyncio.Protocol):
             response, mode, head_only = item
             if self.ctx.draining:
                 mode = CLOSE
-            self.transport.write(response.render(mode, head_only))
+            response.write_to(self.transport, mode, head_only)
             if mode == CLOSE:
                 self._closing = True
                 self._queue.clear()

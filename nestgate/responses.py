@@ -16,6 +16,7 @@ SERVER_LINE = b"server: nestgate\r\n"
 
 # The three ways a response can end its header block, indexed by connection mode.
 KEEP_ALIVE, CLOSE, KEEP_ALIVE_EXPLICIT = 0, 1, 2
+WRITEV_ABOVE = 2048           # body bytes
 _CONNECTION_ENDINGS = (b"\r\n", b"connection: close\r\n\r\n", b"connection: keep-alive\r\n\r\n")
 
 
@@ -51,7 +52,7 @@ class Prebuilt:
 
     is_async = False
     __slots__ = ("status", "body", "_head", "_full_tails", "_head_tails", "content_length",
-                 "h2_cache")
+                 "h2_cache", "write_to")
 
     def __init__(self, status: int, body: bytes = b"", content_type: str | None = None,
                  headers=()) -> None:
@@ -65,10 +66,21 @@ class Prebuilt:
         self._head_tails = _CONNECTION_ENDINGS
         self.content_length = len(body)
         self.h2_cache = None          # the HTTP/2 header list, made on first use
+        # Small responses go out as one joined bytes; above this, the body is handed to
+        # writev as it is instead of being copied behind the head.
+        self.write_to = self._write_joined if len(body) < WRITEV_ABOVE else self._write_vector
 
     def render(self, mode: int, head_only: bool = False) -> bytes:
         tails = self._head_tails if head_only else self._full_tails
         return self._head + CLOCK.date_line + tails[mode]
+
+    def _write_joined(self, transport, mode: int, head_only: bool = False) -> None:
+        tails = self._head_tails if head_only else self._full_tails
+        transport.write(self._head + CLOCK.date_line + tails[mode])
+
+    def _write_vector(self, transport, mode: int, head_only: bool = False) -> None:
+        tails = self._head_tails if head_only else self._full_tails
+        transport.writelines((self._head + CLOCK.date_line, tails[mode]))
 
     def current(self) -> Prebuilt:
         return self

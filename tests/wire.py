@@ -30,6 +30,10 @@ class FakeTransport:
         assert not self.closed, "write after close"
         self.out += data
 
+    def writelines(self, parts) -> None:
+        for data in parts:
+            self.write(data)
+
     def close(self) -> None:
         self.closed = True
 

@@ -91,6 +91,9 @@ class Bodiless:
     def render(self, mode: int, head_only: bool = False) -> bytes:
         return self._head + CLOCK.date_line + _ENDINGS[mode]
 
+    def write_to(self, transport, mode: int, head_only: bool = False) -> None:
+        transport.write(self._head + CLOCK.date_line + _ENDINGS[mode])
+
     def current(self) -> Bodiless:
         return self
 
