@@ -17,6 +17,7 @@ data waits for the client's window.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 
@@ -27,6 +28,7 @@ import h2.events
 import h2.exceptions
 
 from nestgate.handlers import settle
+from nestgate.clientip import forwarded_client
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError, RequestError
 from nestgate.http1 import Body, Request
@@ -163,10 +165,16 @@ class H2Request(Request):
         if self.head_only or not data:
             return
         self.sent += len(data)
-        await self._conn.send_data(self.stream_id, data)
+        conn = self._conn
+        if self.stream_id in conn.outboxes:          # behind pushed data: keep the order
+            conn.queue_data(self.stream_id, data)
+            await conn.wait_sent(self.stream_id)
+        else:
+            await conn.send_data(self.stream_id, data)
 
     def push(self, data: bytes) -> bool:
-        # Frames need the client's window: queue them and tell the caller to wait.
+        # Frames need the client's window: queue them (in order) and tell the caller
+        # to wait with `connection.wait_writable()`.
         if self.head_only or not data:
             return False
         self.sent += len(data)
@@ -204,12 +212,16 @@ class HTTP2Connection:
         self.transport = None
         self.client = self.peer = ""
         self.decisions = None
+        self.xff_trusted = False       # the peer may tell us the client in X-Forwarded-For
         self.logging = False
         self.write_paused = False
         self._stalled = 0.0
         self._draining = False
         self._streams: dict[int, H2Request] = {}
         self._window_waiters: dict[int, asyncio.Future] = {}
+        self.outboxes: dict[int, collections.deque] = {}   # data queued by `push`, per stream
+        self._sent_waiters: dict[int, list[asyncio.Future]] = {}
+        self._end_after: set[int] = set()
         self._writable: asyncio.Future | None = None
         # Inbound headers are validated (strict parsing); outbound ones are built here
         # from prebuilt responses or checked upstream headers, and h2's per-header
@@ -226,6 +238,7 @@ class HTTP2Connection:
         ctx = self.ctx
         self.client = self.peer = ctx.client_address(transport.get_extra_info("peername"))
         self.logging = ctx.access_log is not None and ctx.should_log(self.client)
+        self.xff_trusted = bool(ctx.trusted_proxies) and self.peer in ctx.trusted_proxies
         if len(ctx.connections) >= self.limits.max_connections or ctx.draining:
             transport.close()
             return
@@ -259,14 +272,14 @@ class HTTP2Connection:
 
     async def wait_writable(self) -> None:
         """For handlers using `push`: wait until every queued frame went out."""
-        while self._window_waiters or self.write_paused:
+        while self.outboxes or self.write_paused:
             if self.transport is None or self.transport.is_closing():
                 raise ConnectionResetError("client went away")
             if self.write_paused:
                 self._writable = self.loop.create_future()
                 await self._writable
             else:
-                await asyncio.sleep(0)
+                await self.wait_sent(next(iter(self.outboxes)))
 
     def flush(self) -> None:
         data = self.h2.data_to_send()
@@ -325,6 +338,11 @@ class HTTP2Connection:
                 raise RequestError(414)
             if size > self.limits.max_header_bytes or len(headers) > self.limits.max_headers:
                 raise RequestError(431)
+            if self.xff_trusted:
+                # Per request: streams of one connection may carry different clients.
+                self.client = forwarded_client(
+                    self.peer, [v for n, v in headers if n == b"x-forwarded-for"],
+                    self.ctx.trusted_proxies)
             qmark = raw_target.find(b"?")
             route = self.ctx.route(authority, raw_target if qmark < 0 else raw_target[:qmark])
             label, path = route[2], route[3]
@@ -423,6 +441,9 @@ class HTTP2Connection:
         self.flush()
 
     def end_stream(self, stream_id: int) -> None:
+        if stream_id in self.outboxes:
+            self._end_after.add(stream_id)          # after the queued data
+            return
         try:
             self.h2.end_stream(stream_id)
         except h2.exceptions.StreamClosedError:
@@ -451,7 +472,36 @@ class HTTP2Connection:
                 await self._writable
 
     def queue_data(self, stream_id: int, data: bytes) -> None:
-        self.loop.create_task(self._send_rest(stream_id, data))
+        """Send `data` after what is already queued on the stream, as windows allow."""
+        outbox = self.outboxes.get(stream_id)
+        if outbox is None:
+            outbox = self.outboxes[stream_id] = collections.deque()
+            self.loop.create_task(self._pump(stream_id, outbox))
+        outbox.append(data)
+
+    async def _pump(self, stream_id: int, outbox) -> None:
+        try:
+            while outbox:
+                await self.send_data(stream_id, outbox[0])
+                outbox.popleft()
+            del self.outboxes[stream_id]
+            if stream_id in self._end_after:
+                self._end_after.discard(stream_id)
+                self.end_stream(stream_id)
+        except (ConnectionResetError, h2.exceptions.StreamClosedError):
+            self.outboxes.pop(stream_id, None)
+            self._end_after.discard(stream_id)
+        finally:
+            for waiter in self._sent_waiters.pop(stream_id, ()):
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def wait_sent(self, stream_id: int) -> None:
+        """Until the data queued on the stream is out (or the stream is gone)."""
+        if stream_id in self.outboxes:
+            waiter = self.loop.create_future()
+            self._sent_waiters.setdefault(stream_id, []).append(waiter)
+            await waiter
 
     def _window_opened(self, stream_id: int) -> None:
         if stream_id == 0:

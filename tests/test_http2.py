@@ -71,8 +71,8 @@ from wire import FakeTransport, Wire  # noqa: E402
 class Pump:
     """Moves bytes between an h2 client and an HTTP2Connection until a stream ends."""
 
-    def __init__(self) -> None:
-        self.wire = Wire(handlers={"/echo": Echo(), "/broken": Broken()})
+    def __init__(self, data: dict | None = None, handlers: dict | None = None) -> None:
+        self.wire = Wire(data, handlers=handlers or {"/echo": Echo(), "/broken": Broken()})
         self.transport = FakeTransport()
         self.server = HTTP2Connection(self.wire.ctx)
         self.server.connection_made(self.transport)
@@ -80,11 +80,11 @@ class Pump:
             client_side=True, header_encoding=None))
         self.client.initiate_connection()
 
-    def exchange(self, method: bytes, path: bytes, body: bytes = b""):
+    def exchange(self, method: bytes, path: bytes, body: bytes = b"", headers=()):
         stream = self.client.get_next_available_stream_id()
         self.client.send_headers(stream, [(b":method", method), (b":path", path),
-                                          (b":scheme", b"https"), (b":authority", b"a")],
-                                 end_stream=not body)
+                                          (b":scheme", b"https"), (b":authority", b"a"),
+                                          *headers], end_stream=not body)
         pending = memoryview(body)
         status, data = 0, b""
         for _ in range(10_000):
@@ -122,3 +122,40 @@ def test_handler_failure_is_500_on_its_stream_only():
     pump = Pump()
     assert pump.exchange(b"GET", b"/broken")[0] == 500
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
+
+
+class Pusher:
+    """Pushes more than a window's worth without waiting, then ends at once."""
+    is_async = True
+
+    async def handle(self, request):
+        request.start(200, [(b"content-type", b"application/octet-stream")])
+        for i in range(4):
+            request.push(bytes([65 + i]) * 50_000)
+        request.end()
+
+
+class WhoAmI:
+    is_async = True
+
+    async def handle(self, request):
+        await request.send(200, [], request.client.encode())
+
+
+def test_pushed_data_is_sent_in_order_before_the_stream_ends():
+    pump = Pump()
+    pump.wire.ctx.router.catch_all.add_exact("/push", Pusher())
+    status, data = pump.exchange(b"GET", b"/push")
+    assert status == 200
+    assert data == b"A" * 50_000 + b"B" * 50_000 + b"C" * 50_000 + b"D" * 50_000
+
+
+def test_forwarded_client_only_through_a_trusted_peer():
+    from wire import config_dict
+    for trusted, expected in ((["192.0.2.10"], b"203.0.113.5"), ([], b"192.0.2.10")):
+        data = config_dict()
+        if trusted:
+            data["client_ip"] = {"trusted_proxies": trusted}
+        pump = Pump(data, handlers={"/who": WhoAmI()})
+        headers = [(b"x-forwarded-for", b"203.0.113.5")]
+        assert pump.exchange(b"GET", b"/who", headers=headers) == (200, expected)
