@@ -694,9 +694,14 @@ class HTTP1Connection(asyncio.Protocol):
         if self._active is not req:
             return                          # the client went away meanwhile
         req.cancel = None
+        self._conclude(req, status)
+
+    def _conclude(self, req: Request, status: int) -> None:
+        """The handler is done: end its response, or fail it with `status`."""
         if not status:
             req.end()
         elif req.started:
+            # Bytes of a response are out: a second one must never follow.
             req.keep_alive = False
             req.finished = True
         else:
@@ -711,24 +716,18 @@ class HTTP1Connection(asyncio.Protocol):
             req.task = self.loop.create_task(self._run(req))
 
     async def _run(self, req: Request) -> None:
+        status = 0
         try:
             await req.handler.handle(req)
             if not req.started:
                 raise HandlerError(500, "handler sent no response")
-            req.end()
         except asyncio.CancelledError:
             return                          # the client went away
         except Exception as exc:
             status = exc.status if isinstance(exc, (HandlerError, RequestError)) else 500
             if status == 500 and not isinstance(exc, HandlerError):
                 log.exception("handler for %s failed", req.route)
-            if req.started:
-                # Bytes of a response are out: a second one must never follow.
-                req.keep_alive = False
-                req.finished = True
-            else:
-                self._answer_error(req, status)
-        self._finished(req)
+        self._conclude(req, status)
 
     def _finished(self, req: Request) -> None:
         if self.logging:
