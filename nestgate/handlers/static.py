@@ -682,9 +682,15 @@ def parse_range(value: bytes, size: int):
     if not text.startswith("bytes=") or "," in text:
         return None
     first, sep, last = text[6:].strip().partition("-")
-    if not sep or not (first.isdigit() or last.isdigit()) \
+    if not sep or not (first or last) or not (first + last).isascii() \
             or (first and not first.isdigit()) or (last and not last.isdigit()):
         return None
+    # No file has 19 digits of bytes; longer numbers only mean "past the end" (and
+    # int() refuses more than 4300 digits).
+    first = first and (first.lstrip("0") or "0")
+    last = last and (last.lstrip("0") or "0")
+    first = first if len(first) < 19 else "9" * 19
+    last = last if len(last) < 19 else "9" * 19
     if not first:                              # suffix: the last N bytes
         n = int(last)
         if n == 0 or size == 0:

@@ -249,6 +249,7 @@ def _int_arg(args: dict, name: str, default: int, low: int, high: int) -> int:
     values = args.get(name)
     if not values:
         return default
-    if not values[0].isdigit() or not low <= int(values[0]) <= high:
+    if not (values[0].isascii() and values[0].isdigit()) or len(values[0]) > 9 \
+            or not low <= int(values[0]) <= high:
         raise ApiError(422, f"{name} must be an integer {low}..{high}", name)
     return int(values[0])

@@ -232,7 +232,8 @@ class SitePages:
     def page_for(self, kind: str, params: dict) -> CachedPage | None:
         base = self.notes.path
         n = params.get("n", "1")
-        if not n.isdigit() or not 1 <= int(n) <= 100_000 or (n != "1" and n.startswith("0")):
+        if not (n.isascii() and n.isdigit()) or len(n) > 6 or not 1 <= int(n) <= 100_000 \
+                or (n != "1" and n.startswith("0")):
             return None
         n = int(n)
         if kind == "note":

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
+SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}\Z")     # \Z: "$" lets a newline end it
 RESERVED_SLUGS = frozenset({"page", "tag", "feed"})
 GENERATION_FILE = ".nestgate-generation"
 _SUFFIX = ".md"
