@@ -28,6 +28,7 @@ def _as_int(ip: str) -> tuple[int, int] | None:
     """(bits, integer) of an address in canonical text, None if it is not one."""
     try:
         if ":" in ip:
+            ip = ip.partition("%")[0]                      # fe80::1%eth0: the zone
             value = int.from_bytes(socket.inet_pton(socket.AF_INET6, ip), "big")
             if value >> 32 == 0xFFFF:                       # ::ffff:a.b.c.d
                 return _V4_BITS, value & 0xFFFFFFFF

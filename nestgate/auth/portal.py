@@ -49,7 +49,7 @@ _PAGE_HEADERS = [
 
 def safe_next(value: str | None) -> str:
     """A path on this Host to go back to; "/" for anything else."""
-    if not value or len(value) > 2048 or not value.startswith("/"):
+    if not value or len(value) > 2048 or not value.startswith("/") or not value.isascii():
         return "/"
     if value.startswith(("//", "/\\")) or any(c in value for c in "\\\r\n\t\0 "):
         return "/"
@@ -209,14 +209,15 @@ class LoginPage:
             await request.send(413, [], b"form too large\n")
             return
         next_url = safe_next(form.get("next"))
-        if await state.run("failures", client, cfg.failure_window) >= cfg.max_failures:
-            await request.send(429, [(b"retry-after", b"%d" % int(cfg.failure_window)),
-                                     (b"content-type", b"text/plain")],
-                               b"too many failed sign-ins; try again later\n")
-            return
         if not await self._csrf_ok(request, form):
             await request.send(403, [(b"content-type", b"text/plain")],
                                b"the form expired or came from another site; reload it\n")
+            return
+        # Counted before the password is checked: concurrent guesses cannot all pass.
+        if not await state.run("take_attempt", client, cfg.failure_window, cfg.max_failures):
+            await request.send(429, [(b"retry-after", b"%d" % int(cfg.failure_window)),
+                                     (b"content-type", b"text/plain")],
+                               b"too many failed sign-ins; try again later\n")
             return
         user_name = form.get("user", "")
         user = cfg.user(user_name)
@@ -227,7 +228,6 @@ class LoginPage:
         if ok and user.totp:
             ok = totp.verify(user.totp, form.get("code", ""))
         if not ok:
-            await state.run("add_failure", client)
             await signin.page(request, 401, next_url, "Wrong user, password or code.")
             return
         await self._signed_in(request, user.name, client, next_url)

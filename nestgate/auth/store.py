@@ -84,6 +84,19 @@ class Store:
     def add_failure(self, ip: str) -> None:
         self.db.execute("INSERT INTO failures (ip, at) VALUES (?, ?)", (ip, time.time()))
 
+    def take_attempt(self, ip: str, window: float, limit: int) -> bool:
+        """Count a sign-in attempt as a failure until it succeeds (`clear_failures`);
+        False, recording nothing, when `ip` already has `limit` in the window. One
+        transaction, so guesses sent together cannot all pass before any is counted."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            if self.failures(ip, window) >= limit:
+                return False
+            self.add_failure(ip)
+            return True
+        finally:
+            self.db.execute("COMMIT")
+
     def clear_failures(self, ip: str) -> None:
         self.db.execute("DELETE FROM failures WHERE ip = ?", (ip,))
 

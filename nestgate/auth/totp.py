@@ -34,7 +34,7 @@ def now_code(secret: str, at: float | None = None) -> str:
 
 def verify(secret: str, code: str, at: float | None = None, skew: int = 1) -> bool:
     code = code.strip().replace(" ", "")
-    if len(code) != DIGITS or not code.isdigit():
+    if len(code) != DIGITS or not (code.isascii() and code.isdigit()):
         return False
     counter = int((time.time() if at is None else at) // STEP)
     ok = False
