@@ -102,13 +102,23 @@ def _json_line(r: tuple) -> bytes:
     }, ensure_ascii=False).encode() + b"\n"
 
 
+# As nginx does: '"', '\\' and control characters as \xHH, so a field (the decoded path
+# may hold "%0A" as a newline) can neither end its quotes nor start a new line.
+_ESCAPES = {c: f"\\x{c:02X}" for c in (*range(0x20), *range(0x7F, 0xA0), 0x22, 0x5C)}
+
+
+def _esc(value) -> str:
+    return _text(value).translate(_ESCAPES)
+
+
 def _combined_line(r: tuple) -> bytes:
     wall, client, method, host, path, status, sent, duration_us, headers, route = r
     stamp = time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime(wall))
-    ua = _user_agent(headers).replace('"', "%22")
+    ua = _esc(_user_agent(headers))
     referer = "-"
     for name, value in headers:
         if name == b"referer":
-            referer = value.decode("latin-1").replace('"', "%22")
-    return (f'{client} - - [{stamp}] "{_text(method)} {path} HTTP/1.1" {status} {sent} '
-            f'"{referer}" "{ua}" host="{_text(host)}" route="{route}" us={duration_us}\n').encode()
+            referer = _esc(value)
+    return (f'{client} - - [{stamp}] "{_esc(method)} {_esc(path)} HTTP/1.1" {status} {sent} '
+            f'"{referer}" "{ua}" host="{_esc(host)}" route="{_esc(route)}" '
+            f'us={duration_us}\n').encode()

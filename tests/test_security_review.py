@@ -89,3 +89,128 @@ def test_non_ascii_digits_in_numbers_are_not_a_server_error(notes_server):
         assert _call(port, "GET", "/api/v1/notes?" + query)[0] == 422, query
     assert _call(port, "GET", "/notes/page/%C2%B2", token=None)[0] == 404
     assert all("Traceback" not in line for line in server.lines)
+
+
+# ------------------------------------------------------------ sign-in
+
+
+def test_login_back_off_holds_under_concurrent_guesses(start_server, tmp_path):
+    """Failures were counted after the (slow) password check: guesses sent together all
+    passed the back-off check before any of them was recorded."""
+    import socket
+    import threading
+    from urllib.parse import urlencode
+    from test_auth import Browser, HTML, PASSWORD_HASH
+    server = start_server(f"""
+[server]
+workers = 1
+
+[[listen]]
+address = "127.0.0.1:0"
+
+[auth]
+store = "{tmp_path / 'state.db'}"
+max_failures = 3
+failure_window = "60s"
+
+[[auth.user]]
+name = "demo"
+password = "{PASSWORD_HASH}"
+
+[[site]]
+hosts = ["private.test"]
+protected = true
+
+[[site.route]]
+path = "/hello"
+type = "return"
+body = "hello"
+""")
+    port = server.port()
+    b = Browser(port)
+    csrf = b.login_form()
+    body = urlencode({"user": "demo", "password": "nope", "csrf": csrf, "next": "/"}).encode()
+    cookie = "; ".join(f"{k}={v}" for k, v in b.jar.items())
+    request = (b"POST /__auth__/login HTTP/1.1\r\nHost: private.test\r\nConnection: close\r\n"
+               b"Content-Type: application/x-www-form-urlencoded\r\nCookie: %s\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (cookie.encode(), len(body), body))
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
+    statuses = []
+
+    def guess(sock):
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        statuses.append(int(data[9:12]))
+        sock.close()
+    threads = [threading.Thread(target=guess, args=(s,)) for s in socks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert statuses.count(401) <= 3, statuses
+    assert statuses.count(429) == 20 - statuses.count(401), statuses
+    assert b.request("GET", "/__auth__/login", headers=HTML)[0].status == 200
+
+
+def test_totp_code_with_unicode_digits_is_wrong_not_an_error():
+    from nestgate.auth import totp
+    secret = totp.new_secret()
+    assert totp.verify(secret, "\u00b2" * 6) is False
+    assert totp.verify(secret, "\u0661" * 6) is False        # Arabic-Indic one
+
+
+def test_next_outside_latin_1_is_not_a_server_error():
+    from nestgate.auth.portal import safe_next
+    assert safe_next("/\u0101") == "/"
+    assert safe_next("/caf%C3%A9?q=1") == "/caf%C3%A9?q=1"
+
+
+# ------------------------------------------------------------ client addresses
+
+
+def test_link_local_peer_with_a_zone_is_matched_by_deny_lists():
+    """The kernel names a link-local IPv6 peer with its zone ("fe80::1%eth0"); such an
+    address matched no list, so a deny entry for it was skipped."""
+    from nestgate.access import DENY, AccessConfig, NoDynamic, Policy
+    from nestgate.clientip import Networks
+    assert "fe80::1%eth0" in Networks(["fe80::/10"])
+    policy = Policy(AccessConfig(deny=("fe80::/10",)))
+    assert policy.verdict("fe80::1%eth0", NoDynamic()) == DENY
+
+
+# ------------------------------------------------------------ the access log
+
+
+def test_combined_log_lines_cannot_be_forged(tmp_path):
+    """The decoded path keeps %0A as a newline: the combined format wrote it as is."""
+    from wire import Wire, config_dict
+    log = tmp_path / "access.log"
+    wire = Wire(config_dict(log={"path": str(log), "format": "combined"}),
+                peer=("203.0.113.8", 5000))
+    wire.send(b'GET /x%0A6.6.6.6%20-%20-%20%22%1b[31m%7f HTTP/1.1\r\nHost: ab\r\n'
+              b'User-Agent: ua\\"\r\nReferer: r\\\r\n\r\n')
+    wire.worker.access_log.flush()
+    text = log.read_text()
+    assert wire.responses()[0].status == 404
+    assert text.count("\n") == 1 and text.endswith("\n")
+    assert "\x1b" not in text and "\x7f" not in text
+    fields = text.split('"')
+    assert fields[1].startswith("GET /x") and fields[1].endswith(" HTTP/1.1")
+    assert len(fields) == 11, text        # request, referer, UA, host, route: 5 quoted
+    wire.close()
+
+
+def test_secrets_in_query_strings_are_not_logged(tmp_path):
+    import json
+    from wire import Wire, config_dict
+    log = tmp_path / "access.log"
+    wire = Wire(config_dict(log={"path": str(log)}), peer=("203.0.113.8", 5000))
+    wire.send(b"GET /hello?token=s3cret HTTP/1.1\r\nHost: a\r\n"
+              b"Proxy-Authorization: Basic c2VjcmV0\r\n\r\n")
+    wire.worker.access_log.flush()
+    text = log.read_text()
+    assert json.loads(text)["path"] == "/hello"
+    assert "s3cret" not in text and "c2VjcmV0" not in text
+    wire.close()
