@@ -91,6 +91,18 @@ def test_non_ascii_digits_in_numbers_are_not_a_server_error(notes_server):
     assert all("Traceback" not in line for line in server.lines)
 
 
+def test_deeply_nested_json_is_422_not_500(notes_server):
+    import http.client
+    server, _ = notes_server
+    conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=10)
+    conn.request("POST", "/api/v1/notes", body=b"[" * 50_000,
+                 headers={"Authorization": "Bearer tok", "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    resp.read()
+    assert resp.status == 422
+    assert all("Traceback" not in line for line in server.lines)
+
+
 # ------------------------------------------------------------ sign-in
 
 
@@ -214,3 +226,39 @@ def test_secrets_in_query_strings_are_not_logged(tmp_path):
     assert json.loads(text)["path"] == "/hello"
     assert "s3cret" not in text and "c2VjcmV0" not in text
     wire.close()
+
+
+def test_login_with_too_many_fields_is_not_a_server_error(start_server, tmp_path):
+    """parse_qs(max_num_fields=...) raises ValueError past the limit: a 500 for anyone."""
+    import http.client
+    from test_auth import HTML, PASSWORD_HASH
+    server = start_server(f"""
+[server]
+workers = 1
+
+[[listen]]
+address = "127.0.0.1:0"
+
+[auth]
+store = "{tmp_path / 'state.db'}"
+
+[[auth.user]]
+name = "demo"
+password = "{PASSWORD_HASH}"
+
+[[site]]
+hosts = ["*"]
+protected = true
+""")
+    many = "&".join(f"f{i}=1" for i in range(40))
+    conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=10)
+    conn.request("GET", "/__auth__/login?" + many, headers=HTML)
+    resp = conn.getresponse()
+    resp.read()
+    assert resp.status == 200
+    conn.request("POST", "/__auth__/login", body=many.encode(),
+                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+    resp = conn.getresponse()
+    resp.read()
+    assert resp.status in (400, 403)
+    assert all("Traceback" not in line for line in server.lines)

@@ -197,7 +197,10 @@ class LoginPage:
     async def handle(self, request) -> None:
         signin = self.signin
         if request.method in (b"GET", b"HEAD"):
-            query = parse_qs(request.query.decode("latin-1"), max_num_fields=10)
+            try:
+                query = parse_qs(request.query.decode("latin-1"), max_num_fields=10)
+            except ValueError:                   # more fields than that
+                query = {}
             await signin.page(request, 200, safe_next(query.get("next", [""])[0]))
             return
         if request.method != b"POST":
@@ -290,7 +293,10 @@ async def _read_form(request) -> dict[str, str] | None:
             if size > MAX_FORM:
                 return None
             parts.append(chunk)
-    fields = parse_qs(b"".join(parts).decode("utf-8", "replace"), max_num_fields=20)
+    try:
+        fields = parse_qs(b"".join(parts).decode("utf-8", "replace"), max_num_fields=20)
+    except ValueError:                           # more fields than that: no CSRF token
+        return {}
     return {k: v[0] for k, v in fields.items()}
 
 

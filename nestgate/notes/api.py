@@ -214,7 +214,7 @@ class NotesApi:
             return {k: v for k, v in meta.items() if k in _FIELDS - {"body"}}, body
         try:
             data = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):         # RecursionError: "[[[[..." nested deep
             raise ApiError(422, "the body is not valid JSON (or send text/markdown)",
                            "body") from None
         if not isinstance(data, dict):
