@@ -262,3 +262,17 @@ protected = true
     resp.read()
     assert resp.status in (400, 403)
     assert all("Traceback" not in line for line in server.lines)
+
+
+def test_config_error_for_a_bad_totp_secret_does_not_print_it():
+    """A mistyped secret (1 and 8 are not base32) is still nearly the whole secret."""
+    from nestgate.config import ConfigError, parse_config
+    from test_auth import PASSWORD_HASH
+    secret = "JBSWY3DPEHPK3PX1"
+    with pytest.raises(ConfigError) as info:
+        parse_config({"listen": [{"address": "127.0.0.1:0"}],
+                      "auth": {"user": [{"name": "x", "password": PASSWORD_HASH,
+                                         "totp": secret}]},
+                      "site": [{"hosts": ["*"], "protected": True}]})
+    problems = "\n".join(info.value.problems)
+    assert "totp" in problems and secret not in problems

@@ -51,7 +51,7 @@ def read_auth(s) -> AuthConfig | None:
             try:
                 base64.b32decode(totp.upper().replace(" ", ""), casefold=True)
             except ValueError:
-                u.fail("totp", "a base32 TOTP secret", totp)
+                u.fail("totp", "a base32 TOTP secret")     # not shown: it is a secret
         u.check_unknown()
         users.append(User(name, password, totp.upper().replace(" ", "")))
     names = [u.name for u in users]
