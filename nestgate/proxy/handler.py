@@ -25,6 +25,7 @@ IDEMPOTENT = frozenset((b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"
 HOP_BY_HOP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
                         b"transfer-encoding", b"upgrade", b"expect", b"proxy-authorization"))
 FORWARDED = frozenset((b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host"))
+_SCHEMES = {"http": b"http", "https": b"https"}
 
 
 class _Stale(Exception):
@@ -50,15 +51,15 @@ class ProxyHandler:
         self.targets = [Target(t, opts, tls if t.scheme == "https" else None)
                         for t in opts.targets]
         self.balancer = Balancer(self.targets, opts)
+        # A lone target is picked whenever it is healthy (see Balancer.pick).
+        self.single = self.targets[0] if len(self.targets) == 1 else None
         self.strip = route.prefix.rstrip("/").encode() if opts.strip_prefix else b""
         self.host_from_target = opts.host_header == "target"
         drop = set(HOP_BY_HOP)
-        if self.host_from_target:
-            drop.add(b"host")
+        drop.add(b"host")                       # written first, kept or the target's
         if opts.forwarded:
             drop |= FORWARDED
         self.drop = frozenset(drop)
-        self.inflight: set[Exchange] = set()
         self._picked: dict = {}                 # request -> target `begin` chose for `handle`
         self._tasks: list[asyncio.Task] = []
 
@@ -85,13 +86,15 @@ class ProxyHandler:
             await asyncio.sleep(interval)
             CLOCK.tick()
             now = CLOCK.now
-            for ex in list(self.inflight):
-                if ex.complete or ex.error or ex.paused:
-                    continue
-                if now - ex.last > opts.read_timeout or \
-                        (opts.request_timeout and now - ex.t0 > opts.request_timeout):
-                    ex.fail(504)
             for target in self.targets:
+                # An exchange in flight is its connection's `exchange` until it ends.
+                for conn in list(target.conns):
+                    ex = conn.exchange
+                    if type(ex) is not Exchange or ex.complete or ex.error or ex.paused:
+                        continue
+                    if now - ex.last > opts.read_timeout or \
+                            (opts.request_timeout and now - ex.t0 > opts.request_timeout):
+                        ex.fail(504)
                 if target.idle:
                     target.close_idle(now - opts.idle_timeout)
 
@@ -102,52 +105,69 @@ class ProxyHandler:
         the engine. Anything else (False) goes through `handle` in a task."""
         if type(req) is not Request or req.body is not None or req.upgrade or not self._tasks:
             return False
-        target = self.balancer.pick(())
-        if target is None:
-            return False
-        conn = target.idle_connection()
-        if conn is None:
-            if len(self._picked) > 4096:        # requests whose client left before `handle`
-                self._picked.clear()
-            self._picked[req] = target          # `handle` starts from this pick
-            return False
-        before, after = self._head(req)
-        ex = Exchange.on(conn, req)
+        target = self.single
+        if target is None or not target.healthy:
+            target = self.balancer.pick(())
+            if target is None:
+                return False
+        idle = target.idle
+        conn = idle.pop() if idle else None
+        if conn is None or conn.closed:
+            conn = target.idle_connection()
+            if conn is None:
+                if len(self._picked) > 4096:    # requests whose client left before `handle`
+                    self._picked.clear()
+                self._picked[req] = target      # `handle` starts from this pick
+                return False
+        else:
+            conn.reused = True
+        head = self._head(req, target)
+        ex = conn.spare
+        if ex is None:
+            ex = Exchange(conn, req)
+        else:
+            conn.spare = None
+            ex._reset(req)
         ex.fast = self
         ex.target = target
         ex.sent_all = True
         target.active += 1
-        self.inflight.add(ex)
-        req.cancel = lambda: self._abandon(ex)
-        conn.transport.write(before + (target.authority if self.host_from_target or not req.host
-                                       else req.host) + after)
+        req.cancel = ex.cancel
+        conn.transport.write(head)
         return True
 
     def settled(self, ex: Exchange) -> None:
         """A callback-driven exchange is over (or failed)."""
         target, conn, req = ex.target, ex.conn, ex.req
         target.active -= 1
-        self.inflight.discard(ex)
         error = ex.error
-        if error:
-            if conn.reused and not ex.received and error == 502 and not ex.started \
-                    and req.method in IDEMPOTENT:
-                give_back(conn, ex)
-                req.connection.fallback(req)        # a stale kept-alive connection
-                return
-            target.failed(CLOCK.now)
-        else:
-            target.succeeded()
+        if not error:
+            if target.fails:
+                target.fails = 0
+            if ex.reusable and not conn.closed and len(target.idle) < target.max_idle:
+                # Back to the pool, with the exchange and its parser for the next request.
+                conn.spare = ex if ex.parser is not None else None
+                conn.idle_since = CLOCK.now
+                target.idle.append(conn)
+            else:
+                conn.close()
+            ex.client.finish(req)
+            return
+        if conn.reused and not ex.received and error == 502 and not ex.started \
+                and req.method in IDEMPOTENT:
+            give_back(conn, ex)
+            req.connection.fallback(req)        # a stale kept-alive connection
+            return
+        target.failed(CLOCK.now)
         give_back(conn, ex)
         req.connection.finish(req, error)
 
-    def _abandon(self, ex: Exchange) -> None:
+    def abandon(self, ex: Exchange) -> None:
         """The client went away before a callback-driven exchange ended."""
         if ex.fast is None:
             return
         ex.fast = None
         ex.target.active -= 1
-        self.inflight.discard(ex)
         ex.conn.exchange = None
         ex.conn.close()
 
@@ -155,7 +175,6 @@ class ProxyHandler:
         if not self._tasks:
             self.start()
         opts = self.opts
-        before, after = self._head(req)
         idempotent = req.method in IDEMPOTENT
         attempts = 1 + (opts.retries if idempotent else 0)
         stale_retry = idempotent and req.body is None
@@ -186,10 +205,8 @@ class ProxyHandler:
                     target.failed(CLOCK.now)
                     excluded.append(target)
                     continue
-            head = before + (target.authority if self.host_from_target or not req.host
-                             else req.host) + after
             try:
-                await self._exchange(req, target, conn, head)
+                await self._exchange(req, target, conn, self._head(req, target))
                 return
             except _Stale:
                 if not stale_retry:
@@ -197,62 +214,73 @@ class ProxyHandler:
                 stale_retry = False
         raise HandlerError(status)
 
-    def _head(self, req) -> tuple[bytes, bytes]:
-        """The request head around the Host value (which may depend on the target)."""
-        target = req.raw_target
-        if self.strip and target.startswith(self.strip):
-            target = target[len(self.strip):]
-            if not target.startswith(b"/"):
-                target = b"/" + target
-        lines = []
+    def _head(self, req, target) -> bytes:
+        """The request head for `target`: the headers as parsed, less the dropped ones,
+        then X-Forwarded-* (and the framing or upgrade lines the request needs)."""
+        path = req.raw_target
+        if self.strip and path.startswith(self.strip):
+            path = path[len(self.strip):]
+            if not path.startswith(b"/"):
+                path = b"/" + path
+        host = req.host
+        parts = [req.method, b" ", path, b" HTTP/1.1\r\nhost: ",
+                 target.authority if self.host_from_target or not host else host, b"\r\n"]
         drop = self.drop
-        conn_tokens = upgrade = None
-        xff = []
-        proto = fhost = None
-        for name, value in req.headers:
+        special = None
+        for item in req.headers:
+            name = item[0]
             if name in drop:
+                if name != b"host":
+                    if special is None:
+                        special = [item]
+                    else:
+                        special.append(item)
+                continue
+            parts += (name, b": ", item[1], b"\r\n")
+        conn = req.connection
+        upgrade = None
+        xff = proto = fhost = None
+        if special is not None:
+            conn_tokens = None
+            for name, value in special:
                 if name == b"connection":
                     conn_tokens = value
                 elif name == b"upgrade":
                     upgrade = value
                 elif name == b"x-forwarded-for":
-                    xff.append(value)
+                    xff = [value] if xff is None else xff + [value]
                 elif name == b"x-forwarded-proto":
                     proto = value
                 elif name == b"x-forwarded-host":
                     fhost = value
-                continue
-            if name == b"host":
-                continue                     # written first, from the head's two halves
-            lines.append(name + b": " + value + b"\r\n")
-        if conn_tokens is not None:
-            names = {t.strip().lower() for t in conn_tokens.split(b",")}
-            names -= {b"close", b"keep-alive", b"upgrade", b"host", b""}
-            if names:
-                lines = [l for l in lines if l.split(b":", 1)[0] not in names]
+            if conn_tokens is not None:
+                # Headers the Connection header names are hop-by-hop too.
+                names = {t.strip().lower() for t in conn_tokens.split(b",")}
+                names -= {b"close", b"keep-alive", b"upgrade", b"host", b""}
+                if names:
+                    del parts[6:]
+                    for name, value in req.headers:
+                        if name not in drop and name not in names:
+                            parts += (name, b": ", value, b"\r\n")
+            if not getattr(conn, "xff_trusted", False):           # HTTP/2: not kept
+                xff = proto = fhost = None
         if self.opts.forwarded:
-            conn = req.connection
-            trusted = getattr(conn, "xff_trusted", False)     # HTTP/2: not kept
-            chain = b", ".join(xff) + b", " + conn.peer.encode() if trusted and xff \
-                else req.client.encode()
-            lines.append(b"x-forwarded-for: " + chain + b"\r\n")
-            lines.append(b"x-forwarded-proto: " + (proto if trusted and proto
-                                                   else req.scheme.encode()) + b"\r\n")
-            if req.host:
-                lines.append(b"x-forwarded-host: " + (fhost if trusted and fhost
-                                                      else req.host) + b"\r\n")
-        body = req.body
-        if body is not None and req.header(b"content-length") is None:
-            lines.append(b"transfer-encoding: chunked\r\n")
+            parts += (b"x-forwarded-for: ",
+                      b", ".join(xff) + b", " + conn.peer.encode() if xff
+                      else req.client.encode(),
+                      b"\r\nx-forwarded-proto: ", proto or _SCHEMES[req.scheme], b"\r\n")
+            if host:
+                parts += (b"x-forwarded-host: ", fhost or host, b"\r\n")
+        if req.body is not None and req.header(b"content-length") is None:
+            parts.append(b"transfer-encoding: chunked\r\n")
         if upgrade is not None and self.upgrades and getattr(req, "upgrade", False):
-            lines.append(b"connection: upgrade\r\nupgrade: " + upgrade + b"\r\n")
-        lines.append(b"\r\n")
-        return req.method + b" " + target + b" HTTP/1.1\r\nhost: ", b"\r\n" + b"".join(lines)
+            parts += (b"connection: upgrade\r\nupgrade: ", upgrade, b"\r\n")
+        parts.append(b"\r\n")
+        return b"".join(parts)
 
     async def _exchange(self, req, target: Target, conn, head: bytes) -> None:
         ex = Exchange.on(conn, req)
         target.active += 1
-        self.inflight.add(ex)
         try:
             conn.transport.write(head)
             if req.body is not None:
@@ -261,7 +289,6 @@ class ProxyHandler:
             ex.last = CLOCK.now
             await ex.wait()
             if ex.upgrade_tail is not None:
-                self.inflight.discard(ex)
                 target.active -= 1
                 target = None
                 await self._tunnel(req, conn, ex)
@@ -275,7 +302,6 @@ class ProxyHandler:
         finally:
             if target is not None:
                 target.active -= 1
-                self.inflight.discard(ex)
             if ex.upgrade_tail is None:
                 if not ex.complete:
                     conn.exchange = None

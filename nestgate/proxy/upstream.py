@@ -31,6 +31,17 @@ RESPONSE_DROP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"
                            b"transfer-encoding", b"upgrade", b"content-length", b"date",
                            b"server", b"proxy-authenticate"))
 
+# What on_header does with a response header, by name: keep it, or read and drop it.
+KEEP, LENGTH, CHUNKED, CONNECTION, UPGRADE, DROP = range(6)
+_KIND_BY_LOWER = {name: DROP for name in RESPONSE_DROP}
+_KIND_BY_LOWER.update({b"content-length": LENGTH, b"transfer-encoding": CHUNKED,
+                       b"connection": CONNECTION, b"upgrade": UPGRADE})
+# The same, keyed by names as upstreams spell them (they repeat): one lookup per header.
+_KINDS: dict[bytes, int] = {}
+_KINDS_LIMIT = 1024
+# Connection header values that name no other header.
+_PLAIN_CONNECTION = frozenset((b"keep-alive", b"close", b"Keep-Alive", b"Close"))
+
 # How an exchange ended badly: a status while nothing went to the client yet.
 BAD_GATEWAY, GATEWAY_TIMEOUT = 502, 504
 
@@ -55,6 +66,7 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         transport.set_write_buffer_limits(WRITE_HIGH_WATER)
+        self.target.conns.add(self)
 
     def data_received(self, data: bytes) -> None:
         exchange = self.exchange
@@ -100,7 +112,8 @@ class Exchange:
     __slots__ = ("conn", "req", "parser", "block", "status", "length", "chunked", "started",
                  "complete", "error", "waiter", "paused", "last", "t0", "sent_all",
                  "upgrade_value", "upgrade_tail", "conn_tokens", "received", "out",
-                 "reusable", "fast", "target", "h1", "pending", "pending_size")
+                 "reusable", "fast", "target", "h1", "pending", "pending_size", "cancel",
+                 "client")
 
     @classmethod
     def on(cls, conn: UpstreamConnection, req) -> Exchange:
@@ -116,36 +129,39 @@ class Exchange:
     def __init__(self, conn: UpstreamConnection, req) -> None:
         self.conn = conn
         self.parser = httptools.HttpResponseParser(self)
+        self.cancel = self.abandon    # for `Request.cancel`, made once per connection
+        # What an exchange that ended cleanly leaves as it found it (and `_reset`
+        # does not touch: the exchange is reused only after a clean end).
+        self.error = 0                # 502/504 when the exchange failed
+        self.waiter: asyncio.Future | None = None
+        self.paused = False           # upstream reading paused for the client
+        self.upgrade_tail: bytes | None = None
+        self.out: list[bytes] = []    # bytes for the client, written once per upstream read
+        self.pending: list[bytes] = []          # not h1: body chunks the handler writes
+        self.pending_size = 0
         self._reset(req)
 
     def _reset(self, req) -> None:
-        conn = self.conn
         self.req = req
-        self.block: list[bytes] = []
+        self.client = req.connection  # the client's connection, written to directly
+        self.block: list[bytes] = []  # kept header lines, as name, ": ", value, CRLF
         self.status = 0
         self.length = None
         self.chunked = False
         self.started = False          # response bytes went to the client
         self.complete = False
-        self.error = 0                # 502/504 when the exchange failed
-        self.waiter: asyncio.Future | None = None
-        self.paused = False           # upstream reading paused for the client
         self.last = self.t0 = CLOCK.now
         self.sent_all = False         # the whole request went upstream
         self.upgrade_value = b""
-        self.upgrade_tail: bytes | None = None
         self.conn_tokens = None
         self.received = False
-        self.out: list[bytes] = []    # bytes for the client, written once per upstream read
         self.reusable = False         # ended cleanly: the handler gives the connection back
         self.fast = None              # the handler, when no coroutine waits (see `settle`)
+        self.target = None
         # HTTP/1.1 clients get raw bytes, written once per upstream read; other
         # protocols (HTTP/2) are answered through the Request interface.
         self.h1 = type(req) is Request
-        self.pending: list[bytes] = []          # not h1: body chunks the handler writes
-        self.pending_size = 0
-        self.target = None
-        conn.exchange = self
+        self.conn.exchange = self
 
     # ------------------------------------------------------ from the socket
     def feed(self, data: bytes) -> None:
@@ -153,10 +169,19 @@ class Exchange:
         self.last = CLOCK.now
         try:
             self.parser.feed_data(data)
-            if self.out:
-                self._flush()
-            if self.fast is not None and self.complete:
-                self._settle()
+            out = self.out
+            if out:
+                # What this read produced for the client, in one write.
+                self.out = []
+                client = self.client
+                transport = client.transport
+                if not transport.is_closing():
+                    transport.write(out[0] if len(out) == 1 else b"".join(out))
+                if client.write_paused and not self.complete and not self.paused:
+                    self._pause_for_client()
+            if self.complete and self.fast is not None:
+                handler, self.fast = self.fast, None
+                handler.settled(self)
         except httptools.HttpParserUpgrade as exc:
             if self.status == 101 and self.fast is None:
                 self.upgrade_tail = data[exc.args[0]:]
@@ -170,19 +195,22 @@ class Exchange:
 
     def _flush(self) -> None:
         out, self.out = self.out, []
-        client = self.req.connection
+        client = self.client
         client.write(out[0] if len(out) == 1 else b"".join(out))
         if client.write_paused and not self.complete and not self.paused:
-            # The client is slower than the upstream: stop reading the upstream.
-            self.paused = True
-            self.conn.transport.pause_reading()
-            if self.fast is not None:
-                asyncio.get_running_loop().create_task(self._resume_when_writable())
-            self._wake()
+            self._pause_for_client()
+
+    def _pause_for_client(self) -> None:
+        """The client is slower than the upstream: stop reading the upstream."""
+        self.paused = True
+        self.conn.transport.pause_reading()
+        if self.fast is not None:
+            asyncio.get_running_loop().create_task(self._resume_when_writable())
+        self._wake()
 
     async def _resume_when_writable(self) -> None:
         try:
-            await self.req.connection.wait_writable()
+            await self.client.wait_writable()
         except ConnectionError:
             return                          # the client went away: `cancel` cleans up
         if self.paused and self.fast is not None:
@@ -194,6 +222,11 @@ class Exchange:
     def _settle(self) -> None:
         handler, self.fast = self.fast, None
         handler.settled(self)
+
+    def abandon(self) -> None:
+        """The client went away (`Request.cancel`) before a callback-driven exchange ended."""
+        if self.fast is not None:
+            self.fast.abandon(self)
 
     def lost(self) -> None:
         if self.complete:
@@ -208,19 +241,20 @@ class Exchange:
             self.fail(BAD_GATEWAY)
 
     # ------------------------------------------------------ parser callbacks
-    def on_header(self, name: bytes, value: bytes) -> None:
-        lname = name.lower()
-        if lname in RESPONSE_DROP:
-            if lname == b"content-length":
-                self.length = int(value)
-            elif lname == b"transfer-encoding":
-                self.chunked = b"chunked" in value.lower()
-            elif lname == b"connection":
-                self.conn_tokens = value
-            elif lname == b"upgrade":
-                self.upgrade_value = value
-            return
-        self.block.append(name + b": " + value + b"\r\n")
+    def on_header(self, name: bytes, value: bytes, _kinds=_KINDS.get) -> None:
+        kind = _kinds(name)
+        if kind is None:
+            kind = _kind(name)
+        if not kind:
+            self.block += (name, b": ", value, b"\r\n")
+        elif kind == LENGTH:
+            self.length = int(value)
+        elif kind == CHUNKED:
+            self.chunked = b"chunked" in value.lower()
+        elif kind == CONNECTION:
+            self.conn_tokens = value
+        elif kind == UPGRADE:
+            self.upgrade_value = value
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
@@ -232,8 +266,9 @@ class Exchange:
             return
         self.status = status
         block = self.block
-        if self.conn_tokens is not None:
-            block = _without_named(block, self.conn_tokens)
+        tokens = self.conn_tokens
+        if tokens is not None and tokens not in _PLAIN_CONNECTION:
+            block = _without_named(block, tokens)
         req = self.req
         if self.h1:
             self.out.append(req.head_bytes(status, b"".join(block), self.length))
@@ -333,12 +368,26 @@ class Exchange:
                 self.waiter = None
 
 
+def _kind(name: bytes) -> int:
+    """What to do with a response header called `name` (then remembered as spelt)."""
+    kind = _KIND_BY_LOWER.get(name.lower(), KEEP)
+    if len(_KINDS) >= _KINDS_LIMIT:
+        _KINDS.clear()
+    _KINDS[name] = kind
+    return kind
+
+
 def _without_named(block: list[bytes], tokens: bytes) -> list[bytes]:
-    """Drop the headers a Connection header names (they are hop-by-hop too)."""
+    """Drop the headers a Connection header names (they are hop-by-hop too); `block`
+    holds four pieces per header, the name first."""
     names = {t.strip().lower() for t in tokens.split(b",")} - {b"close", b"keep-alive", b""}
     if not names:
         return block
-    return [line for line in block if line.split(b":", 1)[0].lower() not in names]
+    kept = []
+    for i in range(0, len(block), 4):
+        if block[i].lower() not in names:
+            kept += block[i:i + 4]
+    return kept
 
 
 def give_back(conn: UpstreamConnection, ex: Exchange) -> None:
@@ -357,7 +406,7 @@ class Target:
     __slots__ = ("cfg", "host", "port", "ssl", "server_hostname", "authority", "weight",
                  "idle", "open", "active", "max_idle", "max_connections", "fails",
                  "fail_since", "down_until", "healthy", "current", "max_fails", "fail_timeout",
-                 "name")
+                 "name", "conns")
 
     def __init__(self, cfg, opts, ssl_context) -> None:
         self.cfg = cfg
@@ -370,6 +419,7 @@ class Target:
         self.weight = cfg.weight
         self.idle: list[UpstreamConnection] = []
         self.open = 0                 # connections, idle or in use
+        self.conns: set[UpstreamConnection] = set()     # the same, for the timeout watch
         self.active = 0               # exchanges in flight (least_conn)
         self.max_idle = opts.max_idle
         self.max_connections = opts.max_connections
@@ -415,6 +465,7 @@ class Target:
 
     def forget(self, conn: UpstreamConnection) -> None:
         self.open -= 1
+        self.conns.discard(conn)
 
     def close_idle(self, older_than: float) -> None:
         keep = []
