@@ -364,7 +364,9 @@ class HTTP1Connection(asyncio.Protocol):
         if ctx.trusted_proxies:
             self.xff_trusted = self.client in ctx.trusted_proxies
         transport.set_write_buffer_limits(WRITE_HIGH_WATER)
-        if len(ctx.connections) >= self.limits.max_connections or ctx.draining:
+        # A connection accepted just before a graceful stop is still served (with
+        # `connection: close`); only overload turns one away.
+        if len(ctx.connections) >= self.limits.max_connections:
             # Overload: a ready 503 is cheaper than letting the backlog time out.
             self._closing = True
             transport.write(ERRORS[503].render(CLOSE))

@@ -31,7 +31,7 @@ from nestgate.handlers import settle
 from nestgate.clientip import forwarded_client
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError, RequestError
-from nestgate.http1 import Body, Request
+from nestgate.http1 import DRAIN_IDLE_GRACE, Body, Request
 from nestgate.responses import ERRORS
 
 log = logging.getLogger("nestgate.http2")
@@ -239,10 +239,11 @@ class HTTP2Connection:
         self.client = self.peer = ctx.client_address(transport.get_extra_info("peername"))
         self.logging = ctx.access_log is not None and ctx.should_log(self.client)
         self.xff_trusted = bool(ctx.trusted_proxies) and self.peer in ctx.trusted_proxies
-        if len(ctx.connections) >= self.limits.max_connections or ctx.draining:
+        if len(ctx.connections) >= self.limits.max_connections:
             transport.close()
             return
         ctx.connections.add(self)
+        self._draining = ctx.draining
         self.h2.local_settings = h2.settings.Settings(client=False, initial_values={
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
             h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.limits.max_header_bytes,
@@ -334,6 +335,8 @@ class HTTP2Connection:
                 if name == b"host" and not authority:
                     authority = value
         try:
+            if raw_target[:1] != b"/":
+                raise RequestError(400, ":path must be an absolute path")   # RFC 9113 8.3.1
             if len(raw_target) > self.limits.max_url:
                 raise RequestError(414)
             if size > self.limits.max_header_bytes or len(headers) > self.limits.max_headers:
@@ -539,7 +542,8 @@ class HTTP2Connection:
             self._stalled = 0.0
             return
         self._stalled += elapsed
-        if self._stalled >= self.limits.keepalive_timeout:
+        limit = DRAIN_IDLE_GRACE if self._draining else self.limits.keepalive_timeout
+        if self._stalled >= limit:
             self.close_gracefully()
 
     def close_gracefully(self) -> None:

@@ -242,3 +242,17 @@ def test_requests_in_flight_on_a_draining_worker_end_with_close(wire):
     response = wire.responses()[0]
     assert response.status == 200 and response.headers["connection"] == "close"
     assert wire.closed
+
+
+def test_connection_accepted_while_draining_is_served_then_closed():
+    w = Wire()
+    w.ctx.draining = True
+    from nestgate.http1 import HTTP1Connection
+    from wire import FakeTransport
+    late = FakeTransport()
+    conn = HTTP1Connection(w.ctx)
+    conn.connection_made(late)
+    conn.data_received(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    assert late.out.startswith(b"HTTP/1.1 200 OK") and b"connection: close" in late.out
+    assert late.closed
+    w.close()

@@ -159,3 +159,10 @@ def test_forwarded_client_only_through_a_trusted_peer():
         pump = Pump(data, handlers={"/who": WhoAmI()})
         headers = [(b"x-forwarded-for", b"203.0.113.5")]
         assert pump.exchange(b"GET", b"/who", headers=headers) == (200, expected)
+
+
+def test_path_must_be_absolute():
+    pump = Pump()
+    for path in (b"hello", b"*", b"../x"):
+        assert pump.exchange(b"GET", path)[0] == 400
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
