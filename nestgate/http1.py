@@ -701,7 +701,8 @@ class HTTP1Connection(asyncio.Protocol):
     def _conclude(self, req: Request, status: int) -> None:
         """The handler is done: end its response, or fail it with `status`."""
         if not status:
-            req.end()
+            if not req.finished:
+                req.end()
         elif req.started:
             # Bytes of a response are out: a second one must never follow.
             req.keep_alive = False
@@ -759,7 +760,8 @@ class HTTP1Connection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
             return
-        self._run_queue()
+        if self._queue:
+            self._run_queue()
 
     def _run_queue(self) -> None:
         while self._queue:

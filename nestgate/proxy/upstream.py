@@ -250,7 +250,7 @@ class Exchange:
         elif kind == LENGTH:
             self.length = int(value)
         elif kind == CHUNKED:
-            self.chunked = b"chunked" in value.lower()
+            self.chunked = value.lower().find(b"chunked") >= 0    # `in` costs an exception
         elif kind == CONNECTION:
             self.conn_tokens = value
         elif kind == UPGRADE:
@@ -321,7 +321,8 @@ class Exchange:
             self.reusable = True
         else:
             conn.close()
-        self._wake()
+        if self.waiter is not None:
+            self._wake()
 
     def fail(self, status: int) -> None:
         if self.complete or self.error:
