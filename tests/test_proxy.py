@@ -215,6 +215,21 @@ def test_stall_before_headers_is_504(start_server, upstream):
     assert resp.status == 504 and time.monotonic() - t0 < 5
 
 
+def test_stall_on_a_kept_alive_upstream_connection_is_504(start_server, upstream):
+    # The second request goes out on the pooled connection (answered from callbacks,
+    # no coroutine): the timeout watch must still find it.
+    up = upstream()
+    server = start_server(gateway(route(up.url, extra='read_timeout = "300ms"')))
+    resp, _body, conn = get(server.port(), "/echo")
+    assert resp.status == 200
+    t0 = time.monotonic()
+    resp, _body, conn = get(server.port(), "/stall", conn=conn)
+    assert resp.status == 504 and time.monotonic() - t0 < 5
+    assert up.connections == 1
+    resp, _body, conn = get(server.port(), "/echo", conn=conn)     # on a new upstream connection
+    assert resp.status == 200 and up.connections == 2
+
+
 def test_break_after_headers_cuts_the_client(start_server, upstream):
     up = upstream()
     server = start_server(gateway(route(up.url, extra='read_timeout = "300ms"')))
