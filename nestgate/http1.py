@@ -567,7 +567,7 @@ class HTTP1Connection(asyncio.Protocol):
         if 63 in url:                                      # "?"
             qmark = url.find(b"?")
             raw_path = url[:qmark]
-            if b"#" in url:
+            if 35 in url:                                  # "#"
                 raise RequestError(400, "fragment in request target")
         else:
             qmark = -1

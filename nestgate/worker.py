@@ -56,7 +56,7 @@ class ServerContext:
     @staticmethod
     def route_slow(site, raw_path: bytes):
         """What `route` does when the raw path is not an exact route as it stands."""
-        if b"#" in raw_path:
+        if 35 in raw_path:                      # "#"
             raise RequestError(400, "fragment in request target")
         path = decode_path(raw_path)
         handler, params, label = site.lookup(path)
