@@ -59,7 +59,8 @@ def options(args: argparse.Namespace, argv: list[str]) -> Options:
     if unknown:
         raise ValueError(f"unknown peer {', '.join(unknown)}; known: {', '.join(PEERS)}")
     require = os.environ.get("REQUIRE_ZERO_NON2XX", "1") != "0" and not args.allow_non2xx
-    return Options(output=args.output, runs=args.runs or base["runs"],
+    # Absolute: the servers it starts run from other directories and read files there.
+    return Options(output=args.output.resolve(), runs=args.runs or base["runs"],
                    duration_s=args.duration or base["duration_s"],
                    warmup_s=args.warmup or base["warmup_s"], threads=args.threads,
                    workers=args.workers, connections=args.connections, peers=peers,
