@@ -20,7 +20,7 @@ def test_list(capsys):
 def test_quick_defaults_and_overrides():
     o = opts(["--quick"])
     assert (o.runs, o.duration_s, o.warmup_s) == (3, 5, 2)
-    assert o.peers == ("nginx", "caddy") and o.output == Path("results")
+    assert o.peers == ("nginx", "caddy") and o.output == Path("results").resolve()
     o = opts(["--runs", "7", "--peers", "nginx", "--output", "/tmp/x", "--workers", "2"])
     assert (o.runs, o.peers, o.output, o.workers) == (7, ("nginx",), Path("/tmp/x"), 2)
     assert o.require_zero_non2xx and o.command.startswith("nestgate bench --runs 7")
