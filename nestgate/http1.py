@@ -584,7 +584,9 @@ class HTTP1Connection(asyncio.Protocol):
         if method == b"CONNECT":
             raise RequestError(400, "CONNECT: nestgate is not a forward proxy")
         kind = handler.is_async
-        if kind is GATED or kind is PEEK:
+        if kind is PEEK:                    # the common cached-file/page case, inline
+            handler = handler.peek(path, method, self._headers) or handler
+        elif kind is GATED:
             handler = settle(handler, self, path, method, self._headers)
 
         if not handler.is_async and not has_body and keep_alive and not self.logging \
