@@ -301,18 +301,7 @@ class StaticFiles:
 
     # ------------------------------------------------------------ cached files
     async def _answer_cached(self, request, entry: Entry) -> None:
-        inm = ims = rng = if_range = accept = None
-        for name, value in request.headers:
-            if name == b"if-none-match":
-                inm = value
-            elif name == b"if-modified-since":
-                ims = value
-            elif name == b"range":
-                rng = value
-            elif name == b"accept-encoding":
-                accept = value
-            elif name == b"if-range":
-                if_range = value
+        inm, ims, rng, if_range, accept = _conditional_headers(request.headers)
         variant = entry.identity
         if accept is not None and len(entry.variants) > 1 and rng is None:
             variant = _choose(entry.variants, accept)
@@ -355,18 +344,7 @@ class StaticFiles:
     # ------------------------------------------------------------ large files
     async def _answer_large(self, request, real: str, st) -> None:
         loop = self.loop
-        accept = rng = if_range = inm = ims = None
-        for name, value in request.headers:
-            if name == b"accept-encoding":
-                accept = value
-            elif name == b"range":
-                rng = value
-            elif name == b"if-range":
-                if_range = value
-            elif name == b"if-none-match":
-                inm = value
-            elif name == b"if-modified-since":
-                ims = value
+        inm, ims, rng, if_range, accept = _conditional_headers(request.headers)
         encoding = ""
         opened = None
         if self.precompressed and accept is not None and rng is None:
@@ -703,3 +681,17 @@ def parse_range(value: bytes, size: int):
     if start >= size:
         return False
     return start, min(end, size - 1)
+
+
+_CONDITIONAL = {b"if-none-match": 0, b"if-modified-since": 1, b"range": 2, b"if-range": 3,
+                b"accept-encoding": 4}
+
+
+def _conditional_headers(headers) -> list:
+    """[If-None-Match, If-Modified-Since, Range, If-Range, Accept-Encoding] (None if absent)."""
+    found = [None] * 5
+    for name, value in headers:
+        slot = _CONDITIONAL.get(name)
+        if slot is not None:
+            found[slot] = value
+    return found
