@@ -6,15 +6,22 @@ request (DESIGN.md: per request only the Date value changes, formatted once a se
 """
 
 import time
+import weakref
 from email.utils import formatdate
 
 
 class Clock:
-    __slots__ = ("now", "second", "date", "date_line", "wall")
+    __slots__ = ("now", "second", "date", "date_line", "wall", "_each_second")
 
     def __init__(self) -> None:
         self.second = -1
+        self._each_second = weakref.WeakSet()
         self.tick()
+
+    def call_each_second(self, obj) -> None:
+        """`obj.refresh()` runs whenever the second changes, for as long as `obj` lives:
+        responses that depend on the time are rebuilt here instead of on a request."""
+        self._each_second.add(obj)
 
     def tick(self) -> None:
         self.now = time.monotonic()
@@ -24,6 +31,8 @@ class Clock:
             self.second = second
             self.date = formatdate(second, usegmt=True).encode()
             self.date_line = b"date: " + self.date + b"\r\n"
+            for obj in list(self._each_second):
+                obj.refresh()
 
 
 CLOCK = Clock()

@@ -481,21 +481,22 @@ class HTTP1Connection(asyncio.Protocol):
         except httptools.HttpParserError:
             self._fail(400)
 
-    # The callbacks below run for every request: each attribute touched costs, so
-    # fields that a request rarely sets (_host, _chunked, _content_length) are put
-    # back by on_headers_complete only when they were set, not reset here.
-    def on_message_begin(self) -> None:
-        self.state = HEAD
-        self._url = b""
-        self._headers = []
-        self._header_bytes = 0
-        if self.logging:
-            self._t0 = time.perf_counter()
-
+    # The callbacks below run for every request: each callback and each attribute
+    # touched costs, so there is no on_message_begin (the first piece of the target
+    # starts a request) and what a request rarely sets (_host, _chunked,
+    # _content_length) is put back by on_headers_complete only when it was set.
     def on_url(self, url: bytes) -> None:
-        self._url += url
-        if len(self._url) > self._max_url:
+        if self.state == IDLE:
+            self.state = HEAD
+            self._headers = []
+            self._header_bytes = 0
+            if self.logging:
+                self._t0 = time.perf_counter()
+        else:
+            url = self._url + url
+        if len(url) > self._max_url:
             raise RequestError(414)
+        self._url = url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value) + 4
@@ -539,26 +540,34 @@ class HTTP1Connection(asyncio.Protocol):
             raise RequestError(400 if version == "0.9" else 505)
         return version
 
+    def _unusual_head(self, host: bytes | None) -> tuple[bytes, str, bool]:
+        """A request without Host or keep-alive, or with a body: its version, its Host
+        (b"" for HTTP/1.0 without one) and whether a body follows."""
+        self._host = None
+        version = self._checked_version()
+        if host is None:
+            if version == "1.1":
+                raise RequestError(400, "HTTP/1.1 needs a Host")
+            host = b""
+        has_body = (self._chunked or self._content_length is not None) and self._framing(version)
+        return host, version, has_body
+
     def on_headers_complete(self) -> None:
         parser = self.parser
         host = self._host
-        self._host = None
         keep_alive = parser.should_keep_alive()
-        if host is None or not keep_alive or self._chunked:
-            # Only these requests need their version spelled out, which costs a
-            # str.format in httptools: a kept-alive request with a Host and no
-            # chunked body is HTTP/1.x whichever minor version it is.
-            version = self._checked_version()
-            if host is None:
-                if version == "1.1":
-                    raise RequestError(400, "HTTP/1.1 needs a Host")
-                host = b""
+        if host is None or not keep_alive or self._chunked or self._content_length is not None:
+            host, version, has_body = self._unusual_head(host)
         else:
+            # A kept-alive request with a Host and no body is HTTP/1.x whichever minor
+            # version it is: its version (a str.format in httptools) is not asked.
+            self._host = None
             version = ""
-        has_body = (self._chunked or self._content_length is not None) and self._framing(version)
+            has_body = False
         self._requests += 1
         ctx = self.ctx
-        keep_alive = keep_alive and not ctx.draining and self._requests < self._keepalive_requests
+        if keep_alive and (ctx.draining or self._requests >= self._keepalive_requests):
+            keep_alive = False
         self.state = BODY if has_body else IDLE
 
         url = self._url
@@ -592,21 +601,20 @@ class HTTP1Connection(asyncio.Protocol):
         if not handler.is_async and not has_body and keep_alive and not self.logging \
                 and self._active is None and not self._queue:
             # The common case, answered from here: a ready response, nothing ahead of it.
-            handler.current().write_to(self.transport, KEEP_ALIVE_EXPLICIT, method == b"HEAD")
+            handler.write_to(self.transport, KEEP_ALIVE_EXPLICIT, method == b"HEAD")
             return
 
-        if not handler.is_async:
-            response = handler.current()
+        if not handler.is_async:                 # a ready response
             expect = has_body and self._expect_continue()
             if expect:
                 keep_alive = False   # the client may or may not send the body now
                 self._closing = True
             mode = KEEP_ALIVE_EXPLICIT if keep_alive else CLOSE
             if has_body and not expect:
-                self._sync = (response, mode, method, path, host, label)   # after the body
+                self._sync = (handler, mode, method, path, host, label)   # after the body
             else:
                 # Nothing more belongs to this request: answer now, from the callback.
-                self._answer_sync(response, mode, method, path, host, label)
+                self._answer_sync(handler, mode, method, path, host, label)
             return
 
         req = Request(self, handler, route, method, url, qmark,
@@ -616,7 +624,7 @@ class HTTP1Connection(asyncio.Protocol):
         req.upgrade = parser.should_upgrade()
         req.cancel = None
         self._sync = None
-        self._parsing = req
+        self._parsing = req if has_body else None
         if self._active is None and not self._queue:
             self._start(req)
         else:
@@ -655,16 +663,16 @@ class HTTP1Connection(asyncio.Protocol):
             self._body.feed(chunk)
 
     def on_message_complete(self) -> None:
-        self.state = IDLE
-        if self._sync is not None:
-            self._answer_sync(*self._sync)
-            self._sync = None
-        elif self._body is not None:
-            self._body.finish()
-            self._body = None
-            self._parsing = None
-        elif self._parsing is not None:
-            self._parsing = None
+        # Only a request with a body has anything left to do here.
+        if self.state == BODY:
+            self.state = IDLE
+            if self._sync is not None:
+                self._answer_sync(*self._sync)
+                self._sync = None
+            elif self._body is not None:
+                self._body.finish()
+                self._body = None
+                self._parsing = None
 
     def _answer_sync(self, response, mode, method, path, host, label) -> None:
         head_only = method == b"HEAD"

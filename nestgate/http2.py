@@ -356,7 +356,7 @@ class HTTP2Connection:
             return
         t0 = time.perf_counter() if self.logging else 0.0
         if not handler.is_async:
-            self._answer(stream_id, handler.current(), method == b"HEAD", method, authority,
+            self._answer(stream_id, handler, method == b"HEAD", method, authority,
                          path, label, headers, t0)
             return
         req = H2Request(self, handler, route, method, raw_target, qmark, "2", headers,

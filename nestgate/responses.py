@@ -82,9 +82,6 @@ class Prebuilt:
         tails = self._head_tails if head_only else self._full_tails
         transport.writelines((self._head + CLOCK.date_line, tails[mode]))
 
-    def current(self) -> Prebuilt:
-        return self
-
 
 def html_page(status: int, detail: str = "") -> bytes:
     title = f"{status} {reason(status)}"

@@ -75,7 +75,7 @@ async def answer_with(handler, request) -> None:
         request.handler = handler
         await handler.handle(request)
     else:
-        await request.send_prebuilt(handler.current())
+        await request.send_prebuilt(handler)
 
 
 class SignIn:

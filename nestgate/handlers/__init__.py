@@ -1,8 +1,8 @@
 """Route handlers, and the kinds of handler the engines (http1, http2) know.
 
 A handler's `is_async` says how the engine answers with it:
-  False  synchronous: `current()` returns a `Prebuilt` response, written from the
-         parser callback;
+  False  synchronous: the handler is itself a ready response (`Prebuilt` or
+         `Bodiless`), written from the parser callback;
   True   asynchronous: `handle(request)` is a coroutine answering through the request;
   GATED  access control first: `admit(conn, headers)` returns the handler to use
          (or a ready refusal);

@@ -94,9 +94,6 @@ class Bodiless:
     def write_to(self, transport, mode: int, head_only: bool = False) -> None:
         transport.write(self._head + CLOCK.date_line + _ENDINGS[mode])
 
-    def current(self) -> Bodiless:
-        return self
-
 
 async def send_ready(request, response) -> None:
     """Answer an async request with a ready response (Prebuilt or Bodiless) in one write."""
