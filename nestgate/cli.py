@@ -1,4 +1,4 @@
-"""The command line: nestgate serve | check | bench."""
+"""The command line: nestgate serve | check | allow | passwd | bench."""
 
 from __future__ import annotations
 
@@ -16,6 +16,14 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", metavar="N", type=int, help="number of worker processes")
 
 
+def report_config_problems(exc) -> int:
+    """Print every problem of a `ConfigError`; the exit status that says so."""
+    print("nestgate: the config has problems:", file=sys.stderr)
+    for problem in exc.problems:
+        print(f"  {problem}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
@@ -24,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["passwd"]:
         from nestgate.auth.passwords import passwd_main
         return passwd_main(argv[1:])
+    if argv[:1] == ["allow"]:
+        from nestgate.allowcli import allow_main
+        return allow_main(argv[1:])
 
     parser = argparse.ArgumentParser(prog="nestgate", description="The front door of a "
                                      "self-hosted server.")
@@ -34,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("bench", help="benchmark against nginx (see `nestgate bench -h`)")
     commands.add_parser("passwd", help="print an argon2 hash for [[auth.user]] "
                         "(see `nestgate passwd -h`)")
+    commands.add_parser("allow", help="add, list or remove dynamic allow entries "
+                        "(see `nestgate allow -h`)")
     args = parser.parse_args(argv)
 
     from nestgate.config import ConfigError
@@ -41,10 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load(args.config, args.listen, args.workers)
     except ConfigError as exc:
-        print("nestgate: the config has problems:", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  {problem}", file=sys.stderr)
-        return 2
+        return report_config_problems(exc)
     if args.command == "check":
         print(f"{config.source}: ok ({len(config.listeners)} listeners, "
               f"{len(config.sites)} sites)")
