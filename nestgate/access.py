@@ -206,6 +206,7 @@ class Gateway:
                          for n, entries in site.patterns.items()}
         handler, params, label = site.miss
         site.miss = (wrap(handler), params, label)
+        site.found.clear()
         if protected:
             from nestgate.auth.portal import LOGIN_PATH, LOGOUT_PATH
             site.add_exact(LOGIN_PATH, self.gate(self.signin.login, access, False), "auth-login")

@@ -50,6 +50,11 @@ log = logging.getLogger("nestgate.http1")
 # Reading-side states.
 IDLE, HEAD, BODY = 0, 1, 2
 
+# Request header fields the engine reads itself, by lower-case name.
+_HOST, _TRANSFER_ENCODING, _CONTENT_LENGTH, _CONNECTION = range(4)
+_HEAD_FIELDS = {b"host": _HOST, b"transfer-encoding": _TRANSFER_ENCODING,
+                b"content-length": _CONTENT_LENGTH, b"connection": _CONNECTION}
+
 BODY_HIGH_WATER = 256 * 1024      # pause reading when this much body waits unread
 WRITE_HIGH_WATER = 64 * 1024
 DRAIN_IDLE_GRACE = 1.0            # seconds an idle connection may still send one request
@@ -348,6 +353,7 @@ class HTTP1Connection(asyncio.Protocol):
         self._host = None
         self._chunked = False
         self._content_length = None
+        self._connection_header = False
         self._body: Body | None = None
         self._body_size = 0
         self._sync = None
@@ -504,19 +510,24 @@ class HTTP1Connection(asyncio.Protocol):
             raise RequestError(431)
         name = name.lower()
         self._headers.append((name, value))
-        if name == b"host":
+        kind = _HEAD_FIELDS.get(name)
+        if kind is None:
+            return
+        if kind == _HOST:
             # The characters of a Host value are checked once per distinct value, by
             # the router (Router.site_for); here only repeats and emptiness.
             if self._host is not None or not value:
                 raise RequestError(400, "repeated or empty Host")
             self._host = value
-        elif name == b"transfer-encoding":
+        elif kind == _TRANSFER_ENCODING:
             # Only a single `chunked`: anything else is a smuggling shape.
             if self._chunked or value.lower() != b"chunked":
                 raise RequestError(400, "Transfer-Encoding other than a single chunked")
             self._chunked = True
-        elif name == b"content-length":
+        elif kind == _CONTENT_LENGTH:
             self._content_length = int(value)      # llhttp has checked: digits, no repeat
+        else:
+            self._connection_header = True
 
     def _framing(self, version: str) -> bool:
         """Checks a request that declared a body; True when a body follows."""
@@ -541,9 +552,11 @@ class HTTP1Connection(asyncio.Protocol):
         return version
 
     def _unusual_head(self, host: bytes | None) -> tuple[bytes, str, bool]:
-        """A request without Host or keep-alive, or with a body: its version, its Host
-        (b"" for HTTP/1.0 without one) and whether a body follows."""
+        """A request without Host or keep-alive, with a Connection header or with a
+        body: its version, its Host (b"" for HTTP/1.0 without one) and whether a body
+        follows."""
         self._host = None
+        self._connection_header = False
         version = self._checked_version()
         if host is None:
             if version == "1.1":
@@ -556,13 +569,15 @@ class HTTP1Connection(asyncio.Protocol):
         parser = self.parser
         host = self._host
         keep_alive = parser.should_keep_alive()
-        if host is None or not keep_alive or self._chunked or self._content_length is not None:
+        if host is None or not keep_alive or self._chunked or self._content_length is not None \
+                or self._connection_header:
             host, version, has_body = self._unusual_head(host)
         else:
-            # A kept-alive request with a Host and no body is HTTP/1.x whichever minor
-            # version it is: its version (a str.format in httptools) is not asked.
+            # Kept alive without a Connection header is HTTP/1.1 (HTTP/1.0 needs
+            # `Connection: keep-alive`, other versions are not kept alive), so the
+            # version is not asked of httptools (a str.format there).
             self._host = None
-            version = ""
+            version = "1.1"
             has_body = False
         self._requests += 1
         ctx = self.ctx
@@ -587,7 +602,8 @@ class HTTP1Connection(asyncio.Protocol):
                 ctx.trusted_proxies)
         router = ctx.router
         site = router.memo.get(host) or router.site_for(host)
-        route = site.exact_raw.get(raw_path) or ctx.route_slow(site, raw_path)
+        route = site.exact_raw.get(raw_path) or site.found.get(raw_path) \
+            or ctx.route_slow(site, raw_path)
         handler, params, label, path = route
         method = parser.get_method()
         if method == b"CONNECT":
@@ -618,7 +634,7 @@ class HTTP1Connection(asyncio.Protocol):
             return
 
         req = Request(self, handler, route, method, url, qmark,
-                      version or self._checked_version(), self._headers, host, keep_alive,
+                      version, self._headers, host, keep_alive,
                       self._t0)
         req.body = self._body = Body(self, self._expect_continue()) if has_body else None
         req.upgrade = parser.should_upgrade()

@@ -14,6 +14,8 @@ from nestgate.errors import RequestError
 
 NO_PARAMS: dict[str, str] = {}
 _MEMO_LIMIT = 4096
+FOUND_LIMIT = 1024            # raw paths remembered per site, each at most FOUND_PATH_MAX
+FOUND_PATH_MAX = 256
 _HOST_CHARS = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
                b"-._~!$&'()*+,;=%:[]")
 
@@ -51,8 +53,24 @@ class SiteRoutes:
         self.prefixes: list[tuple[str, Any, str]] = []
         self.patterns: dict[int, list[tuple[tuple[str, ...], Any, str]]] = {}
         self.miss = (not_found, NO_PARAMS, "")
+        # Raw paths that needed decoding or a prefix walk, with what they routed to
+        # (UVHTTP's hot-route cache): a busy prefix route is then one dict lookup too.
+        # Bounded, and emptied whenever the table changes.
+        self.found: dict[bytes, tuple[Any, dict, str, str]] = {}
+
+    def remember(self, raw_path: bytes, route: tuple) -> None:
+        if route[1] is NO_PARAMS and len(raw_path) <= FOUND_PATH_MAX:
+            if len(self.found) >= FOUND_LIMIT:
+                self.found.clear()
+            self.found[raw_path] = route
+
+    def remove_exact(self, path: str) -> None:
+        self.exact.pop(path, None)
+        self.exact_raw.pop(path.encode(), None)
+        self.found.clear()
 
     def add_exact(self, path: str, handler, label: str | None = None) -> None:
+        self.found.clear()
         if "{" in path:
             segments = tuple(path.strip("/").split("/"))
             self.patterns.setdefault(len(segments), []).append((segments, handler, path))
@@ -61,6 +79,7 @@ class SiteRoutes:
             self.exact_raw[path.encode()] = (handler, NO_PARAMS, label or path, path)
 
     def add_prefix(self, prefix: str, handler, label: str | None = None) -> None:
+        self.found.clear()
         self.prefixes.append((prefix, handler, label or prefix + "*"))
         self.prefixes.sort(key=lambda entry: len(entry[0]), reverse=True)
 

@@ -56,11 +56,16 @@ class ServerContext:
     @staticmethod
     def route_slow(site, raw_path: bytes):
         """What `route` does when the raw path is not an exact route as it stands."""
+        route = site.found.get(raw_path)
+        if route is not None:
+            return route
         if 35 in raw_path:                      # "#"
             raise RequestError(400, "fragment in request target")
         path = decode_path(raw_path)
         handler, params, label = site.lookup(path)
-        return handler, params, label, path
+        route = (handler, params, label, path)
+        site.remember(raw_path, route)
+        return route
 
     @staticmethod
     def client_address(peer) -> str:

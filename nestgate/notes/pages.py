@@ -100,8 +100,7 @@ class SitePages:
     def _unregister(self, page: CachedPage) -> None:
         if self.registered.get(page.path) is page:
             del self.registered[page.path]
-            self.routes.exact.pop(page.path, None)
-            self.routes.exact_raw.pop(page.path.encode(), None)
+            self.routes.remove_exact(page.path)
 
     # ------------------------------------------------------------ freshness
     def generation(self) -> int:
