@@ -256,3 +256,20 @@ def test_connection_accepted_while_draining_is_served_then_closed():
     assert late.out.startswith(b"HTTP/1.1 200 OK") and b"connection: close" in late.out
     assert late.closed
     w.close()
+
+
+def test_http10_kept_alive_stream_is_not_chunked(wire):
+    # A kept-alive HTTP/1.0 request looks like the common HTTP/1.1 one but for its
+    # Connection header: its version must still be read (no chunked for 1.0).
+    wire.send(b"GET /stream HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\n\r\n")
+    response = wire.responses()[0]
+    assert "transfer-encoding" not in response.headers
+    assert response.body == b"one two three" and wire.closed
+
+
+def test_http11_stream_with_connection_keep_alive_is_chunked(wire):
+    wire.send(b"GET /stream HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\n\r\n"
+              b"GET /stream HTTP/1.1\r\nHost: a\r\n\r\n")
+    first, second = wire.responses()
+    assert first.headers["transfer-encoding"] == second.headers["transfer-encoding"] == "chunked"
+    assert not wire.closed
