@@ -50,7 +50,8 @@ def page_html(size: int) -> bytes:
     return head + body + tail
 
 
-LONG_NOTE_SECTIONS = 80          # about 20 KB of Markdown
+LONG_NOTE_SECTIONS = 80          # about 20 KB of Markdown, a 25 KB page
+MEDIUM_NOTE_SECTIONS = 27        # a page of about 10 KB
 
 
 def note_markdown(i: int, sections: int, revision: int = 0) -> str:
@@ -64,11 +65,12 @@ def note_markdown(i: int, sections: int, revision: int = 0) -> str:
 
 
 def write_notes(notes: Path, count: int = 30) -> None:
-    """30 notes; the first is the long one (~20 KB) for the detail page."""
+    """30 notes: the long one (~20 KB of Markdown), a medium one (a ~10 KB page), the
+    rest short."""
     notes.mkdir(parents=True, exist_ok=True)
+    named = {0: ("long-note", LONG_NOTE_SECTIONS), 1: ("medium-note", MEDIUM_NOTE_SECTIONS)}
     for i in range(count):
-        slug = "long-note" if i == 0 else f"note-{i:03d}"
-        sections = LONG_NOTE_SECTIONS if i == 0 else 3
+        slug, sections = named.get(i, (f"note-{i:03d}", 3))
         (notes / f"{slug}.md").write_text(note_markdown(i, sections))
 
 

@@ -26,7 +26,7 @@ from .scenarios import Route, Scenario
 
 MB = 1024 * 1024
 SWEEP_LEVELS = (1, 8, 64, 256, 512, 1024)
-NOTES_PAGES = ("/notes", "/notes/long-note")
+NOTES_PAGES = ("/notes", "/notes/medium-note", "/notes/long-note")
 
 
 class ScenarioFailed(BenchError):
