@@ -722,7 +722,10 @@ class HTTP1Connection(asyncio.Protocol):
         if self._active is not req:
             return                          # the client went away meanwhile
         req.cancel = None
-        self._conclude(req, status)
+        if status or not req.finished or self.logging:
+            self._conclude(req, status)
+        else:
+            self._done(req)                 # answered in full, nothing to log
 
     def _conclude(self, req: Request, status: int) -> None:
         """The handler is done: end its response, or fail it with `status`."""
