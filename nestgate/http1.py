@@ -38,12 +38,12 @@ import time
 import httptools
 
 from nestgate.handlers import GATED, PEEK, settle
-from nestgate.clientip import (V2_MAX, ProxyHeaderError, forwarded_client, parse_proxy_header,
-                               starts_like_proxy)
+from nestgate.clientip import ProxyHeaderError, forwarded_client, take_proxy_header
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError, RequestError
-from nestgate.responses import (CLOSE, CONTINUE, ERRORS, KEEP_ALIVE_EXPLICIT,
-                                SERVER_LINE, STATUS_LINES, header_block, status_line)
+from nestgate.responses import (CLOSE, CONNECTION_ENDINGS, CONTINUE, ERRORS,
+                                KEEP_ALIVE_EXPLICIT, SERVER_LINE, STATUS_LINES, header_block,
+                                status_line)
 
 log = logging.getLogger("nestgate.http1")
 
@@ -214,23 +214,21 @@ class Request:
             raise RuntimeError("response already started")
         self.started = True
         self.status = status
-        conn = self._conn
-        if conn.ctx.draining:
+        if self._conn.ctx.draining:
             self.keep_alive = False
-        lines = [STATUS_LINES.get(status) or status_line(status), SERVER_LINE, CLOCK.date_line,
-                 block]
         if content_length is not None:
-            lines.append(b"content-length: %d\r\n" % content_length)
+            framing = b"content-length: %d\r\n" % content_length
         elif status in (204, 304) or 100 <= status < 200:
-            pass
+            framing = b""
         elif self.version == "1.1":
-            lines.append(b"transfer-encoding: chunked\r\n")
+            framing = b"transfer-encoding: chunked\r\n"
             self._chunked = not self.head_only
         else:
+            framing = b""
             self.keep_alive = False
-        lines.append(b"connection: close\r\n\r\n" if not self.keep_alive
-                     else b"connection: keep-alive\r\n\r\n")
-        data = b"".join(lines)
+        data = b"".join((STATUS_LINES.get(status) or status_line(status), SERVER_LINE,
+                         CLOCK.date_line, block, framing,
+                         CONNECTION_ENDINGS[KEEP_ALIVE_EXPLICIT if self.keep_alive else CLOSE]))
         self.sent += len(data)
         return data
 
@@ -896,22 +894,11 @@ class ProxyProtocolConnection(HTTP1Connection):
         if not self._pp_pending:
             return HTTP1Connection.data_received(self, data)
         buf = self._pp_buf + data
-        if not starts_like_proxy(buf):
-            self._pp_pending = False
-            self._pp_buf = b""
-            return HTTP1Connection.data_received(self, buf)
-        if len(buf) < 6:
-            self._pp_buf = buf                       # too short to tell from a request line
-            return
-        if self.peer not in self.ctx.proxy_protocol_from:
-            return self._refuse()
         try:
-            parsed = parse_proxy_header(buf)
+            parsed = take_proxy_header(buf, self.peer, self.ctx.proxy_protocol_from)
         except ProxyHeaderError:
             return self._refuse()
         if parsed is None:
-            if len(buf) > V2_MAX:
-                return self._refuse()
             self._pp_buf = buf
             return
         consumed, source = parsed

@@ -17,7 +17,7 @@ SERVER_LINE = b"server: nestgate\r\n"
 # The three ways a response can end its header block, indexed by connection mode.
 KEEP_ALIVE, CLOSE, KEEP_ALIVE_EXPLICIT = 0, 1, 2
 WRITEV_ABOVE = 2048           # body bytes
-_CONNECTION_ENDINGS = (b"\r\n", b"connection: close\r\n\r\n", b"connection: keep-alive\r\n\r\n")
+CONNECTION_ENDINGS = (b"\r\n", b"connection: close\r\n\r\n", b"connection: keep-alive\r\n\r\n")
 
 
 def reason(status: int) -> str:
@@ -62,8 +62,8 @@ class Prebuilt:
         lines.append(("content-length", str(len(body))))
         self._head = STATUS_LINES.get(status) or status_line(status)
         self._head += SERVER_LINE + header_block(list(headers) + lines)
-        self._full_tails = tuple(end + body for end in _CONNECTION_ENDINGS)
-        self._head_tails = _CONNECTION_ENDINGS
+        self._full_tails = tuple(end + body for end in CONNECTION_ENDINGS)
+        self._head_tails = CONNECTION_ENDINGS
         self.content_length = len(body)
         self.h2_cache = None          # the HTTP/2 header list, made on first use
         # Small responses go out as one joined bytes; above this, the body is handed to

@@ -33,10 +33,10 @@ from urllib.parse import quote
 
 from nestgate.clock import CLOCK
 from nestgate.handlers import PEEK
-from nestgate.responses import (CLOSE, KEEP_ALIVE, KEEP_ALIVE_EXPLICIT, SERVER_LINE,
-                                STATUS_LINES, Prebuilt, header_block, html_page, status_line)
+from nestgate.responses import (CLOSE, CONNECTION_ENDINGS, KEEP_ALIVE, KEEP_ALIVE_EXPLICIT,
+                                SERVER_LINE, STATUS_LINES, Prebuilt, header_block, html_page,
+                                status_line)
 
-_ENDINGS = (b"\r\n", b"connection: close\r\n\r\n", b"connection: keep-alive\r\n\r\n")
 _READ_CHUNK = 256 * 1024
 _SENDFILE_CHUNK = 4 * 1024 * 1024
 _ENCODINGS = (("br", ".br"), ("gzip", ".gz"))   # preference order
@@ -89,10 +89,10 @@ class Bodiless:
             + header_block(headers)
 
     def render(self, mode: int, head_only: bool = False) -> bytes:
-        return self._head + CLOCK.date_line + _ENDINGS[mode]
+        return self._head + CLOCK.date_line + CONNECTION_ENDINGS[mode]
 
     def write_to(self, transport, mode: int, head_only: bool = False) -> None:
-        transport.write(self._head + CLOCK.date_line + _ENDINGS[mode])
+        transport.write(self._head + CLOCK.date_line + CONNECTION_ENDINGS[mode])
 
 
 async def send_ready(request, response) -> None:
