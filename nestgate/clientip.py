@@ -147,6 +147,24 @@ def starts_like_proxy(data: bytes) -> bool:
                       or data[:n] == V2_SIGNATURE[:n])
 
 
+def take_proxy_header(data: bytes, peer: str, allowed: Networks) -> tuple[int, str | None] | None:
+    """The PROXY header that may start a connection on a listener taking them, as
+    (bytes it takes, source address or None); (0, None) when the connection starts
+    with something else, None while more bytes are needed to tell. Only a peer in
+    `allowed` may send one, and from it the header is optional: ProxyHeaderError for
+    anyone else's header, a bad one, or one longer than any valid header."""
+    if not starts_like_proxy(data):
+        return 0, None
+    if len(data) < len(V1_PREFIX):
+        return None                              # too short to tell from a request line
+    if peer not in allowed:
+        raise ProxyHeaderError("PROXY header from a peer not in proxy_protocol_from")
+    parsed = parse_proxy_header(data)
+    if parsed is None and len(data) > V2_MAX:
+        raise ProxyHeaderError("PROXY header too long")
+    return parsed
+
+
 def parse_proxy_header(data: bytes) -> tuple[int, str | None] | None:
     """(bytes consumed, source address or None for LOCAL/UNKNOWN), or None if more
     bytes are needed. ProxyHeaderError if this is not a valid header."""

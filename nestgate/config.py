@@ -399,8 +399,6 @@ def _read_listener(s: _Section) -> Listener:
                         https_port=s.int("https_port", 443, 1, 65535),
                         http2=s.bool("http2", True),
                         proxy_protocol_from=s.get("proxy_protocol_from", (), _cidr_list, ""))
-    if listener.tls and listener.proxy_protocol_from:
-        s.fail("proxy_protocol_from", "a plain listener (PROXY before TLS is not supported)")
     if listener.tls and listener.redirect_https:
         s.fail("redirect_https", "false on a TLS listener (it would redirect to itself)")
     s.check_unknown()

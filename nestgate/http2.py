@@ -31,7 +31,7 @@ from nestgate.handlers import settle
 from nestgate.clientip import forwarded_client
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError, RequestError
-from nestgate.http1 import DRAIN_IDLE_GRACE, Body, Request
+from nestgate.http1 import DRAIN_IDLE_GRACE, Body, HTTP1Connection, Request
 from nestgate.responses import ERRORS
 
 log = logging.getLogger("nestgate.http2")
@@ -250,6 +250,9 @@ class HTTP2Connection:
         })
         self.h2.initiate_connection()
         self.flush()
+
+    # After connection_made: the client is the one a PROXY header named (nestgate.proxytls).
+    set_client = HTTP1Connection.set_client
 
     def connection_lost(self, exc) -> None:
         self.ctx.connections.discard(self)

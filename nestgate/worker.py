@@ -22,6 +22,7 @@ from nestgate.errors import RequestError
 from nestgate.http1 import HTTP1Connection, ProxyProtocolConnection
 from nestgate.http2 import ALPNSwitch
 from nestgate.paths import decode_path
+from nestgate.proxytls import ProxyThenTLS
 from nestgate.site import build_router, https_redirect_router
 
 _PR_SET_PDEATHSIG = 1
@@ -80,16 +81,19 @@ class ServerContext:
         return should_log(self._log_loopback, client)
 
 
-def protocol_factory(ctx, listener):
-    """The protocol each new connection on `listener` starts with. On TLS listeners
-    that offer h2, ALPN decides between HTTP/2 and HTTP/1.1 after the handshake."""
+def protocol_factory(ctx, listener, sslcontext):
+    """(the protocol each new connection on `listener` starts with, the TLS context
+    its server accepts with). On TLS listeners that offer h2, ALPN decides between
+    HTTP/2 and HTTP/1.1 after the handshake. A TLS listener taking PROXY headers
+    accepts in clear: the header comes before the handshake (nestgate.proxytls)."""
     def http1():
         return HTTP1Connection(ctx)
-    if listener.proxy_protocol_from:
-        return lambda: ProxyProtocolConnection(ctx)
-    if listener.tls and listener.http2:
-        return lambda: ALPNSwitch(ctx, http1)
-    return http1
+    usual = (lambda: ALPNSwitch(ctx, http1)) if listener.tls and listener.http2 else http1
+    if not listener.proxy_protocol_from:
+        return usual, sslcontext
+    if sslcontext is not None:
+        return (lambda: ProxyThenTLS(ctx, sslcontext, usual)), None
+    return (lambda: ProxyProtocolConnection(ctx)), None
 
 
 class Worker:
@@ -113,9 +117,8 @@ class Worker:
         for listener, sock in self.sockets:
             ctx = ServerContext(self, listener, router)
             contexts.append(ctx)
-            server = await self.loop.create_server(
-                protocol_factory(ctx, listener), sock=sock,
-                ssl=self.ssl_contexts.get(listener), backlog=1024)
+            factory, ssl = protocol_factory(ctx, listener, self.ssl_contexts.get(listener))
+            server = await self.loop.create_server(factory, sock=sock, ssl=ssl, backlog=1024)
             servers.append(server)
         self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         self.loop.add_signal_handler(signal.SIGUSR1, self.access_log.reopen)

@@ -11,10 +11,12 @@ import h2.events
 
 
 class H2Client:
-    def __init__(self, port: int, cafile: str, server_hostname: str = "localhost") -> None:
+    def __init__(self, port: int, cafile: str, server_hostname: str = "localhost",
+                 preamble: bytes = b"") -> None:
         ctx = ssl.create_default_context(cafile=cafile)
         ctx.set_alpn_protocols(["h2"])
         raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        raw.sendall(preamble)               # a PROXY header, sent in clear before TLS
         self.sock = ctx.wrap_socket(raw, server_hostname=server_hostname)
         assert self.sock.selected_alpn_protocol() == "h2"
         self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(

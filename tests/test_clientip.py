@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from nestgate.clientip import (LOCAL, V2_SIGNATURE, Networks, ProxyHeaderError,
                                forwarded_client, normalise, parse_networks,
-                               parse_proxy_header, starts_like_proxy)
+                               parse_proxy_header, starts_like_proxy, take_proxy_header)
 
 
 def test_networks_match_addresses_and_cidrs():
@@ -135,3 +135,22 @@ def test_detection_does_not_confuse_requests():
     assert starts_like_proxy(b"PROXY ") and starts_like_proxy(V2_SIGNATURE[:5])
     for request in (b"POST / HTTP/1.1", b"PUT /", b"PATCH /", b"GET /"):
         assert not starts_like_proxy(request)
+
+
+def test_take_proxy_header_applies_the_listener_rules():
+    trusted, header = Networks(["127.0.0.1/32"]), v2()
+    tls_hello = b"\x16\x03\x01\x02\x00\x01"
+    assert take_proxy_header(header + tls_hello, "127.0.0.1", trusted) == (len(header),
+                                                                          "192.0.2.9")
+    assert take_proxy_header(b"PROXY UNKNOWN\r\n", "127.0.0.1", trusted) == (15, None)
+    for other in (b"GET / HTTP/1.1\r\n", tls_hello):          # optional for a trusted peer
+        assert take_proxy_header(other, "127.0.0.1", trusted) == (0, None)
+        assert take_proxy_header(other, "192.0.2.50", trusted) == (0, None)
+    for part in (b"PROX", header[:5], header[:20], b"PROXY TCP4 192.0.2.9"):
+        assert take_proxy_header(part, "127.0.0.1", trusted) is None        # needs more
+    assert take_proxy_header(b"PROX", "192.0.2.50", trusted) is None        # POST? PROXY?
+    for refused in (header, b"PROXY TCP4 192.0.2.9 192.0.2.1 5000 80\r\n"):
+        with pytest.raises(ProxyHeaderError):
+            take_proxy_header(refused, "192.0.2.50", trusted)               # not trusted
+    with pytest.raises(ProxyHeaderError):
+        take_proxy_header(V2_SIGNATURE + b"\x21\x11\x04\x00", "127.0.0.1", trusted)  # 1 KiB
