@@ -41,7 +41,7 @@ class ProxyThenTLS(asyncio.Protocol):
         self._header = b""             # what has come so far; None once the header is read
         self._early = b""              # application data before the hand-over
         self._age = 0.0
-        self._task = None
+        self._task = None              # kept here: the loop holds its tasks weakly
 
     def connection_made(self, transport) -> None:
         self.transport = transport
