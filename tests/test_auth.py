@@ -1,13 +1,16 @@
 """Sign-in before forwarding: the portal, sessions shared by workers, CSRF, back-off,
-no open redirect, TOTP, post-login IP grants and the dynamic allow-list."""
+no open redirect, TOTP (a code is good once), sign-out by form only, post-login IP
+grants and the dynamic allow-list."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import re
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from urllib.parse import urlencode
 
@@ -71,15 +74,21 @@ body = "hello"
 
 
 class Browser:
-    """Just enough of a browser: one cookie jar, one Host."""
+    """Just enough of a browser: one cookie jar, one Host. A new connection for each
+    request, or with `keep` one kept-alive connection for all (so one worker)."""
 
-    def __init__(self, port: int, host: str = "private.test") -> None:
+    def __init__(self, port: int, host: str = "private.test", keep: bool = False) -> None:
         self.port, self.host = port, host
         self.jar: dict[str, str] = {}
+        self.conn = None
+        if keep:
+            self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            self.conn.connect()
+            self.conn.auto_open = 0              # never quietly reconnect elsewhere
 
     def request(self, method: str, path: str, body: bytes | None = None, headers=None,
                 cookies: bool = True):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn = self.conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         hdrs = {"Host": self.host}
         if cookies and self.jar:
             hdrs["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.jar.items())
@@ -94,14 +103,23 @@ class Browser:
                 self.jar.pop(name, None)
             else:
                 self.jar[name] = val
-        conn.close()
+        if conn is not self.conn:
+            conn.close()
         return resp, data
 
-    def login_form(self, next_url: str = "/"):
-        resp, page = self.request("GET", "/__auth__/login?" + urlencode({"next": next_url}),
-                                  headers=HTML)
+    def form_token(self, path: str) -> str:
+        """GET a form page; the CSRF token in it."""
+        resp, page = self.request("GET", path, headers=HTML)
         assert resp.status == 200
         return re.search(rb'name="csrf" value="([0-9a-f]+)"', page).group(1).decode()
+
+    def post_form(self, path: str, fields: dict, headers=None):
+        hdrs = {"Content-Type": "application/x-www-form-urlencoded"}
+        hdrs.update(headers or {})
+        return self.request("POST", path, urlencode(fields).encode(), hdrs)
+
+    def login_form(self, next_url: str = "/"):
+        return self.form_token("/__auth__/login?" + urlencode({"next": next_url}))
 
     def sign_in(self, user="demo", password="demo-password", next_url="/", code=None,
                 csrf=None, headers=None):
@@ -109,9 +127,17 @@ class Browser:
         fields = {"user": user, "password": password, "csrf": token, "next": next_url}
         if code is not None:
             fields["code"] = code
-        hdrs = {"Content-Type": "application/x-www-form-urlencoded"}
-        hdrs.update(headers or {})
-        return self.request("POST", "/__auth__/login", urlencode(fields).encode(), hdrs)
+        return self.post_form("/__auth__/login", fields, headers)
+
+    def sign_out(self, csrf=None, headers=None):
+        token = self.form_token("/__auth__/logout") if csrf is None else csrf
+        return self.post_form("/__auth__/logout", {"csrf": token}, headers)
+
+    def worker_pid(self) -> int:
+        """The worker answering (needs a session; meant for a `keep` browser)."""
+        resp, body = self.request("GET", "/api/v1/health")
+        assert resp.status == 200
+        return json.loads(body)["pid"]
 
 
 @pytest.fixture
@@ -141,6 +167,10 @@ def test_totp_rfc6238_vectors():
     assert totp.verify(secret, "287082", at=59 + 30)         # one step of skew
     assert not totp.verify(secret, "287082", at=59 + 90)
     assert not totp.verify(secret, "28708", at=59)
+    assert totp.matching_step(secret, "287082", at=59) == 1
+    assert totp.matching_step(secret, "287082", at=59 + 30) == 1
+    assert totp.matching_step(secret, "287082", at=59 + 90) is None
+    assert totp.matching_step(secret, "2870 82 ", at=59) == 1
 
 
 def test_no_open_redirect():
@@ -180,7 +210,7 @@ def test_sign_in_flow_and_session_shared_by_workers(gate):
     assert resp.status == 200 and json.loads(body)["target"] == "/echo"
     # The session cookie is the gateway's business, but it is forwarded like any cookie;
     # sign-out ends it for every worker within a second.
-    resp, _ = b.request("POST", "/__auth__/logout")
+    resp, _ = b.sign_out()
     assert resp.status == 303 and "nestgate_session" not in b.jar
     stale = Browser(port)
     stale.jar["nestgate_session"] = cookie.split(";")[0].split("=", 1)[1]
@@ -232,6 +262,128 @@ def test_totp_user(gate):
     assert b.sign_in(user="otp")[0].status == 401                  # no code
     resp, _ = b.sign_in(user="otp", code=totp.now_code(TOTP_SECRET))
     assert resp.status == 303
+
+
+def settled_step(margin: float = 10.0) -> int:
+    """The current TOTP step, first waiting for the next one when less than `margin`
+    seconds of it are left: the codes of it and its neighbours keep their meaning to
+    the server while a test runs. (A wait for the clock, not for a server.)"""
+    left = totp.STEP - time.time() % totp.STEP
+    if left < margin:
+        time.sleep(left + 0.05)
+    return int(time.time() // totp.STEP)
+
+
+def otp_code(step: int) -> str:
+    return totp.code_at(TOTP_SECRET, step)
+
+
+def test_totp_code_is_good_once_on_every_worker(gate):
+    server, _up = gate(workers=2, extra_auth="max_failures = 4")
+    port = server.port()
+    session = Browser(port)                      # a session, to ask workers who they are
+    assert session.sign_in()[0].status == 303
+
+    def on_worker(accept=lambda pid: True) -> Browser:
+        for _ in range(60):
+            b = Browser(port, keep=True)
+            b.jar.update(session.jar)
+            if accept(b.worker_pid()):
+                return b
+            b.conn.close()
+        raise AssertionError("no connection reached the worker wanted")
+
+    step = settled_step()
+    first = on_worker()
+    first_pid = first.worker_pid()
+    assert first.sign_in(user="otp", code=otp_code(step))[0].status == 303
+    # The same code, with a fresh form, through the other worker: refused, with the
+    # answer a wrong code gets.
+    other = on_worker(lambda pid: pid != first_pid)
+    resp, page = other.sign_in(user="otp", code=otp_code(step))
+    assert resp.status == 401 and b"Wrong user, password or code." in page
+    assert other.worker_pid() != first_pid       # still the same connection and worker
+    # ... and through the same worker; an older step, though still within the window.
+    assert first.sign_in(user="otp", code=otp_code(step))[0].status == 401
+    assert other.sign_in(user="otp", code=otp_code(step - 1))[0].status == 401
+    # The next step's code works once (a success clears the failures).
+    assert other.sign_in(user="otp", code=otp_code(step + 1))[0].status == 303
+    # A refused replay is a failed sign-in: four of them and even a good password waits.
+    for b in (first, other, first, other):
+        assert b.sign_in(user="otp", code=otp_code(step + 1))[0].status == 401
+    assert Browser(port).sign_in()[0].status == 429
+    first.conn.close()
+    other.conn.close()
+
+
+def test_totp_steps_recorded_once_across_store_handles(tmp_path):
+    path = str(tmp_path / "state.db")
+    # A store file from before the table existed: opened, it gains it, keeping its data.
+    old = Store(path)
+    old.create_session(b"h" * 32, "demo", time.time() + 60, "")
+    old.db.execute("DROP TABLE totp_used")
+    old.close()
+    a, b = Store(path), Store(path)              # two workers' handles on one file
+    assert a.session(b"h" * 32)[0] == "demo"
+    assert a.use_totp_step("otp", 100)
+    assert not b.use_totp_step("otp", 100)       # the same code through another worker
+    assert not b.use_totp_step("otp", 99)        # an older one
+    assert b.use_totp_step("otp", 101)
+    assert not a.use_totp_step("otp", 101)
+    assert a.use_totp_step("demo", 100)          # each user has a step of their own
+    # The same step offered through eight handles at once: exactly one accepts it.
+    stores = [Store(path) for _ in range(8)]
+    start = threading.Barrier(len(stores))
+    results = []
+
+    def offer(store):
+        start.wait()
+        results.append(store.use_totp_step("otp", 102))
+    threads = [threading.Thread(target=offer, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 7 + [True]
+    row = sqlite3.connect(path).execute("SELECT step FROM totp_used WHERE user = 'otp'")
+    assert row.fetchone() == (102,)
+    for s in (a, b, *stores):
+        s.close()
+
+
+PAGE_HEADERS = ("content-type", "cache-control", "x-frame-options", "referrer-policy",
+                "content-security-policy")
+
+
+def test_sign_out_is_a_form_post_with_the_csrf_token(gate):
+    server, _up = gate()
+    port = server.port()
+    b = Browser(port)
+    assert b.sign_in()[0].status == 303
+    session = b.jar["nestgate_session"]
+    # A GET (a link, or an <img> on any page) shows a button and changes nothing.
+    resp, page = b.request("GET", "/__auth__/logout", headers=HTML)
+    assert resp.status == 200
+    assert b'<form method="post" action="/__auth__/logout">' in page
+    assert re.search(rb'name="csrf" value="[0-9a-f]{64}"', page)
+    assert b"<button" in page and b'name="password"' not in page
+    login, _ = Browser(port).request("GET", "/__auth__/login", headers=HTML)
+    for name in PAGE_HEADERS:
+        assert resp.getheader(name) == login.getheader(name), name
+    assert b.request("GET", "/echo")[0].status == 200
+    # A POST without the token, with a wrong one, or from another site is refused.
+    assert b.post_form("/__auth__/logout", {})[0].status == 403
+    assert b.post_form("/__auth__/logout", {"csrf": "0" * 64})[0].status == 403
+    assert b.sign_out(headers={"Origin": "https://evil.example"})[0].status == 403
+    assert b.request("PUT", "/__auth__/logout")[0].status == 405
+    assert b.request("GET", "/echo")[0].status == 200
+    # With the form's token: signed out, back to the sign-in page, the session gone.
+    resp, _ = b.sign_out()
+    assert resp.status == 303 and resp.getheader("location") == "/__auth__/login"
+    assert "nestgate_session" not in b.jar
+    stale = Browser(port)
+    stale.jar["nestgate_session"] = session
+    assert stale.request("GET", "/echo")[0].status == 401
 
 
 def test_ip_grant_after_sign_in(gate):

@@ -6,10 +6,17 @@ session for `RECHECK` seconds, so a sign-out anywhere is seen within that), a
 `SessionCheck` that asks the store first, or the challenge (the sign-in page for
 browsers, 401 for API clients, told apart by Accept).
 
-CSRF: the form carries HMAC(store secret, nonce) and the nonce travels in a
-cookie only this site can set; an Origin header, when sent, must name this Host.
-After sign-in the visitor goes back to `next`, which must be a path on this Host
-(never `//elsewhere` or a scheme): no open redirect.
+CSRF: both forms (sign in, sign out) carry HMAC(store secret, nonce) and the nonce
+travels in a cookie only this site can set; an Origin header, when sent, must name
+this Host. A GET of either path changes nothing: sign-out is a POST, so another
+site cannot end a session with an <img>. After sign-in the visitor goes back to
+`next`, which must be a path on this Host (never `//elsewhere` or a scheme): no
+open redirect.
+
+TOTP: a code is accepted once. The step it belongs to must be later than the last
+step the user signed in with, checked and recorded in one statement of the shared
+store, so a code seen over a shoulder or in a proxy log is worth nothing, on any
+worker; a refused replay is a failed sign-in like a wrong code.
 """
 
 from __future__ import annotations
@@ -85,6 +92,7 @@ class SignIn:
         self.cfg = cfg
         self.state = state                  # nestgate.auth.store.SharedState
         self._sessions: dict[bytes, tuple[str, float, float]] = {}   # hash -> user, exp, checked
+        self._with_code = any(u.totp for u in cfg.users)
         self.challenge = Challenge(self)
         self.login = LoginPage(self)
         self.logout = Logout(self)
@@ -138,15 +146,49 @@ class SignIn:
         secret = await self.state.secret()
         return hmac.new(secret, b"csrf:" + nonce.encode(), hashlib.sha256).hexdigest()
 
-    # ------------------------------------------------------ the page
+    async def csrf_ok(self, request, form) -> bool:
+        origin = request.header(b"origin")
+        if origin and origin != b"null":
+            origin_host = origin.split(b"://", 1)[-1]
+            if host_name(origin_host) != host_name(request.host):
+                return False
+        nonce = cookies(request.headers).get(CSRF_COOKIE, "")
+        given = form.get("csrf", "")
+        if not nonce or not given:
+            return False
+        return hmac.compare_digest(await self.csrf_token(nonce), given)
+
+    def _csrf_cookie(self, request, nonce: str, max_age: int) -> tuple[bytes, bytes]:
+        return self.cookie(request, CSRF_COOKIE, nonce, max_age, path="/__auth__/",
+                           samesite="Strict")
+
+    # ------------------------------------------------------ the pages
     async def page(self, request, status: int, next_url: str, message: str = "") -> None:
+        """The sign-in form."""
+        fields = _login_fields(next_url, message, self._with_code)
+        await self._form_page(request, status, LOGIN_PATH, self.cfg.title, fields, "Sign in")
+
+    async def logout_page(self, request) -> None:
+        """A button that signs out: following a link changes nothing."""
+        await self._form_page(request, 200, LOGOUT_PATH, "Sign out", _LOGOUT_FIELDS,
+                              "Sign out")
+
+    async def _form_page(self, request, status: int, action: str, heading: str,
+                         fields: str, button: str) -> None:
         nonce, token = await self.csrf_pair()
-        body = _render_page(self.cfg.title, next_url, token, message,
-                            any(u.totp for u in self.cfg.users))
-        headers = list(_PAGE_HEADERS)
-        headers.append(self.cookie(request, CSRF_COOKIE, nonce, 3600, path="/__auth__/",
-                                   samesite="Strict"))
-        await request.send(status, headers, body)
+        body = _render_page(self.cfg.title, heading, action, token, fields, button)
+        await request.send(status, [*_PAGE_HEADERS, self._csrf_cookie(request, nonce, 3600)],
+                           body)
+
+    async def leave(self, request, location: str, session: str, max_age: int) -> None:
+        """303 to `location`, setting the session cookie (or clearing it: `max_age` 0)
+        and dropping the CSRF nonce the form just used."""
+        await request.send(303, [
+            (b"location", location.encode("latin-1")),
+            (b"cache-control", b"no-store"),
+            self.cookie(request, self.cfg.cookie_name, session, max_age),
+            self._csrf_cookie(request, "", 0),
+        ], b"")
 
 
 class SessionCheck:
@@ -188,34 +230,52 @@ class Challenge:
                                  (b"www-authenticate", b'Cookie realm="nestgate"')], body)
 
 
-class LoginPage:
+class _FormPath:
+    """A page at GET and HEAD, its form at POST; a POST passes the CSRF check first."""
+
     is_async = True
 
     def __init__(self, signin: SignIn) -> None:
         self.signin = signin
 
     async def handle(self, request) -> None:
-        signin = self.signin
         if request.method in (b"GET", b"HEAD"):
-            try:
-                query = parse_qs(request.query.decode("latin-1"), max_num_fields=10)
-            except ValueError:                   # more fields than that
-                query = {}
-            await signin.page(request, 200, safe_next(query.get("next", [""])[0]))
+            await self.show(request)
             return
         if request.method != b"POST":
             await request.send(405, [(b"allow", b"GET, HEAD, POST")], b"")
             return
-        cfg, state, client = signin.cfg, signin.state, request.client
         form = await _read_form(request)
         if form is None:
             await request.send(413, [], b"form too large\n")
             return
-        next_url = safe_next(form.get("next"))
-        if not await self._csrf_ok(request, form):
+        if not await self.signin.csrf_ok(request, form):
             await request.send(403, [(b"content-type", b"text/plain")],
                                b"the form expired or came from another site; reload it\n")
             return
+        await self.submit(request, form)
+
+    async def show(self, request) -> None:
+        raise NotImplementedError
+
+    async def submit(self, request, form: dict[str, str]) -> None:
+        raise NotImplementedError
+
+
+class LoginPage(_FormPath):
+    """GET: the sign-in form, going back to `next` after. POST: sign in."""
+
+    async def show(self, request) -> None:
+        try:
+            query = parse_qs(request.query.decode("latin-1"), max_num_fields=10)
+        except ValueError:                       # more fields than that
+            query = {}
+        await self.signin.page(request, 200, safe_next(query.get("next", [""])[0]))
+
+    async def submit(self, request, form: dict[str, str]) -> None:
+        signin = self.signin
+        cfg, state, client = signin.cfg, signin.state, request.client
+        next_url = safe_next(form.get("next"))
         # Counted before the password is checked: concurrent guesses cannot all pass.
         if not await state.run("take_attempt", client, cfg.failure_window, cfg.max_failures):
             await request.send(429, [(b"retry-after", b"%d" % int(cfg.failure_window)),
@@ -229,23 +289,18 @@ class LoginPage:
                                         user.password if user else None,
                                         form.get("password", ""))
         if ok and user.totp:
-            ok = totp.verify(user.totp, form.get("code", ""))
+            ok = await self._fresh_code(user, form.get("code", ""))
         if not ok:
             await signin.page(request, 401, next_url, "Wrong user, password or code.")
             return
         await self._signed_in(request, user.name, client, next_url)
 
-    async def _csrf_ok(self, request, form) -> bool:
-        origin = request.header(b"origin")
-        if origin and origin != b"null":
-            origin_host = origin.split(b"://", 1)[-1]
-            if host_name(origin_host) != host_name(request.host):
-                return False
-        nonce = cookies(request.headers).get(CSRF_COOKIE, "")
-        given = form.get("csrf", "")
-        if not nonce or not given:
-            return False
-        return hmac.compare_digest(await self.signin.csrf_token(nonce), given)
+    async def _fresh_code(self, user, code: str) -> bool:
+        """The code is right and no sign-in used its step or a later one (a replay is
+        told apart from a wrong code nowhere: same answer, same count)."""
+        step = totp.matching_step(user.totp, code)
+        return step is not None and await self.signin.state.run("use_totp_step",
+                                                                user.name, step)
 
     async def _signed_in(self, request, user: str, client: str, next_url: str) -> None:
         signin = self.signin
@@ -259,30 +314,24 @@ class LoginPage:
         if cfg.ip_grant > 0 and client:
             await state.run("add_allow", client, cfg.ip_grant, f"signed in: {user}")
             await state.refresh(force=True)
-        await request.send(303, [
-            (b"location", next_url.encode("latin-1")),
-            (b"cache-control", b"no-store"),
-            signin.cookie(request, cfg.cookie_name, token, int(cfg.session_ttl)),
-            signin.cookie(request, CSRF_COOKIE, "", 0, path="/__auth__/", samesite="Strict"),
-        ], b"")
+        await signin.leave(request, next_url, token, int(cfg.session_ttl))
 
 
-class Logout:
-    is_async = True
+class Logout(_FormPath):
+    """GET: a sign-out button. POST with the form's CSRF token: the session ends for
+    every worker, and the visitor goes to the sign-in page."""
 
-    def __init__(self, signin: SignIn) -> None:
-        self.signin = signin
+    async def show(self, request) -> None:
+        await self.signin.logout_page(request)
 
-    async def handle(self, request) -> None:
+    async def submit(self, request, form: dict[str, str]) -> None:
         signin = self.signin
         token = cookies(request.headers).get(signin.cfg.cookie_name)
         if token:
             hashed = token_hash(token)
             signin._sessions.pop(hashed, None)
             await signin.state.run("delete_session", hashed)
-        await request.send(303, [(b"location", LOGIN_PATH.encode()),
-                                 (b"cache-control", b"no-store"),
-                                 signin.cookie(request, signin.cfg.cookie_name, "", 0)], b"")
+        await signin.leave(request, LOGIN_PATH, "", 0)
 
 
 async def _read_form(request) -> dict[str, str] | None:
@@ -300,11 +349,24 @@ async def _read_form(request) -> dict[str, str] | None:
     return {k: v[0] for k, v in fields.items()}
 
 
-def _render_page(title: str, next_url: str, csrf: str, message: str, with_code: bool) -> bytes:
+_LOGOUT_FIELDS = "<p>End the session of this browser.</p>"
+
+
+def _login_fields(next_url: str, message: str, with_code: bool) -> str:
     esc = html.escape
     code = ('<label>Code <input name="code" inputmode="numeric" autocomplete="one-time-code" '
             'pattern="[0-9 ]*"></label>') if with_code else ""
     note = f'<p class="err" role="alert">{esc(message)}</p>' if message else ""
+    return f"""{note}<input type="hidden" name="next" value="{esc(next_url)}">
+<label>User <input name="user" autocomplete="username" required autofocus></label>
+<label>Password <input name="password" type="password" autocomplete="current-password" required>
+</label>{code}"""
+
+
+def _render_page(title: str, heading: str, action: str, csrf: str, fields: str,
+                 button: str) -> bytes:
+    """A page holding one form; `fields` is HTML, already escaped."""
+    esc = html.escape
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
 <title>{esc(title)}</title>
@@ -312,12 +374,9 @@ def _render_page(title: str, next_url: str, csrf: str, message: str, with_code: 
 background:#f4f4f5;margin:0}}form{{background:#fff;padding:2em;border-radius:8px;
 box-shadow:0 1px 4px #0002;display:grid;gap:1em;min-width:18em}}label{{display:grid;gap:.3em}}
 input{{font:inherit;padding:.4em}}button{{font:inherit;padding:.5em}}.err{{color:#b00020}}</style>
-</head><body><form method="post" action="{LOGIN_PATH}"><h1>{esc(title)}</h1>{note}
+</head><body><form method="post" action="{action}"><h1>{esc(heading)}</h1>
 <input type="hidden" name="csrf" value="{esc(csrf)}">
-<input type="hidden" name="next" value="{esc(next_url)}">
-<label>User <input name="user" autocomplete="username" required autofocus></label>
-<label>Password <input name="password" type="password" autocomplete="current-password" required>
-</label>{code}<button type="submit">Sign in</button></form></body></html>
+{fields}<button type="submit">{esc(button)}</button></form></body></html>
 """.encode()
 
 

@@ -1,4 +1,5 @@
-"""The state every worker shares: sessions, failed sign-ins, dynamic allow entries.
+"""The state every worker shares: sessions, failed sign-ins, the last TOTP step each
+user signed in with, dynamic allow entries.
 
 One SQLite file (WAL, so readers never wait for the writer) opened by each worker.
 `Store` is the synchronous core; `SharedState` runs it on one thread of its own
@@ -33,6 +34,7 @@ CREATE INDEX IF NOT EXISTS failures_ip ON failures (ip, at);
 CREATE TABLE IF NOT EXISTS allow (
     id INTEGER PRIMARY KEY, cidr TEXT NOT NULL, expires REAL NOT NULL,
     comment TEXT NOT NULL DEFAULT '', created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS totp_used (user TEXT PRIMARY KEY, step INTEGER NOT NULL);
 """
 
 
@@ -99,6 +101,16 @@ class Store:
 
     def clear_failures(self, ip: str) -> None:
         self.db.execute("DELETE FROM failures WHERE ip = ?", (ip,))
+
+    # ------------------------------------------------------ TOTP replay
+    def use_totp_step(self, user: str, step: int) -> bool:
+        """Record `step` as the last TOTP step `user` signed in with; False, recording
+        nothing, unless it is later than the last one. One statement, so a code sent
+        to two workers at once is accepted by one of them only."""
+        return self.db.execute(
+            "INSERT INTO totp_used (user, step) VALUES (?, ?) ON CONFLICT (user) "
+            "DO UPDATE SET step = excluded.step WHERE excluded.step > totp_used.step",
+            (user, step)).rowcount > 0
 
     # ------------------------------------------------------ dynamic allow-list
     def add_allow(self, cidr: str, ttl: float, comment: str = "") -> int:

@@ -1,4 +1,8 @@
-"""TOTP (RFC 6238 over RFC 4226): HMAC-SHA1, 30 s steps, 6 digits, one step of skew."""
+"""TOTP (RFC 6238 over RFC 4226): HMAC-SHA1, 30 s steps, 6 digits, one step of skew.
+
+Pure computation: which step a code belongs to. Remembering the steps already
+used, so that a code is accepted once, is the shared store's job.
+"""
 
 from __future__ import annotations
 
@@ -32,15 +36,25 @@ def now_code(secret: str, at: float | None = None) -> str:
     return code_at(secret, int((time.time() if at is None else at) // STEP))
 
 
-def verify(secret: str, code: str, at: float | None = None, skew: int = 1) -> bool:
+def matching_step(secret: str, code: str, at: float | None = None,
+                  skew: int = 1) -> int | None:
+    """The latest time step within `skew` steps of `at` (default now) whose code is
+    `code`, or None. The caller must refuse a step it has accepted before
+    (RFC 6238 section 5.2: a code is good once); see `Store.use_totp_step`."""
     code = code.strip().replace(" ", "")
     if len(code) != DIGITS or not (code.isascii() and code.isdigit()):
-        return False
+        return None
     counter = int((time.time() if at is None else at) // STEP)
-    ok = False
-    for delta in range(-skew, skew + 1):        # no early exit: the same work either way
-        ok |= hmac.compare_digest(code_at(secret, counter + delta), code)
-    return ok
+    found = None
+    for step in range(counter - skew, counter + skew + 1):   # no early exit: same work
+        if hmac.compare_digest(code_at(secret, step), code):
+            found = step
+    return found
+
+
+def verify(secret: str, code: str, at: float | None = None, skew: int = 1) -> bool:
+    """Whether `code` is right at `at` (default now), replays not considered."""
+    return matching_step(secret, code, at, skew) is not None
 
 
 def otpauth_uri(secret: str, user: str, issuer: str = "nestgate") -> str:
