@@ -351,7 +351,7 @@ class HTTP1Connection(asyncio.Protocol):
         self._host = None
         self._chunked = False
         self._content_length = None
-        self._connection_header = False
+        self._unusual = False          # Transfer-Encoding, Content-Length or Connection seen
         self._body: Body | None = None
         self._body_size = 0
         self._sync = None
@@ -517,15 +517,17 @@ class HTTP1Connection(asyncio.Protocol):
             if self._host is not None or not value:
                 raise RequestError(400, "repeated or empty Host")
             self._host = value
-        elif kind == _TRANSFER_ENCODING:
+            return
+        # The rest make the request unusual: on_headers_complete then asks its version
+        # and checks its framing.
+        self._unusual = True
+        if kind == _TRANSFER_ENCODING:
             # Only a single `chunked`: anything else is a smuggling shape.
             if self._chunked or value.lower() != b"chunked":
                 raise RequestError(400, "Transfer-Encoding other than a single chunked")
             self._chunked = True
         elif kind == _CONTENT_LENGTH:
             self._content_length = int(value)      # llhttp has checked: digits, no repeat
-        else:
-            self._connection_header = True
 
     def _framing(self, version: str) -> bool:
         """Checks a request that declared a body; True when a body follows."""
@@ -554,7 +556,7 @@ class HTTP1Connection(asyncio.Protocol):
         body: its version, its Host (b"" for HTTP/1.0 without one) and whether a body
         follows."""
         self._host = None
-        self._connection_header = False
+        self._unusual = False
         version = self._checked_version()
         if host is None:
             if version == "1.1":
@@ -567,8 +569,7 @@ class HTTP1Connection(asyncio.Protocol):
         parser = self.parser
         host = self._host
         keep_alive = parser.should_keep_alive()
-        if host is None or not keep_alive or self._chunked or self._content_length is not None \
-                or self._connection_header:
+        if host is None or self._unusual or not keep_alive:
             host, version, has_body = self._unusual_head(host)
         else:
             # Kept alive without a Connection header is HTTP/1.1 (HTTP/1.0 needs
