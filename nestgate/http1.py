@@ -487,8 +487,8 @@ class HTTP1Connection(asyncio.Protocol):
 
     # The callbacks below run for every request: each callback and each attribute
     # touched costs, so there is no on_message_begin (the first piece of the target
-    # starts a request) and what a request rarely sets (_host, _chunked,
-    # _content_length) is put back by on_headers_complete only when it was set.
+    # starts a request) and what a request rarely sets (_chunked, _content_length,
+    # _unusual) is put back by on_headers_complete only when it was set.
     def on_url(self, url: bytes) -> None:
         if self.state == IDLE:
             self.state = HEAD
@@ -632,9 +632,8 @@ class HTTP1Connection(asyncio.Protocol):
                 self._answer_sync(handler, mode, method, path, host, label)
             return
 
-        req = Request(self, handler, route, method, url, qmark,
-                      version, self._headers, host, keep_alive,
-                      self._t0)
+        req = Request(self, handler, route, method, url, qmark, version, self._headers, host,
+                      keep_alive, self._t0)
         req.body = self._body = Body(self, self._expect_continue()) if has_body else None
         req.upgrade = parser.should_upgrade()
         req.cancel = None
