@@ -348,6 +348,7 @@ class HTTP1Connection(asyncio.Protocol):
         self._url = b""
         self._headers: list = []
         self._header_bytes = 0
+        self._head_taken = None        # bytes of an unfinished head after its first read
         self._host = None
         self._chunked = False
         self._content_length = None
@@ -484,6 +485,24 @@ class HTTP1Connection(asyncio.Protocol):
             self._close_when_idle()
         except httptools.HttpParserError:
             self._fail(400)
+            return
+        if self.state == HEAD:
+            self._head_unfinished(len(data))
+
+    def _head_unfinished(self, size: int) -> None:
+        """A read ended inside a request head. httptools holds a header line until it
+        ends, so one line without an end would grow without limit: the reads after the
+        one that began the head may bring `max_url + max_header_bytes` bytes in all
+        (the first read is bounded by the transport's buffer and left uncounted, since
+        it may begin with pipelined requests ahead of this one)."""
+        taken = self._head_taken
+        if taken is None:
+            self._head_taken = 0
+            return
+        taken += size
+        self._head_taken = taken
+        if taken > self._max_url + self._max_header_bytes:
+            self._fail(431)
 
     # The callbacks below run for every request: each callback and each attribute
     # touched costs, so there is no on_message_begin (the first piece of the target
@@ -494,6 +513,7 @@ class HTTP1Connection(asyncio.Protocol):
             self.state = HEAD
             self._headers = []
             self._header_bytes = 0
+            self._head_taken = None
             if self.logging:
                 self._t0 = time.perf_counter()
         else:

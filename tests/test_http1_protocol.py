@@ -158,6 +158,27 @@ def test_limits_answer_their_status_and_close(tight, request_bytes, status):
     assert tight.closed
 
 
+def test_header_line_without_end_is_bounded_across_reads(tight):
+    # httptools holds a header line until its CRLF: without a bound on the bytes a
+    # head takes across reads, one endless line would grow the worker's memory.
+    tight.send(b"GET / HTTP/1.1\r\nHost: a\r\nX-Endless: ")
+    for _ in range(8):
+        tight.send(b"b" * 64)
+        if tight.closed:
+            break
+    assert [r.status for r in tight.responses()] == [431] and tight.closed
+
+
+def test_head_bound_leaves_pipelined_requests_in_one_read_alone(tight):
+    # 64-byte URL and 256-byte header limits: the complete requests ahead of an
+    # unfinished head in the same read are not charged to it.
+    burst = b"GET /hello HTTP/1.1\r\nHost: a\r\nX-Pad: " + b"p" * 200 + b"\r\n\r\n"
+    tight.send(burst * 20 + b"GET /hello HTTP/1.1\r\nHost: a\r\n")
+    tight.send(b"X-Last: 1\r\n")
+    tight.send(b"\r\n")
+    assert [r.status for r in tight.responses()] == [200] * 21 and not tight.closed
+
+
 def test_partial_header_past_deadline_gets_408(tight):
     tight.send(b"GET / HTTP/1.1\r\nHost: a\r\n")
     tight.expire(0.1)                       # the tick sees a head being read

@@ -207,6 +207,18 @@ def test_refused_is_502_and_garbage_is_502(start_server, upstream):
     assert resp.status == 200
 
 
+def test_endless_response_head_is_502(start_server, upstream):
+    # httptools holds an unfinished header line: the proxy bounds the bytes a response
+    # head may take (64 KiB) and answers 502 at once, instead of buffering the
+    # upstream's megabyte and waiting for the line to end (504 after read_timeout).
+    up = upstream()
+    server = start_server(gateway(route(up.url, extra='read_timeout = "3s"')))
+    resp, body, conn = get(server.port(), "/endless-header")
+    assert resp.status == 502 and b"502" in body
+    resp, body, conn = get(server.port(), "/echo", conn=conn)
+    assert resp.status == 200
+
+
 def test_stall_before_headers_is_504(start_server, upstream):
     up = upstream()
     server = start_server(gateway(route(up.url, extra='read_timeout = "300ms"')))

@@ -8,6 +8,7 @@ own thread and loop, bound to 127.0.0.1:0. What it answers depends on the path:
   /slow-body       headers, 10 bytes, then waits until released (a stall mid-body)
   /stall           reads the request, never answers
   /garbage         answers bytes that are not HTTP
+  /endless-header  a status line, 1 MiB of one header line, then waits until released
   /reset-mid-body  promises 100000 bytes, sends 1000, then resets the connection
   /close           a body delimited by closing the connection (no length)
   /ws              101 Switching Protocols, then echoes every byte upper-cased
@@ -181,6 +182,16 @@ class Upstream:
         elif path == "/garbage":
             writer.write(b"this is not HTTP at all\r\n\r\n")
             await writer.drain()
+            return False
+        elif path == "/endless-header":
+            writer.write(b"HTTP/1.1 200 OK\r\nx-endless: ")
+            try:
+                for _ in range(64):
+                    writer.write(b"e" * 16384)
+                    await writer.drain()
+            except ConnectionError:
+                return False                # the proxy gave up on us: as it should
+            await self.release.wait()
             return False
         elif path == "/reset-mid-body":
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n" + b"x" * 1000)

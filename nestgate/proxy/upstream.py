@@ -25,6 +25,10 @@ from nestgate.http1 import Request
 
 WRITE_HIGH_WATER = 64 * 1024
 PENDING_HIGH_WATER = 256 * 1024   # response bytes held for a non-HTTP/1.1 client
+# Bytes an upstream may send before its response head is complete (nginx answers 502
+# "upstream sent too big header" past proxy_buffer_size, 4-8 KiB; apps with large
+# cookies need more). httptools holds an unfinished header line, so this bounds it.
+UPSTREAM_HEAD_MAX = 64 * 1024
 
 # Response headers never forwarded: hop-by-hop ones, and those the engine writes itself.
 RESPONSE_DROP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
@@ -111,7 +115,7 @@ class Exchange:
 
     __slots__ = ("conn", "req", "parser", "block", "status", "length", "chunked", "started",
                  "complete", "error", "waiter", "paused", "last", "t0", "sent_all",
-                 "upgrade_value", "upgrade_tail", "conn_tokens", "received", "out",
+                 "upgrade_value", "upgrade_tail", "conn_tokens", "received", "out", "head_taken",
                  "reusable", "fast", "target", "h1", "pending", "pending_size", "cancel",
                  "client")
 
@@ -155,6 +159,7 @@ class Exchange:
         self.upgrade_value = b""
         self.conn_tokens = None
         self.received = False
+        self.head_taken = 0           # bytes read while the response head is unfinished
         self.reusable = False         # ended cleanly: the handler gives the connection back
         self.fast = None              # the handler, when no coroutine waits (see `settle`)
         self.target = None
@@ -169,6 +174,11 @@ class Exchange:
         self.last = CLOCK.now
         try:
             self.parser.feed_data(data)
+            if not self.started:
+                self.head_taken += len(data)
+                if self.head_taken > UPSTREAM_HEAD_MAX and not self.complete:
+                    self.fail(BAD_GATEWAY)
+                    return
             out = self.out
             if out:
                 # What this read produced for the client, in one write.
