@@ -377,6 +377,8 @@ class HTTP1Connection(asyncio.Protocol):
             transport.write(ERRORS[503].render(CLOSE))
             transport.close()
             return
+        if ctx.draining:
+            self.drain()
         ctx.connections.add(self)
 
     def connection_lost(self, exc) -> None:
@@ -599,47 +601,55 @@ class HTTP1Connection(asyncio.Protocol):
             version = "1.1"
             has_body = False
         self._requests += 1
-        ctx = self.ctx
-        if keep_alive and (ctx.draining or self._requests >= self._keepalive_requests):
-            keep_alive = False
+        if keep_alive and self._requests >= self._keepalive_requests:
+            keep_alive = False               # (drain() makes this every request's case)
         self.state = BODY if has_body else IDLE
 
+        ctx = self.ctx
+        router = ctx.router
+        site = router.memo.get(host) or router.site_for(host)
         url = self._url
-        if url[0] != 47:                                   # not "/"
-            url = self._absolute_form(url, host)
-        if 63 in url:                                      # "?"
-            qmark = url.find(b"?")
-            raw_path = url[:qmark]
-            if 35 in url:                                  # "#"
-                raise RequestError(400, "fragment in request target")
-        else:
+        # An exact route is looked up with the target as it came: a key never holds
+        # "?" or "#" and always begins with "/", so a hit needs no splitting.
+        route = site.exact_raw.get(url)
+        if route is not None:
             qmark = -1
-            raw_path = url
+        else:
+            if url[0] != 47:                               # not "/"
+                url = self._absolute_form(url, host)
+            if 63 in url:                                  # "?"
+                qmark = url.find(b"?")
+                raw_path = url[:qmark]
+                if 35 in url:                              # "#"
+                    raise RequestError(400, "fragment in request target")
+            else:
+                qmark = -1
+                raw_path = url
+            route = site.exact_raw.get(raw_path) or site.found.get(raw_path) \
+                or ctx.route_slow(site, raw_path)
         if self.xff_trusted:
             self.client = forwarded_client(
                 self.peer, [v for n, v in self._headers if n == b"x-forwarded-for"],
                 ctx.trusted_proxies)
-        router = ctx.router
-        site = router.memo.get(host) or router.site_for(host)
-        route = site.exact_raw.get(raw_path) or site.found.get(raw_path) \
-            or ctx.route_slow(site, raw_path)
         handler, params, label, path = route
         method = parser.get_method()
         if method == b"CONNECT":
             raise RequestError(400, "CONNECT: nestgate is not a forward proxy")
         kind = handler.is_async
-        if kind is PEEK:                    # the common cached-file/page case, inline
-            handler = handler.peek(path, method, self._headers) or handler
-        elif kind is GATED:
-            handler = settle(handler, self, path, method, self._headers)
+        if kind:
+            if kind is PEEK:                # the common cached-file/page case, inline
+                handler = handler.peek(path, method, self._headers) or handler
+            elif kind is GATED:
+                handler = settle(handler, self, path, method, self._headers)
+            kind = handler.is_async
 
-        if not handler.is_async and not has_body and keep_alive and not self.logging \
+        if not kind and not has_body and keep_alive and not self.logging \
                 and self._active is None and not self._queue:
             # The common case, answered from here: a ready response, nothing ahead of it.
             handler.write_to(self.transport, KEEP_ALIVE_EXPLICIT, method == b"HEAD")
             return
 
-        if not handler.is_async:                 # a ready response
+        if not kind:                             # a ready response
             expect = has_body and self._expect_continue()
             if expect:
                 keep_alive = False   # the client may or may not send the body now
@@ -900,6 +910,7 @@ class HTTP1Connection(asyncio.Protocol):
         """Graceful stop. In-flight requests finish and are answered with
         `connection: close`; an idle connection may still send one request for
         DRAIN_IDLE_GRACE, then the tick closes it."""
+        self._keepalive_requests = 0         # every answer from now on ends the connection
 
 
 class ProxyProtocolConnection(HTTP1Connection):

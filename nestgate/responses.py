@@ -52,7 +52,7 @@ class Prebuilt:
 
     is_async = False
     __slots__ = ("status", "body", "_head", "_full_tails", "_head_tails", "content_length",
-                 "h2_cache", "write_to")
+                 "h2_cache", "write_to", "_kept_alive", "_kept_alive_date")
 
     def __init__(self, status: int, body: bytes = b"", content_type: str | None = None,
                  headers=()) -> None:
@@ -66,6 +66,10 @@ class Prebuilt:
         self._head_tails = CONNECTION_ENDINGS
         self.content_length = len(body)
         self.h2_cache = None          # the HTTP/2 header list, made on first use
+        # The whole keep-alive answer to a GET, as it was for `_kept_alive_date` (the
+        # clock's date line): rebuilt on the first request in a new second, not on each.
+        self._kept_alive = b""
+        self._kept_alive_date = None
         # Small responses go out as one joined bytes; above this, the body is handed to
         # writev as it is instead of being copied behind the head.
         self.write_to = self._write_joined if len(body) < WRITEV_ABOVE else self._write_vector
@@ -75,6 +79,13 @@ class Prebuilt:
         return self._head + CLOCK.date_line + tails[mode]
 
     def _write_joined(self, transport, mode: int, head_only: bool = False) -> None:
+        if mode == KEEP_ALIVE_EXPLICIT and not head_only:
+            date_line = CLOCK.date_line
+            if self._kept_alive_date is not date_line:
+                self._kept_alive = self._head + date_line + self._full_tails[mode]
+                self._kept_alive_date = date_line
+            transport.write(self._kept_alive)
+            return
         tails = self._head_tails if head_only else self._full_tails
         transport.write(self._head + CLOCK.date_line + tails[mode])
 
