@@ -207,6 +207,24 @@ def test_refused_is_502_and_garbage_is_502(start_server, upstream):
     assert resp.status == 200
 
 
+@pytest.mark.parametrize("kind", ["whole", "partial", "no-content"])
+@pytest.mark.parametrize("method", ["GET", "POST"])      # answered from callbacks, or a task
+def test_bytes_after_a_response_never_reach_the_next_client(start_server, upstream, kind,
+                                                             method):
+    # An upstream that sends more than the response it owes must not have the rest
+    # read as the next request's answer: the response stands, the connection is closed.
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    resp, body, first = get(server.port(), f"/overrun/{kind}", method=method,
+                            body=b"x" if method == "POST" else None)
+    assert (resp.status, body) == ((204, b"") if kind == "no-content" else (200, b"hi"))
+    for conn in (first, None):            # the same client, then another one
+        resp, body, _ = get(server.port(), "/echo", conn=conn)
+        assert resp.status == 200 and resp.getheader("x-evil") is None
+        assert json.loads(body)["target"] == "/echo"
+    assert up.connections == 2       # the spoilt one closed, its successor kept alive
+
+
 def test_endless_response_head_is_502(start_server, upstream):
     # httptools holds an unfinished header line: the proxy bounds the bytes a response
     # head may take (64 KiB) and answers 502 at once, instead of buffering the

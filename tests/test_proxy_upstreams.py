@@ -8,6 +8,9 @@ own thread and loop, bound to 127.0.0.1:0. What it answers depends on the path:
   /slow-body       headers, 10 bytes, then waits until released (a stall mid-body)
   /stall           reads the request, never answers
   /garbage         answers bytes that are not HTTP
+  /overrun/KIND    a whole 2-byte response "hi", then in the same write bytes it does
+                   not owe: KIND "whole" a second response, "partial" the start of one,
+                   "no-content" a 204 followed by a body (the connection stays open)
   /endless-header  a status line, 1 MiB of one header line, then waits until released
   /reset-mid-body  promises 100000 bytes, sends 1000, then resets the connection
   /close           a body delimited by closing the connection (no length)
@@ -183,6 +186,15 @@ class Upstream:
             writer.write(b"this is not HTTP at all\r\n\r\n")
             await writer.drain()
             return False
+        elif path.startswith("/overrun/"):
+            extra = {"whole": b"HTTP/1.1 200 OK\r\nx-evil: 1\r\ncontent-length: 22\r\n\r\n"
+                              b"another user's answer!",
+                     "partial": b"HTTP/1.1 200 OK\r\nx-ev",
+                     "no-content": b""}[path.rsplit("/", 1)[1]]
+            if extra:
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi" + extra)
+            else:
+                writer.write(b"HTTP/1.1 204 No Content\r\n\r\nnot a body")
         elif path == "/endless-header":
             writer.write(b"HTTP/1.1 200 OK\r\nx-endless: ")
             try:

@@ -46,6 +46,10 @@ _KINDS_LIMIT = 1024
 # Connection header values that name no other header.
 _PLAIN_CONNECTION = frozenset((b"keep-alive", b"close", b"Keep-Alive", b"Close"))
 
+class UpstreamOverrun(Exception):
+    """The upstream sent bytes after the response it owed."""
+
+
 # How an exchange ended badly: a status while nothing went to the client yet.
 BAD_GATEWAY, GATEWAY_TIMEOUT = 502, 504
 
@@ -174,24 +178,6 @@ class Exchange:
         self.last = CLOCK.now
         try:
             self.parser.feed_data(data)
-            if not self.started:
-                self.head_taken += len(data)
-                if self.head_taken > UPSTREAM_HEAD_MAX and not self.complete:
-                    self.fail(BAD_GATEWAY)
-                    return
-            out = self.out
-            if out:
-                # What this read produced for the client, in one write.
-                self.out = []
-                client = self.client
-                transport = client.transport
-                if not transport.is_closing():
-                    transport.write(out[0] if len(out) == 1 else b"".join(out))
-                if client.write_paused and not self.complete and not self.paused:
-                    self._pause_for_client()
-            if self.complete and self.fast is not None:
-                handler, self.fast = self.fast, None
-                handler.settled(self)
         except httptools.HttpParserUpgrade as exc:
             if self.status == 101 and self.fast is None:
                 self.upgrade_tail = data[exc.args[0]:]
@@ -200,8 +186,35 @@ class Exchange:
                 self._wake()
             else:
                 self.fail(BAD_GATEWAY)
+            return
         except httptools.HttpParserError:
-            self.fail(BAD_GATEWAY)
+            if not self.complete:
+                self.fail(BAD_GATEWAY)
+                return
+            # Bytes followed the whole response (a second response, a body after a
+            # HEAD or 204 answer, garbage): the upstream frames messages differently
+            # from us, so the response stands but the connection is never reused,
+            # or the next client would read what is left (RFC 9112 9.3).
+            self.reusable = False
+            self.conn.close()
+        if not self.started:
+            self.head_taken += len(data)
+            if self.head_taken > UPSTREAM_HEAD_MAX and not self.complete:
+                self.fail(BAD_GATEWAY)
+                return
+        out = self.out
+        if out:
+            # What this read produced for the client, in one write.
+            self.out = []
+            client = self.client
+            transport = client.transport
+            if not transport.is_closing():
+                transport.write(out[0] if len(out) == 1 else b"".join(out))
+            if client.write_paused and not self.complete and not self.paused:
+                self._pause_for_client()
+        if self.complete and self.fast is not None:
+            handler, self.fast = self.fast, None
+            handler.settled(self)
 
     def _flush(self) -> None:
         out, self.out = self.out, []
@@ -251,6 +264,10 @@ class Exchange:
             self.fail(BAD_GATEWAY)
 
     # ------------------------------------------------------ parser callbacks
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise UpstreamOverrun       # a message after ours: see `feed`
+
     def on_header(self, name: bytes, value: bytes, _kinds=_KINDS.get) -> None:
         kind = _kinds(name)
         if kind is None:
@@ -294,7 +311,7 @@ class Exchange:
 
     def on_body(self, chunk: bytes) -> None:
         if self.complete:
-            return
+            raise UpstreamOverrun       # a body after a HEAD answer: see `feed`
         if self.h1:
             data = self.req.frame(chunk)
             if data:
