@@ -41,6 +41,12 @@ MAX_CONCURRENT_STREAMS = 128
 _CONNECTION_HEADERS = frozenset((b"connection", b"keep-alive", b"proxy-connection",
                                  b"transfer-encoding", b"upgrade"))
 _STATUS = {s: str(s).encode() for s in range(100, 600)}
+# h2 refuses only CR, LF and NUL in field values, but the method and target are copied
+# into an upstream's HTTP/1.1 request line: a method must be a token (RFC 9110 5.6.2)
+# and a :path visible ASCII, as llhttp demands of HTTP/1.1. Deleting the allowed bytes
+# with `bytes.translate` leaves the bad ones; it is cheaper than a regular expression.
+_TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_VISIBLE = bytes(range(0x21, 0x7F))
 
 
 class ALPNSwitch:
@@ -338,10 +344,15 @@ class HTTP2Connection:
                 if name == b"host" and not authority:
                     authority = value
         try:
+            # Malformed (RFC 9113 8.1.1): 400 on this stream, the connection goes on.
+            if not method or method.translate(None, _TCHAR):
+                raise RequestError(400, ":method is not a token")
             if raw_target[:1] != b"/":
                 raise RequestError(400, ":path must be an absolute path")   # RFC 9113 8.3.1
             if len(raw_target) > self.limits.max_url:
                 raise RequestError(414)
+            if raw_target.translate(None, _VISIBLE):
+                raise RequestError(400, ":path has a byte outside visible ASCII")
             if size > self.limits.max_header_bytes or len(headers) > self.limits.max_headers:
                 raise RequestError(431)
             if self.xff_trusted:
@@ -350,6 +361,8 @@ class HTTP2Connection:
                     self.peer, [v for n, v in headers if n == b"x-forwarded-for"],
                     self.ctx.trusted_proxies)
             qmark = raw_target.find(b"?")
+            # The router checks the characters of :authority (or Host), once per
+            # distinct value, as for HTTP/1.1 (Router.site_for).
             route = self.ctx.route(authority, raw_target if qmark < 0 else raw_target[:qmark])
             label, path = route[2], route[3]
             handler = settle(route[0], self, path, method, headers)

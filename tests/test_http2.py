@@ -80,10 +80,11 @@ class Pump:
             client_side=True, header_encoding=None))
         self.client.initiate_connection()
 
-    def exchange(self, method: bytes, path: bytes, body: bytes = b"", headers=()):
+    def exchange(self, method: bytes, path: bytes, body: bytes = b"", headers=(),
+                 authority: bytes = b"a"):
         stream = self.client.get_next_available_stream_id()
         self.client.send_headers(stream, [(b":method", method), (b":path", path),
-                                          (b":scheme", b"https"), (b":authority", b"a"),
+                                          (b":scheme", b"https"), (b":authority", authority),
                                           *headers], end_stream=not body)
         pending = memoryview(body)
         status, data = 0, b""
@@ -165,4 +166,35 @@ def test_path_must_be_absolute():
     pump = Pump()
     for path in (b"hello", b"*", b"../x"):
         assert pump.exchange(b"GET", path)[0] == 400
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
+
+
+@pytest.mark.parametrize("method, path", [
+    (b"GET /private HTTP/1.1", b"/hello"),            # a second request line upstream
+    (b"GET\tX", b"/hello"),
+    (b"GE(T", b"/hello"),                              # "(" is not a tchar
+    (b"G\xc3\x89T", b"/hello"),
+    (b"GET", b"/hello world"),
+    (b"GET", b"/hello\xc3\xa9"),
+    (b"GET", b"/hello\x7f"),
+    (b"GET", b"/hello\x01"),
+], ids=["method-space", "method-tab", "method-non-token", "method-non-ascii",
+        "path-space", "path-non-ascii", "path-del", "path-ctl"])
+def test_malformed_method_or_path_is_400_on_its_stream_only(method, path):
+    pump = Pump()
+    status, body = pump.exchange(method, path)
+    assert status == 400 and b"400 Bad Request" in body
+    assert not pump.transport.closed
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
+
+
+def test_token_methods_with_unusual_characters_are_routed():
+    pump = Pump()
+    assert pump.exchange(b"X-Custom!#$%&'*+.^_`|~9", b"/hello") == (200, b"hello\n")
+    assert pump.exchange(b"GET", b"/hello?a=%20&b=~!$'()*,;:@") == (200, b"hello\n")
+
+
+def test_authority_with_a_space_is_400_from_the_router():
+    pump = Pump()
+    assert pump.exchange(b"GET", b"/hello", authority=b"a b")[0] == 400
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
