@@ -50,6 +50,9 @@ log = logging.getLogger("nestgate.http1")
 # Reading-side states.
 IDLE, HEAD, BODY = 0, 1, 2
 
+# `_header_bytes` while a body is read: any trailer field goes past the limit check.
+_TRAILERS = 1 << 62
+
 # Request header fields the engine reads itself, by lower-case name.
 _HOST, _TRANSFER_ENCODING, _CONTENT_LENGTH, _CONNECTION = range(4)
 _HEAD_FIELDS = {b"host": _HOST, b"transfer-encoding": _TRANSFER_ENCODING,
@@ -112,6 +115,11 @@ class Body:
             self._waiter.set_result(None)
 
     # used by handlers
+    @property
+    def awaits_continue(self) -> bool:
+        """The client waits for `100 Continue` before sending this body."""
+        return self._expect_continue
+
     @property
     def done(self) -> bool:
         return self._done and not self._chunks
@@ -178,6 +186,16 @@ class Request:
         self.task = None
         self.upgrade = False
 
+    def settle_keep_alive(self) -> bool:
+        """Whether the connection outlives this response, decided as the response
+        begins (its head says so). Not on a draining worker, and not when the client
+        was told to wait for `100 Continue` before its body and none was sent: it may
+        never send that body, so what follows on the connection is unknowable
+        (RFC 9110 10.1.1)."""
+        if self._conn.ctx.draining or (self.body is not None and self.body.awaits_continue):
+            self.keep_alive = False
+        return self.keep_alive
+
     def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
         """First value of a header, `name` in lower case."""
         for key, value in self.headers:
@@ -214,8 +232,7 @@ class Request:
             raise RuntimeError("response already started")
         self.started = True
         self.status = status
-        if self._conn.ctx.draining:
-            self.keep_alive = False
+        self.settle_keep_alive()
         if content_length is not None:
             framing = b"content-length: %d\r\n" % content_length
         elif status in (204, 304) or 100 <= status < 200:
@@ -274,7 +291,7 @@ class Request:
 
     async def send_prebuilt(self, response) -> None:
         """Answer with a `Prebuilt` response (a synchronous handler's answer)."""
-        mode = CLOSE if not self.keep_alive or self._conn.ctx.draining else KEEP_ALIVE_EXPLICIT
+        mode = KEEP_ALIVE_EXPLICIT if self.settle_keep_alive() else CLOSE
         data = response.render(mode, self.head_only)
         self.started = self.finished = True
         self.status = response.status
@@ -349,6 +366,9 @@ class HTTP1Connection(asyncio.Protocol):
         self._headers: list = []
         self._header_bytes = 0
         self._head_taken = None        # bytes of an unfinished head after its first read
+        self._trailer_bytes = 0        # trailer fields of the body being read
+        self._trailer_stray = 0        # bytes read in a row without body bytes
+        self._body_seen = 0            # _body_size at the last read
         self._host = None
         self._chunked = False
         self._content_length = None
@@ -488,15 +508,26 @@ class HTTP1Connection(asyncio.Protocol):
         except httptools.HttpParserError:
             self._fail(400)
             return
-        if self.state == HEAD:
-            self._head_unfinished(len(data))
+        if self.state:
+            self._unfinished(len(data))
 
-    def _head_unfinished(self, size: int) -> None:
-        """A read ended inside a request head. httptools holds a header line until it
-        ends, so one line without an end would grow without limit: the reads after the
-        one that began the head may bring `max_url + max_header_bytes` bytes in all
-        (the first read is bounded by the transport's buffer and left uncounted, since
-        it may begin with pipelined requests ahead of this one)."""
+    def _unfinished(self, size: int) -> None:
+        """A read ended inside a request. httptools holds a header or trailer line
+        until it ends, so one line without an end would grow without limit.
+        In a head, the reads after the one that began it may bring
+        `max_url + max_header_bytes` bytes in all (the first read is bounded by the
+        transport's buffer and left uncounted, since it may begin with pipelined
+        requests ahead of this one). In a body, reads that bring no body bytes (chunk
+        sizes, trailers) may bring `max_header_bytes` in a row."""
+        if self.state == BODY:
+            if self._body_size != self._body_seen:
+                self._body_seen = self._body_size
+                self._trailer_stray = 0
+                return
+            self._trailer_stray += size
+            if self._trailer_stray > self._max_header_bytes:
+                self._fail(431)
+            return
         taken = self._head_taken
         if taken is None:
             self._head_taken = 0
@@ -527,7 +558,7 @@ class HTTP1Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > self._max_header_bytes or len(self._headers) >= self._max_headers:
-            raise RequestError(431)
+            return self._over_limit(name, value)
         name = name.lower()
         self._headers.append((name, value))
         kind = _HEAD_FIELDS.get(name)
@@ -551,6 +582,18 @@ class HTTP1Connection(asyncio.Protocol):
         elif kind == _CONTENT_LENGTH:
             self._content_length = int(value)      # llhttp has checked: digits, no repeat
 
+    def _over_limit(self, name: bytes, value: bytes) -> None:
+        """Past a header limit, or a trailer field: once a body follows, `_framing`
+        puts `_header_bytes` out of reach so that trailers come here instead of
+        costing the usual path a check. Trailer fields are never merged into the
+        header section (RFC 9110 6.5.1): they are counted against the header limit
+        and dropped."""
+        if self.state != BODY:
+            raise RequestError(431)
+        self._trailer_bytes += len(name) + len(value) + 4
+        if self._trailer_bytes > self._max_header_bytes:
+            raise RequestError(431)
+
     def _framing(self, version: str) -> bool:
         """Checks a request that declared a body; True when a body follows."""
         chunked, length = self._chunked, self._content_length
@@ -562,7 +605,9 @@ class HTTP1Connection(asyncio.Protocol):
             raise RequestError(413)
         if chunked or length:
             self._body = None
-            self._body_size = 0
+            self._body_size = self._body_seen = 0
+            self._header_bytes = _TRAILERS
+            self._trailer_bytes = self._trailer_stray = 0
             return True
         return False
 
@@ -797,7 +842,7 @@ class HTTP1Connection(asyncio.Protocol):
 
     def _answer_error(self, req: Request, status: int) -> None:
         response = ERRORS.get(status) or ERRORS[500]
-        mode = CLOSE if not req.keep_alive or self.ctx.draining else KEEP_ALIVE_EXPLICIT
+        mode = KEEP_ALIVE_EXPLICIT if req.settle_keep_alive() else CLOSE
         data = response.render(mode, req.head_only)
         req.started = req.finished = True
         req.status = response.status

@@ -25,6 +25,25 @@ class Streamer:
         request.end()
 
 
+class Refuser:
+    """Answers 401 without reading the body, as an API refusing a request does."""
+    is_async = True
+
+    async def handle(self, request):
+        await request.send(401, [(b"content-type", b"text/plain")], b"no\n")
+
+
+class HeaderEcho:
+    """Reads the body, then answers with the request's header names, one per line."""
+    is_async = True
+
+    async def handle(self, request):
+        if request.body:
+            await request.body.read_all()
+        names = b"\n".join(name for name, _ in request.headers)
+        await request.send(200, [(b"content-type", b"text/plain")], names)
+
+
 class Broken:
     is_async = True
 
@@ -34,7 +53,8 @@ class Broken:
 
 @pytest.fixture
 def wire():
-    w = Wire(handlers={"/echo": Echo(), "/stream": Streamer(), "/broken": Broken()})
+    w = Wire(handlers={"/echo": Echo(), "/stream": Streamer(), "/broken": Broken(),
+                       "/refuse": Refuser(), "/headers": HeaderEcho()})
     yield w
     w.close()
 
@@ -99,6 +119,52 @@ def test_expect_100_not_sent_when_body_too_large(wire):
               b"Expect: 100-continue\r\n\r\n")
     assert [r.status for r in wire.responses()] == [413]
     assert wire.closed
+
+
+def test_answer_before_a_body_awaiting_100_continue_closes(wire):
+    # The client waits for 100 Continue and may never send the body: a response that
+    # comes first says `connection: close`, so nothing later is mistaken for body.
+    wire.send(b"PUT /refuse HTTP/1.1\r\nHost: a\r\nContent-Length: 20\r\n"
+              b"Expect: 100-continue\r\n\r\n")
+    [resp] = wire.responses()
+    assert resp.status == 401 and resp.headers["connection"] == "close"
+    assert wire.closed
+
+
+def test_answer_before_an_unexpected_body_keeps_the_connection(wire):
+    # Without Expect the body is on its way: it is read and dropped, the connection lives.
+    wire.send(b"PUT /refuse HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\ndata"
+              b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    assert [(r.status, r.headers["connection"]) for r in wire.responses()] == [
+        (401, "keep-alive"), (200, "keep-alive")]
+
+
+def test_trailer_fields_are_dropped_not_merged(wire):
+    # RFC 9110 6.5.1: trailers never join the header section, and a Host among them
+    # must not become the next request's Host.
+    wire.send(b"POST /headers HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+              b"1\r\nx\r\n0\r\nX-Remote-User: admin\r\nHost: up.test\r\n\r\n"
+              b"GET /hello HTTP/1.1\r\n\r\n")
+    first, second = wire.responses()
+    assert first.status == 200 and first.body.split(b"\n") == [b"host", b"transfer-encoding"]
+    assert second.status == 400 and wire.closed
+
+
+def test_trailer_fields_count_against_the_header_limit(tight):
+    tight.send(b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"1\r\nx\r\n0\r\n" + b"".join(b"X-T%d: %s\r\n" % (i, b"v" * 60) for i in range(5))
+               + b"\r\n")
+    assert [r.status for r in tight.responses()] == [431] and tight.closed
+
+
+def test_trailer_line_without_end_is_bounded(tight):
+    tight.send(b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"1\r\nx\r\n0\r\nX-Endless: ")
+    for _ in range(8):
+        tight.send(b"t" * 64)
+        if tight.closed:
+            break
+    assert [r.status for r in tight.responses()] == [431] and tight.closed
 
 
 def test_connection_close_is_honoured(wire):
