@@ -58,6 +58,18 @@ def get(port, path, method="GET", headers=None, body=None, conn=None, host="app.
     return resp, resp.read(), conn
 
 
+def get_lines(port, path, lines, conn=None, host="app.test"):
+    """A GET with these header field lines, in order: a name may come more than once."""
+    conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.putrequest("GET", path, skip_host=True, skip_accept_encoding=True)
+    conn.putheader("Host", host)
+    for name, value in lines:
+        conn.putheader(name, value)
+    conn.endheaders()
+    resp = conn.getresponse()
+    return resp, resp.read(), conn
+
+
 def rss_kib(pid: int) -> int:
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmRSS:"):
@@ -89,6 +101,63 @@ def test_forwarding_headers_both_ways(start_server, upstream):
     assert resp.getheader("x-upstream") == "up"
     assert resp.getheader("x-hop") is None and resp.getheader("keep-alive") is None
     assert resp.getheader("server") == "nestgate"
+
+
+def test_every_connection_line_names_hop_by_hop_request_headers(start_server, upstream):
+    # Connection is a list: its names may come on several field lines (RFC 9110 7.6.1).
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    lines = [("Connection", "X-Hop-A"), ("X-Hop-A", "1"), ("Connection", "keep-alive, X-Hop-B"),
+             ("X-Hop-B", "2"), ("X-Custom", "kept")]
+    conn = None
+    for _ in range(2):     # a new upstream connection, then a kept-alive one (callbacks)
+        resp, body, conn = get_lines(server.port(), "/echo", lines, conn=conn)
+        hdr = dict(json.loads(body)["headers"])
+        assert resp.status == 200 and hdr["x-custom"] == "kept"
+        assert "x-hop-a" not in hdr and "x-hop-b" not in hdr and "connection" not in hdr
+    assert up.connections == 1
+
+
+def test_every_connection_line_names_hop_by_hop_response_headers(start_server, upstream):
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    conn = None
+    for _ in range(2):
+        resp, body, conn = get(server.port(), "/connection-lines", conn=conn)
+        assert resp.status == 200 and body == b"ok"
+        assert resp.getheader("x-end-to-end") == "kept"
+        assert resp.getheader("x-hop-one") is None and resp.getheader("x-hop-two") is None
+    assert up.connections == 1       # "keep-alive" on the second line still counts
+
+
+CLIENT_CLAIMS = {"Forwarded": "for=198.51.100.7;proto=https", "X-Real-IP": "198.51.100.7",
+                 "X-Forwarded-For": "198.51.100.7"}
+
+
+def test_client_claims_of_its_address_are_dropped(start_server, upstream):
+    # X-Forwarded-* are nestgate's: an untrusted client's Forwarded and X-Real-IP would
+    # otherwise tell the upstream another address or scheme.
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    conn = None
+    for _ in range(2):
+        resp, body, conn = get(server.port(), "/echo", headers=CLIENT_CLAIMS, conn=conn)
+        hdr = dict(json.loads(body)["headers"])
+        assert resp.status == 200 and "forwarded" not in hdr and "x-real-ip" not in hdr
+        assert hdr["x-forwarded-for"] == "127.0.0.1" and hdr["x-forwarded-proto"] == "http"
+
+
+@pytest.mark.parametrize("top, extra", [('[client_ip]\ntrusted_proxies = ["127.0.0.1"]', ""),
+                                        ("", "forwarded = false")],
+                         ids=["trusted-proxy", "forwarded-off"])
+def test_client_claims_pass_from_trusted_proxies_or_when_not_forwarding(start_server, upstream,
+                                                                         top, extra):
+    up = upstream()
+    server = start_server(gateway(route(up.url, extra=extra), top=top))
+    resp, body, _ = get(server.port(), "/echo", headers=CLIENT_CLAIMS)
+    hdr = dict(json.loads(body)["headers"])
+    assert resp.status == 200 and hdr["forwarded"] == CLIENT_CLAIMS["Forwarded"]
+    assert hdr["x-real-ip"] == "198.51.100.7"
 
 
 def test_upstream_connections_are_kept_alive(start_server, upstream):

@@ -16,6 +16,8 @@ own thread and loop, bound to 127.0.0.1:0. What it answers depends on the path:
   /close           a body delimited by closing the connection (no length)
   /ws              101 Switching Protocols, then echoes every byte upper-cased
   /status/N        an empty response with status N
+  /connection-lines  a 2-byte response whose Connection header takes two field lines,
+                   each naming a header it also sends (x-hop-one, x-hop-two)
   /then-close      200, but the next request on that connection is dropped unanswered
                    (an upstream that closed a kept-alive connection as we reused it)
   /health          200, or 503 once `healthy` is False
@@ -152,6 +154,10 @@ class Upstream:
         if path.startswith("/status/"):
             status = int(path.rsplit("/", 1)[1])
             writer.write(b"HTTP/1.1 %d X\r\ncontent-length: 0\r\n\r\n" % status)
+        elif path == "/connection-lines":
+            writer.write(b"HTTP/1.1 200 OK\r\nconnection: x-hop-one\r\nx-hop-one: 1\r\n"
+                         b"x-hop-two: 2\r\nconnection: keep-alive, x-hop-two\r\n"
+                         b"x-end-to-end: kept\r\ncontent-length: 2\r\n\r\nok")
         elif path == "/health":
             status = 200 if self.healthy else 503
             writer.write(b"HTTP/1.1 %d X\r\ncontent-length: 2\r\n\r\nok" % status)

@@ -1,7 +1,8 @@
 """The proxy route handler: pick a target, forward the request, stream the answer.
 
 The request head is built from the headers as parsed (no re-parsing, no dicts):
-hop-by-hop headers are dropped, X-Forwarded-* set, the Host kept or replaced.
+hop-by-hop headers are dropped, X-Forwarded-* set (a client's own Forwarded and
+X-Real-IP dropped with them unless it is a trusted proxy), the Host kept or replaced.
 Retries go to another target only when nothing was sent upstream yet (the
 connect failed) and only for idempotent methods. A kept-alive connection that
 turns out to be closed by the upstream before it answered a byte is replaced
@@ -25,6 +26,9 @@ IDEMPOTENT = frozenset((b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"
 HOP_BY_HOP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
                         b"transfer-encoding", b"upgrade", b"expect", b"proxy-authorization"))
 FORWARDED = frozenset((b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host"))
+# Other headers that tell the upstream who the client is: believed from trusted
+# proxies only, as X-Forwarded-For is, whenever nestgate sets X-Forwarded-*.
+CLIENT_CLAIMS = frozenset((b"forwarded", b"x-real-ip"))
 _SCHEMES = {"http": b"http", "https": b"https"}
 
 
@@ -58,7 +62,7 @@ class ProxyHandler:
         drop = set(HOP_BY_HOP)
         drop.add(b"host")                       # written first, kept or the target's
         if opts.forwarded:
-            drop |= FORWARDED
+            drop |= FORWARDED | CLIENT_CLAIMS
         self.drop = frozenset(drop)
         self._picked: dict = {}                 # request -> target `begin` chose for `handle`
         self._tasks: list[asyncio.Task] = []
@@ -241,10 +245,11 @@ class ProxyHandler:
         upgrade = None
         xff = proto = fhost = None
         if special is not None:
-            conn_tokens = None
+            conn_tokens = claims = None
             for name, value in special:
                 if name == b"connection":
-                    conn_tokens = value
+                    # A list header: the names on every field line count (RFC 9110 7.6.1).
+                    conn_tokens = value if conn_tokens is None else conn_tokens + b"," + value
                 elif name == b"upgrade":
                     upgrade = value
                 elif name == b"x-forwarded-for":
@@ -253,6 +258,8 @@ class ProxyHandler:
                     proto = value
                 elif name == b"x-forwarded-host":
                     fhost = value
+                elif name in CLIENT_CLAIMS:
+                    claims = [(name, value)] if claims is None else claims + [(name, value)]
             if conn_tokens is not None:
                 # Headers the Connection header names are hop-by-hop too.
                 names = {t.strip().lower() for t in conn_tokens.split(b",")}
@@ -264,6 +271,10 @@ class ProxyHandler:
                             parts += (name, b": ", value, b"\r\n")
             if not getattr(conn, "xff_trusted", False):           # HTTP/2: not kept
                 xff = proto = fhost = None
+            elif claims is not None:
+                for name, value in claims:          # a trusted proxy's word, as its X-F-F
+                    if conn_tokens is None or name not in names:
+                        parts += (name, b": ", value, b"\r\n")
         if self.opts.forwarded:
             parts += (b"x-forwarded-for: ",
                       b", ".join(xff) + b", " + conn.peer.encode() if xff

@@ -279,7 +279,9 @@ class Exchange:
         elif kind == CHUNKED:
             self.chunked = value.lower().find(b"chunked") >= 0    # `in` costs an exception
         elif kind == CONNECTION:
-            self.conn_tokens = value
+            # A list header: the names on every field line count (RFC 9110 7.6.1).
+            tokens = self.conn_tokens
+            self.conn_tokens = value if tokens is None else tokens + b", " + value
         elif kind == UPGRADE:
             self.upgrade_value = value
 
