@@ -44,6 +44,7 @@ from nestgate.errors import HandlerError, RequestError
 from nestgate.responses import (CLOSE, CONNECTION_ENDINGS, CONTINUE, ERRORS,
                                 KEEP_ALIVE_EXPLICIT, SERVER_LINE, STATUS_LINES, header_block,
                                 status_line)
+from nestgate.sendwatch import SendWatch, cut
 
 log = logging.getLogger("nestgate.http1")
 
@@ -357,6 +358,7 @@ class HTTP1Connection(asyncio.Protocol):
         # Progress bookkeeping for the worker's tick (see the module docstring).
         self._seen = (0, IDLE)
         self._stalled = 0.0
+        self._send_watch = SendWatch()
         self._body_progress = False
         # answering side: the running async request, then what waits behind it
         self._active: Request | None = None
@@ -921,6 +923,11 @@ class HTTP1Connection(asyncio.Protocol):
     # ------------------------------------------------------------ worker hooks
     def tick(self, elapsed: float) -> None:
         """Called by the worker's tick with the seconds since the last one."""
+        transport = self.transport
+        if transport is not None and \
+                self._send_watch.stuck(transport, elapsed, self.limits.send_timeout):
+            cut(transport)
+            return
         if self._closing:
             return
         state = self.state

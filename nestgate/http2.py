@@ -33,6 +33,7 @@ from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError, RequestError
 from nestgate.http1 import DRAIN_IDLE_GRACE, Body, HTTP1Connection, Request
 from nestgate.responses import ERRORS
+from nestgate.sendwatch import SendWatch, cut
 
 log = logging.getLogger("nestgate.http2")
 
@@ -222,6 +223,7 @@ class HTTP2Connection:
         self.logging = False
         self.write_paused = False
         self._stalled = 0.0
+        self._send_watch = SendWatch()
         self._draining = False
         self._streams: dict[int, H2Request] = {}
         self._window_waiters: dict[int, asyncio.Future] = {}
@@ -553,7 +555,13 @@ class HTTP2Connection:
             self.close_gracefully()
 
     def tick(self, elapsed: float) -> None:
-        """Called by the worker's tick: close a connection idle past keepalive_timeout."""
+        """Called by the worker's tick: abort a connection whose client stopped reading
+        (send_timeout), close one idle past keepalive_timeout."""
+        transport = self.transport
+        if transport is not None and \
+                self._send_watch.stuck(transport, elapsed, self.limits.send_timeout):
+            cut(transport)
+            return
         if self._streams:
             self._stalled = 0.0
             return

@@ -156,7 +156,7 @@ class Worker:
     async def _tick(self) -> None:
         limits = self.config.limits
         shortest = min(limits.header_timeout, limits.body_timeout, limits.keepalive_timeout,
-                       self.config.log.flush_interval)
+                       limits.send_timeout, self.config.log.flush_interval)
         interval = max(0.05, min(1.0, shortest / 4))
         last_flush = last_tick = CLOCK.now
         while True:

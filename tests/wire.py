@@ -42,6 +42,9 @@ class FakeTransport:
     def is_closing(self) -> bool:
         return self.closed
 
+    def get_write_buffer_size(self) -> int:
+        return 0                      # every write is taken at once
+
     def get_extra_info(self, name, default=None):
         return self.peer if name == "peername" else default
 

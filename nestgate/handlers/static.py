@@ -36,6 +36,7 @@ from nestgate.handlers import PEEK
 from nestgate.responses import (CLOSE, CONNECTION_ENDINGS, KEEP_ALIVE, KEEP_ALIVE_EXPLICIT,
                                 SERVER_LINE, STATUS_LINES, Prebuilt, header_block, html_page,
                                 status_line)
+from nestgate.sendwatch import cut
 
 _READ_CHUNK = 256 * 1024
 _SENDFILE_CHUNK = 4 * 1024 * 1024
@@ -390,7 +391,8 @@ class StaticFiles:
         transport = getattr(request.connection, "transport", None)
         if request.scheme == "http" and request.version in ("1.0", "1.1") \
                 and transport is not None and transport.get_extra_info("socket") is not None:
-            await self._sendfile(request, transport, opened.fd, start, length)
+            await self._sendfile(request, transport, opened.fd, start, length,
+                                 request.connection.limits.send_timeout)
             request.sent += length
         else:                                 # TLS or HTTP/2: the bytes pass through us
             await self._send_reads(request, opened.fd, start, length)
@@ -406,14 +408,17 @@ class StaticFiles:
             offset += len(chunk)
             length -= len(chunk)
 
-    async def _sendfile(self, request, transport, fd: int, offset: int, length: int) -> None:
+    async def _sendfile(self, request, transport, fd: int, offset: int, length: int,
+                        send_timeout: float) -> None:
         """Zero-copy: wait for the transport's own buffer (the headers) to empty, then
-        `os.sendfile` on a duplicate of the socket's fd, waiting for writability on it."""
+        `os.sendfile` on a duplicate of the socket's fd, waiting for writability on it.
+        The bytes bypass the transport, so the connection's send watch cannot see them
+        wait: a client that takes nothing for `send_timeout` is cut off here."""
         loop = self.loop
         out = os.dup(transport.get_extra_info("socket").fileno())
         try:
             while transport.get_write_buffer_size():
-                await _writable(loop, out)
+                await _writable(loop, out, send_timeout)
                 await asyncio.sleep(0)
             while length > 0:
                 if transport.is_closing():
@@ -421,16 +426,17 @@ class StaticFiles:
                 try:
                     sent = os.sendfile(out, fd, offset, min(length, _SENDFILE_CHUNK))
                 except BlockingIOError:
-                    await _writable(loop, out)
+                    await _writable(loop, out, send_timeout)
                     continue
                 if sent == 0:
                     raise ConnectionAbortedError("file shrank while being sent")
                 offset += sent
                 length -= sent
-        except (BrokenPipeError, ConnectionError) as exc:
+        except (BrokenPipeError, ConnectionError, TimeoutError) as exc:
             request.keep_alive = False
-            transport.abort()
-            raise ConnectionAbortedError(str(exc)) from None
+            cut(transport)
+            raise ConnectionAbortedError(str(exc) or "client took no bytes for send_timeout") \
+                from None
         finally:
             os.close(out)
 
@@ -593,11 +599,12 @@ def _stat(path: str):
         return None
 
 
-async def _writable(loop, fd: int) -> None:
+async def _writable(loop, fd: int, timeout: float) -> None:
+    """Until `fd` takes bytes again; TimeoutError after `timeout` seconds."""
     waiter = loop.create_future()
     loop.add_writer(fd, _wake, waiter)
     try:
-        await waiter
+        await asyncio.wait_for(waiter, timeout)
     finally:
         loop.remove_writer(fd)
 
