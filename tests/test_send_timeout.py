@@ -8,28 +8,16 @@ import http.client
 import socket
 import time
 
+from conftest import BASIC_SITE
 from nestgate.sendwatch import SendWatch
 from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
 
 BIG = 16 * 1024 * 1024          # well past what loopback socket buffers hold
 
-SERVER = """
-[server]
-workers = 1
-
+# The basic site, a short send_timeout, and the routes of each test.
+SERVER = BASIC_SITE + """
 [limits]
 send_timeout = "1s"
-
-[[listen]]
-address = "127.0.0.1:0"
-
-[[site]]
-hosts = ["*"]
-
-[[site.route]]
-path = "/hello"
-type = "return"
-body = "hello\\n"
 {routes}
 """
 
