@@ -37,6 +37,8 @@ from nestgate.sendwatch import SendWatch, cut
 
 log = logging.getLogger("nestgate.http2")
 
+_CLOSED = h2.connection.ConnectionState.CLOSED
+
 MAX_CONCURRENT_STREAMS = 128
 # Connection-specific headers are illegal in HTTP/2 (RFC 9113 8.2.2).
 _CONNECTION_HEADERS = frozenset((b"connection", b"keep-alive", b"proxy-connection",
@@ -306,10 +308,15 @@ class HTTP2Connection:
             self.flush()              # h2 has queued GOAWAY with the error code
             self.transport.close()
             return
+        # h2 handles every frame of `data` before we see an event: a GOAWAY behind
+        # requests in the same read has closed the connection for sending already,
+        # so those requests cannot be answered (h2 would raise) and are dropped.
+        answerable = self.h2.state_machine.state is not _CLOSED
         for event in events:
             kind = type(event)
             if kind is h2.events.RequestReceived:
-                self._request(event)
+                if answerable:
+                    self._request(event)
             elif kind is h2.events.DataReceived:
                 self._data(event)
             elif kind is h2.events.StreamEnded:

@@ -198,3 +198,18 @@ def test_authority_with_a_space_is_400_from_the_router():
     pump = Pump()
     assert pump.exchange(b"GET", b"/hello", authority=b"a b")[0] == 400
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
+
+
+def test_requests_ahead_of_a_goaway_in_the_same_read_are_dropped_quietly():
+    # h2 processes the whole read first: after the GOAWAY it cannot send, so the
+    # request ahead of it goes unanswered (it used to raise out of data_received,
+    # a traceback per connection at the end of every load run).
+    pump = Pump()
+    pump.server.data_received(pump.client.data_to_send())
+    stream = pump.client.get_next_available_stream_id()
+    pump.client.send_headers(stream, [(b":method", b"GET"), (b":path", b"/hello"),
+                                      (b":scheme", b"https"), (b":authority", b"a")],
+                             end_stream=True)
+    pump.client.close_connection()
+    pump.server.data_received(pump.client.data_to_send())
+    assert pump.transport.closed
