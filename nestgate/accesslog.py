@@ -2,13 +2,17 @@
 
 One record per request; nothing is written per request. JSON lines (default) or
 the combined format, to a file or stdout. `reopen()` serves logrotate (SIGUSR1).
-Header values other than the User-Agent are never logged, so cookies and tokens
-stay out of the log.
+Of the request's headers only the User-Agent is logged, and in the combined format
+the Referer without its query, so cookies and tokens (also `?token=` in a referring
+URL) stay out of the log. Every record is one line whatever its fields hold: JSON is
+written as ASCII (`\u2028` escaped, never raw) and the combined format escapes
+control characters and Unicode line separators as nginx escapes control characters.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 
@@ -17,6 +21,8 @@ from nestgate.clock import CLOCK
 _MAX_BUFFERED = 10_000      # records; a burst above this is flushed early
 _PIPE_CHUNK = 4096          # stdout may be a pipe shared by workers: keep writes atomic
 
+log = logging.getLogger("nestgate.accesslog")
+
 
 class AccessLog:
     def __init__(self, cfg) -> None:
@@ -24,6 +30,7 @@ class AccessLog:
         self.path = cfg.path
         self.log_loopback = cfg.log_loopback
         self.fd = -1
+        self.dropped = 0            # records lost to write errors (full disk, closed pipe)
         self._records: list[tuple] = []
         self.reopen()
 
@@ -55,12 +62,26 @@ class AccessLog:
         batch, size = [], 0
         for line in lines:
             if size + len(line) > _PIPE_CHUNK and batch:
-                _write_all(self.fd, b"".join(batch))
+                self._write_batch(batch)
                 batch, size = [], 0
             batch.append(line)
             size += len(line)
         if batch:
-            _write_all(self.fd, b"".join(batch))
+            self._write_batch(batch)
+
+    def _write_batch(self, batch: list[bytes]) -> None:
+        error = _write_all(self.fd, b"".join(batch))
+        if error is not None:
+            # A full disk or a closed stdout must not take the server down; say so
+            # once per run of failures, and count what was lost.
+            if not self.dropped:
+                log.warning("request log %s: %s; records are dropped until writes work",
+                            self.path, error)
+            self.dropped += len(batch)
+        elif self.dropped:
+            log.warning("request log %s writable again; %d records were dropped",
+                        self.path, self.dropped)
+            self.dropped = 0
 
     def close(self) -> None:
         self.flush()
@@ -69,12 +90,21 @@ class AccessLog:
             self.fd = -1
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes) -> OSError | None:
+    """Writes `data`; the error that stopped it, if any. A line cut short by the error
+    is ended, so the next record starts on a line of its own."""
+    written = 0
     try:
-        while data:
-            data = data[os.write(fd, data):]
-    except OSError:
-        pass        # a full disk or closed stdout must not take the server down
+        while written < len(data):
+            written += os.write(fd, data[written:])
+    except OSError as exc:
+        if written and data[written - 1:written] != b"\n":
+            try:
+                os.write(fd, b"\n")
+            except OSError:
+                pass
+        return exc
+    return None
 
 
 def should_log(log_loopback: bool, client: str) -> bool:
@@ -99,12 +129,13 @@ def _json_line(r: tuple) -> bytes:
         "client": client, "method": _text(method), "host": _text(host), "path": path,
         "status": status, "bytes": sent, "duration_us": duration_us,
         "user_agent": _user_agent(headers), "route": route,
-    }, ensure_ascii=False).encode() + b"\n"
+    }).encode() + b"\n"
 
 
 # As nginx does: '"', '\\' and control characters as \xHH, so a field (the decoded path
 # may hold "%0A" as a newline) can neither end its quotes nor start a new line.
 _ESCAPES = {c: f"\\x{c:02X}" for c in (*range(0x20), *range(0x7F, 0xA0), 0x22, 0x5C)}
+_ESCAPES.update({c: f"\\u{c:04X}" for c in (0x2028, 0x2029)})   # Unicode line separators
 
 
 def _esc(value) -> str:
@@ -118,7 +149,7 @@ def _combined_line(r: tuple) -> bytes:
     referer = "-"
     for name, value in headers:
         if name == b"referer":
-            referer = _esc(value)
+            referer = _esc(value.partition(b"?")[0])     # a query may carry a token
     return (f'{client} - - [{stamp}] "{_esc(method)} {_esc(path)} HTTP/1.1" {status} {sent} '
             f'"{referer}" "{ua}" host="{_esc(host)}" route="{_esc(route)}" '
             f'us={duration_us}\n').encode()

@@ -348,6 +348,7 @@ class HTTP1Connection(asyncio.Protocol):
         self._sink = None              # after an upgrade: where client bytes go
         self._upgrade_tail = b""
         self.logging = False
+        self._timing = False           # requests are timed: they may be logged
         self.write_paused = False
         self._drain_waiter: asyncio.Future | None = None
         self._body_paused = False
@@ -385,11 +386,7 @@ class HTTP1Connection(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         ctx = self.ctx
-        peer = transport.get_extra_info("peername")
-        self.client = self.peer = ctx.client_address(peer)
-        self.logging = ctx.access_log is not None and ctx.should_log(self.client)
-        if ctx.trusted_proxies:
-            self.xff_trusted = self.client in ctx.trusted_proxies
+        self.set_client(ctx.client_address(transport.get_extra_info("peername")))
         transport.set_write_buffer_limits(WRITE_HIGH_WATER)
         # A connection accepted just before a graceful stop is still served (with
         # `connection: close`); only overload turns one away.
@@ -470,11 +467,14 @@ class HTTP1Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def set_client(self, address: str) -> None:
-        """The client is `address` (a PROXY header said so), not the socket peer."""
+        """The client is `address`: the socket peer, or what a PROXY header said.
+        Whether requests are logged is decided here, once, unless the peer is a
+        trusted proxy: then each request's client (from X-Forwarded-For) decides."""
         ctx = self.ctx
         self.client = self.peer = address
         self.logging = ctx.access_log is not None and ctx.should_log(address)
         self.xff_trusted = bool(ctx.trusted_proxies) and address in ctx.trusted_proxies
+        self._timing = self.logging or (self.xff_trusted and ctx.access_log is not None)
 
     def send_continue(self) -> None:
         if self._active is not None and not self._active.started:
@@ -549,7 +549,7 @@ class HTTP1Connection(asyncio.Protocol):
             self._headers = []
             self._header_bytes = 0
             self._head_taken = None
-            if self.logging:
+            if self._timing:
                 self._t0 = time.perf_counter()
         else:
             url = self._url + url
@@ -678,6 +678,7 @@ class HTTP1Connection(asyncio.Protocol):
             self.client = forwarded_client(
                 self.peer, [v for n, v in self._headers if n == b"x-forwarded-for"],
                 ctx.trusted_proxies)
+            self.logging = self._timing and ctx.should_log(self.client)
         handler, params, label, path = route
         method = parser.get_method()
         if method == b"CONNECT":

@@ -97,3 +97,56 @@ def test_stdout_writes_stay_whole_lines(capfd):
     log.flush()
     lines = capfd.readouterr().out.splitlines()
     assert [json.loads(l)["path"] for l in lines] == [f"/{i}" for i in range(200)]
+
+
+def test_behind_a_trusted_local_proxy_each_request_is_logged_by_its_client(tmp_path):
+    # The socket peer is loopback (not logged by default), but it is a trusted proxy:
+    # the client it names in X-Forwarded-For decides, request by request.
+    path = tmp_path / "access.log"
+    data = config_dict(log={"path": str(path)})
+    data["client_ip"] = {"trusted_proxies": ["127.0.0.1"]}
+    wire = Wire(data, peer=("127.0.0.1", 5000))
+    wire.send(b"GET /hello HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 203.0.113.9\r\n\r\n"
+              b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n"
+              b"GET /nope HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.4\r\n\r\n")
+    wire.worker.access_log.flush()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["client"], r["path"], r["status"]) for r in records] == [
+        ("203.0.113.9", "/hello", 200), ("198.51.100.4", "/nope", 404)]
+    assert all(r["duration_us"] < 10_000_000 for r in records)     # timed from its own start
+    wire.close()
+
+
+def test_a_record_is_one_line_whatever_its_fields_hold(tmp_path):
+    # NEL, U+2028 and CSI end a line for some readers (str.splitlines among them).
+    for fmt in ("json", "combined"):
+        (tmp_path / fmt).mkdir()
+        wire, path = logged_wire(tmp_path / fmt, ("203.0.113.7", 5000), format=fmt)
+        wire.send(b"GET /a%C2%85b%E2%80%A8c%C2%9Bd HTTP/1.1\r\nHost: a\r\n"
+                  b"User-Agent: x\xe2\x80\xa9y\r\n\r\n")
+        wire.worker.access_log.flush()
+        raw = path.read_bytes()
+        assert raw.count(b"\n") == 1 and len(raw.decode("utf-8").splitlines()) == 1, raw
+        for sep in (b"\xc2\x85", b"\xe2\x80\xa8", b"\xe2\x80\xa9", b"\xc2\x9b"):
+            assert sep not in raw
+        if fmt == "json":
+            assert json.loads(raw)["path"] == "/a\x85b\u2028c\x9bd"
+        wire.close()
+
+
+def test_referer_is_logged_without_its_query(tmp_path):
+    wire, path = logged_wire(tmp_path, ("203.0.113.8", 5000), format="combined")
+    wire.send(b"GET /hello HTTP/1.1\r\nHost: a\r\nReferer: https://a/login?token=s3cret\r\n\r\n")
+    wire.worker.access_log.flush()
+    line = path.read_text()
+    assert '"https://a/login"' in line and "s3cret" not in line
+    wire.close()
+
+
+def test_write_errors_drop_records_and_are_counted(caplog):
+    log = AccessLog(LogConfig(path="/dev/full"))
+    for i in range(3):
+        log.record("192.0.2.1", b"GET", b"h", f"/{i}", 200, 1, 0.0, [], "")
+    log.flush()                                 # must not raise: the server goes on
+    assert log.dropped == 3
+    assert any("records are dropped" in r.getMessage() for r in caplog.records)
