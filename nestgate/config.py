@@ -262,8 +262,25 @@ class _Section:
             return ""
         path = (self.base / value).resolve()
         if not path.is_file() or not os.access(path, os.R_OK):
+            # "" rather than the path: nothing after validation may try to read it.
             self.fail(name, "a path to a readable file", value)
+            return ""
         return str(path)
+
+    def file_bytes(self, name: str) -> bytes | None:
+        """The contents of the file `name` names: None if none is named, b"" (and a
+        problem) if it cannot be read."""
+        if not self.data.get(name):
+            self.str(name)                  # still type-checked and marked as seen
+            return None
+        path = self.readable_file(name)
+        if not path:
+            return b""
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            self.fail(name, f"a path to a readable file ({exc.strerror})", self.data[name])
+            return b""
 
     def directory(self, name: str, required: bool = False) -> str:
         value = self.str(name)
@@ -449,12 +466,12 @@ def _read_site(s: _Section, index: int) -> Site:
 
 def _return_options(s: _Section) -> dict[str, Any]:
     body = s.str("body")
-    body_file = s.readable_file("body_file")
-    if body and body_file:
+    body_file = s.file_bytes("body_file")
+    if body and body_file is not None:
         s.fail("body", "only one of body or body_file")
     return {
         "status": s.int("status", 200, 100, 599),
-        "body": Path(body_file).read_bytes() if body_file else body.encode(),
+        "body": body.encode() if body_file is None else body_file,
         "content_type": s.str("content_type", "text/plain; charset=utf-8"),
     }
 
@@ -570,6 +587,9 @@ def read_config(path: str | os.PathLike | None = None) -> Config:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: expected UTF-8 text ({exc.reason} "
+                           f"at byte {exc.start})"]) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

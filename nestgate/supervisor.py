@@ -209,6 +209,9 @@ class Supervisor:
         except ConfigError as exc:
             say("reload refused, the running config stays:\n  " + "\n  ".join(exc.problems))
             return
+        except Exception as exc:  # noqa: BLE001 - whatever breaks, the running config serves on
+            say(f"reload refused, the running config stays: cannot load the config: {exc!r}")
+            return
         try:
             self.bind(config)
         except OSError as exc:

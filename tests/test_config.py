@@ -132,3 +132,21 @@ def test_check_reports_toml_syntax_errors(tmp_path):
     path.write_text("[server\n")
     result = run_check("--config", str(path))
     assert result.returncode == 2 and "broken.toml: not valid TOML" in result.stderr
+
+
+@pytest.mark.parametrize("body_file", ["nope.html", "/proc/self/mem"])
+def test_check_lists_an_unreadable_body_file(tmp_path, body_file):
+    path = tmp_path / "nestgate.toml"
+    path.write_text('[[listen]]\naddress = "127.0.0.1:8080"\n[[site]]\n[[site.route]]\n'
+                    f'path = "/missing"\ntype = "return"\nbody_file = "{body_file}"\n')
+    result = run_check("--config", str(path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert ("nestgate.toml: site[0].route[0].body_file: expected a path to a readable file"
+            in result.stderr)
+
+
+def test_check_reports_a_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'# caf\xe9\n[[listen]]\naddress = "127.0.0.1:8080"\n')
+    result = run_check("--config", str(path))
+    assert result.returncode == 2 and "latin1.toml: expected UTF-8 text" in result.stderr

@@ -207,3 +207,17 @@ def wait_file(path: Path, predicate, timeout: float = 10, must_exist: bool = Tru
                 return text
         time.sleep(0.05)
     raise AssertionError(f"{path} never reached the expected content")
+
+
+def test_reload_naming_a_missing_body_file_keeps_the_running_config(start_server, tmp_path):
+    server = start_server(CONFIG.format(log=tmp_path / "a.log", body="good"))
+    server.config_path.write_text(CONFIG.format(log=tmp_path / "a.log", body="")
+                                  + 'body_file = "nope.html"\n')
+    mark = len(server.lines)
+    server.signal(signal.SIGHUP)
+    server.wait_for("reload refused", start=mark)
+    assert "expected a path to a readable file" in server.wait_for("body_file", start=mark)
+    assert server.proc.poll() is None
+    conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=5)
+    conn.request("GET", "/hello")
+    assert conn.getresponse().read() == b"good"
