@@ -1,8 +1,9 @@
 """The supervisor: binds the listeners once, forks the workers, keeps them running.
 
-It never serves a request. Listening sockets live here for the whole life of
-the process, so a reload never closes them: new workers start on the new
-config while the old ones stop accepting and drain.
+It never serves a request. Listening sockets live here, so a reload keeps the
+ones the new config still uses: new workers start on them while the old ones
+stop accepting and drain. Once the new workers are ready, the listeners the new
+config dropped are closed; a reload that fails keeps none it bound.
 
 Signals: SIGTERM/SIGINT graceful stop, SIGHUP reload (validated first; a bad
 config keeps the running one), SIGUSR1 forwarded to workers (log reopen).
@@ -78,23 +79,34 @@ class Supervisor:
         # Port 0 asks the kernel for a free port: each such listener is its own socket.
         return (listener.host, listener.port, position if listener.port == 0 else -1)
 
-    def bind(self, config: Config) -> None:
-        for position, listener in enumerate(config.listeners):
-            key = self._key(listener, position)
-            if key in self.sockets:
-                continue
-            family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind((listener.host, listener.port))
-            sock.listen(1024)
-            sock.setblocking(False)
-            self.sockets[key] = sock
-            host, port = sock.getsockname()[:2]
-            shown = f"[{host}]" if ":" in host else host
-            say(f"listening on {listener.scheme}://{shown}:{port}")
+    def bind(self, config: Config) -> list[tuple]:
+        """Bind the listeners `config` adds; their keys. All or none: a listener that
+        cannot be bound closes the ones this call bound before raising."""
+        added: list[tuple] = []
+        try:
+            for position, listener in enumerate(config.listeners):
+                key = self._key(listener, position)
+                if key not in self.sockets:
+                    self.sockets[key] = _listen(listener)
+                    added.append(key)
+        except BaseException:
+            self.close_sockets(added)
+            raise
+        return added
+
+    def close_sockets(self, keys) -> None:
+        for key in keys:
+            sock = self.sockets.pop(key)
+            say(f"no longer listening on {_address(sock)}")
+            sock.close()
+
+    def close_unused(self) -> None:
+        """Close the listeners no running generation uses any more. Draining workers
+        close their own copies, and then the kernel refuses connections on them."""
+        used = {self._key(listener, position)
+                for gen in self.generations if not gen.stopping
+                for position, listener in enumerate(gen.config.listeners)}
+        self.close_sockets([key for key in self.sockets if key not in used])
 
     def sockets_for(self, config: Config):
         return [(listener, self.sockets[self._key(listener, position)])
@@ -119,8 +131,12 @@ class Supervisor:
             signal.set_wakeup_fd(-1)
             for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
-            run_worker(gen.config, self.sockets_for(gen.config), gen.ssl_contexts,
-                       self.ready_w)
+            mine = self.sockets_for(gen.config)
+            # A copy of a listener this worker does not serve would keep it accepting
+            # after the supervisor closes it.
+            for sock in set(self.sockets.values()) - {sock for _l, sock in mine}:
+                sock.close()
+            run_worker(gen.config, mine, gen.ssl_contexts, self.ready_w)
         slot.pid = pid
         slot.started = time.monotonic()
         self.by_pid[pid] = (gen, slot)
@@ -146,6 +162,7 @@ class Supervisor:
         for old in self.generations:
             if old is not gen and not old.stopping:
                 self.stop_generation(old)
+        self.close_unused()
         say(f"reloaded ({len(gen.slots)} workers on the new config)")
 
     def stop_generation(self, gen: Generation) -> None:
@@ -213,11 +230,15 @@ class Supervisor:
             say(f"reload refused, the running config stays: cannot load the config: {exc!r}")
             return
         try:
-            self.bind(config)
+            added = self.bind(config)
         except OSError as exc:
             say(f"reload refused, the running config stays: cannot bind: {exc}")
             return
-        self.start_generation(config)
+        try:
+            self.start_generation(config)
+        except Exception as exc:  # noqa: BLE001 - e.g. a certificate that changed since load
+            self.close_sockets(added)
+            say(f"reload refused, the running config stays: cannot start: {exc!r}")
 
     def forward(self, sig: int) -> None:
         for pid in list(self.by_pid):
@@ -271,6 +292,28 @@ class Supervisor:
 
     def _note_signal(self, sig, _frame) -> None:
         self.pending_signals.append(sig)
+
+
+def _listen(listener) -> socket.socket:
+    family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((listener.host, listener.port))
+        sock.listen(1024)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    say(f"listening on {listener.scheme}://{_address(sock)}")
+    return sock
+
+
+def _address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _kill(pid: int, sig: int) -> None:

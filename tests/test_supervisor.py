@@ -221,3 +221,50 @@ def test_reload_naming_a_missing_body_file_keeps_the_running_config(start_server
     conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=5)
     conn.request("GET", "/hello")
     assert conn.getresponse().read() == b"good"
+
+
+def answers(host: str, port: int) -> bytes:
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    conn.request("GET", "/hello")
+    return conn.getresponse().read()
+
+
+def refuses(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_reload_moving_the_listener_closes_the_old_one(start_server, tmp_path):
+    log = tmp_path / "a.log"
+    server = start_server(CONFIG.format(log=log, body="one"))
+    old_port = server.port()
+    server.config_path.write_text(CONFIG.format(log=log, body="two")
+                                  .replace("127.0.0.1:0", "127.0.0.2:0"))
+    mark = len(server.lines)
+    server.signal(signal.SIGHUP)
+    line = server.wait_for("listening on http://127.0.0.2:", start=mark)
+    new_port = int(line.rsplit(":", 1)[1])
+    server.wait_for("previous workers finished", start=mark)
+    assert f"no longer listening on 127.0.0.1:{old_port}" in server.wait_for("no longer",
+                                                                              start=mark)
+    assert refuses("127.0.0.1", old_port)
+    assert answers("127.0.0.2", new_port) == b"two"
+
+
+def test_reload_that_cannot_bind_every_listener_keeps_none_of_them(start_server, tmp_path):
+    log = tmp_path / "a.log"
+    server = start_server(CONFIG.format(log=log, body="one"))
+    taken = socket.create_server(("127.0.0.1", 0))
+    with taken:
+        server.config_path.write_text(
+            CONFIG.format(log=log, body="two").replace("127.0.0.1:0", "127.0.0.2:0")
+            + f'[[listen]]\naddress = "127.0.0.1:{taken.getsockname()[1]}"\n')
+        mark = len(server.lines)
+        server.signal(signal.SIGHUP)
+        line = server.wait_for("listening on http://127.0.0.2:", start=mark)
+        assert "cannot bind" in server.wait_for("reload refused", start=mark)
+    assert refuses("127.0.0.2", int(line.rsplit(":", 1)[1]))
+    assert answers("127.0.0.1", server.port()) == b"one"
