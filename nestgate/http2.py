@@ -12,6 +12,12 @@ task per stream. Streams are independent, so there is no pipelining queue.
 Flow control: request body data is acknowledged (window reopened) as the handler
 consumes it, so a slow handler holds back the client instead of buffering; response
 data waits for the client's window.
+
+Abuse: a stream costs work (a task, maybe an upstream request) before the client can
+cancel it, so streams the client resets before they were answered are counted and
+too many end the connection with GOAWAY(ENHANCE_YOUR_CALM) (rapid reset,
+CVE-2023-44487). A connection carries at most `keepalive_requests` streams; then a
+GOAWAY(NO_ERROR) names the last one and the streams in flight finish.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.settings
+import hyperframe.frame
 
 from nestgate.handlers import settle
 from nestgate.clientip import forwarded_client
@@ -40,6 +48,15 @@ log = logging.getLogger("nestgate.http2")
 _CLOSED = h2.connection.ConnectionState.CLOSED
 
 MAX_CONCURRENT_STREAMS = 128
+# Rapid reset (CVE-2023-44487). A browser leaving a page cancels what it has in
+# flight, at most MAX_CONCURRENT_STREAMS at a time, so a few hundred resets are
+# ordinary. Past RESET_ALLOWANCE, a connection on which the client reset more than
+# half of the streams it opened (before they were answered) is only making us work
+# for nothing; RESET_CAP bounds the resets of any connection whatever its streams
+# (it matters when `keepalive_requests` allows more than that many streams).
+RESET_ALLOWANCE = 2 * MAX_CONCURRENT_STREAMS
+RESET_CAP = 1000
+_NO_GOAWAY = 1 << 31              # above any stream id: no GOAWAY sent yet
 # Connection-specific headers are illegal in HTTP/2 (RFC 9113 8.2.2).
 _CONNECTION_HEADERS = frozenset((b"connection", b"keep-alive", b"proxy-connection",
                                  b"transfer-encoding", b"upgrade"))
@@ -227,6 +244,10 @@ class HTTP2Connection:
         self._stalled = 0.0
         self._send_watch = SendWatch()
         self._draining = False
+        self._opened = 0               # streams accepted, for keepalive_requests
+        self._wasted = 0               # streams reset by the client before an answer
+        self._last_stream = _NO_GOAWAY  # the last stream a GOAWAY let through
+        self._sending: set[int] = set()   # streams answered by a background send
         self._streams: dict[int, H2Request] = {}
         self._window_waiters: dict[int, asyncio.Future] = {}
         self.outboxes: dict[int, collections.deque] = {}   # data queued by `push`, per stream
@@ -326,16 +347,50 @@ class HTTP2Connection:
             elif kind is h2.events.WindowUpdated:
                 self._window_opened(event.stream_id)
             elif kind is h2.events.StreamReset:
-                req = self._streams.pop(event.stream_id, None)
-                if req is not None:
-                    self._abandon(req)
+                if self._client_reset(event.stream_id):
+                    self._calm()
+                    return
             elif kind is h2.events.ConnectionTerminated:
                 self.transport.close()
                 return
         self.flush()
+        if self._last_stream != _NO_GOAWAY:
+            self._idle()
+
+    def _client_reset(self, stream_id: int) -> bool:
+        """The client reset a stream: drop its work. True when it reset too many
+        streams before they were answered (see RESET_ALLOWANCE)."""
+        req = self._streams.pop(stream_id, None)
+        if req is not None:
+            self._abandon(req)
+        elif stream_id not in self._sending:
+            return False                     # answered already: nothing was wasted
+        self._stop_sender(stream_id)
+        self._wasted += 1
+        wasted = self._wasted
+        return wasted >= RESET_CAP or (wasted > RESET_ALLOWANCE and 2 * wasted > self._opened)
+
+    def _calm(self) -> None:
+        log.warning("HTTP/2 client %s reset %d of %d streams: connection closed",
+                    self.peer, self._wasted, self._opened)
+        try:
+            self.h2.close_connection(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        except h2.exceptions.ProtocolError:
+            pass
+        self.flush()
+        self.transport.close()
+        for req in list(self._streams.values()):
+            self._abandon(req)
+        self._streams.clear()
 
     def _request(self, event) -> None:
         stream_id = event.stream_id
+        if stream_id > self._last_stream:        # opened after our GOAWAY
+            self._reset(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return
+        self._opened += 1
+        if self._opened >= self.limits.keepalive_requests and self._last_stream == _NO_GOAWAY:
+            self._goaway_after(stream_id)
         method = raw_target = authority = b""
         headers = []
         size = 0
@@ -409,10 +464,14 @@ class HTTP2Connection:
                                        len(body), t0, headers, label)
 
     async def _send_rest(self, stream_id: int, body: bytes) -> None:
+        self._sending.add(stream_id)
         try:
             await self.send_data(stream_id, body, end=True)
         except (ConnectionResetError, h2.exceptions.StreamClosedError):
             pass
+        finally:
+            self._sending.discard(stream_id)
+        self._idle()
 
     def _data(self, event) -> None:
         req = self._streams.get(event.stream_id)
@@ -508,6 +567,7 @@ class HTTP2Connection:
         outbox.append(data)
 
     async def _pump(self, stream_id: int, outbox) -> None:
+        self._sending.add(stream_id)
         try:
             while outbox:
                 await self.send_data(stream_id, outbox[0])
@@ -520,9 +580,11 @@ class HTTP2Connection:
             self.outboxes.pop(stream_id, None)
             self._end_after.discard(stream_id)
         finally:
+            self._sending.discard(stream_id)
             for waiter in self._sent_waiters.pop(stream_id, ()):
                 if not waiter.done():
                     waiter.set_result(None)
+        self._idle()
 
     async def wait_sent(self, stream_id: int) -> None:
         """Until the data queued on the stream is out (or the stream is gone)."""
@@ -549,6 +611,13 @@ class HTTP2Connection:
         req = self._streams.pop(stream_id, None)
         if req is not None:
             self._abandon(req)
+        self._stop_sender(stream_id)
+
+    def _stop_sender(self, stream_id: int) -> None:
+        """A send waiting for the window of a stream that is gone gives up."""
+        waiter = self._window_waiters.get(stream_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionResetError("stream reset"))
 
     def _abandon(self, req: H2Request) -> None:
         if req.body is not None:
@@ -558,8 +627,20 @@ class HTTP2Connection:
 
     # ------------------------------------------------------------ worker hooks
     def _idle(self) -> None:
-        if not self._streams and self._draining:
+        if not self._streams and not self._sending and \
+                (self._draining or self._last_stream != _NO_GOAWAY):
             self.close_gracefully()
+
+    def _goaway_after(self, stream_id: int) -> None:
+        """GOAWAY(NO_ERROR) naming `stream_id` as the last stream served; the streams
+        in flight finish, then the connection closes. Written past h2, whose state
+        machine would refuse to send anything more after its own GOAWAY."""
+        self._last_stream = stream_id
+        self.flush()
+        frame = hyperframe.frame.GoAwayFrame(stream_id=0, last_stream_id=stream_id,
+                                             error_code=h2.errors.ErrorCodes.NO_ERROR)
+        if not self.transport.is_closing():
+            self.transport.write(frame.serialize())
 
     def tick(self, elapsed: float) -> None:
         """Called by the worker's tick: abort a connection whose client stopped reading
@@ -580,12 +661,12 @@ class HTTP2Connection:
     def close_gracefully(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        self.h2.close_connection()
+        self.h2.close_connection(
+            last_stream_id=min(self._last_stream, self.h2.highest_inbound_stream_id))
         self.flush()
         self.transport.close()
 
     def drain(self) -> None:
         """Graceful stop: GOAWAY when the last stream in flight is done."""
         self._draining = True
-        if not self._streams:
-            self.close_gracefully()
+        self._idle()

@@ -1,0 +1,115 @@
+"""HTTP/2 limits at the protocol level: resets, stream counts, timeouts, sizes."""
+
+from __future__ import annotations
+
+import h2.errors
+import h2.events
+import hyperframe.frame
+
+from test_http2 import Pump
+from wire import config_dict
+
+_GET = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"a")]
+
+
+class Hang:
+    """Never answers: stands for a slow upstream."""
+    is_async = True
+    started = 0
+
+    async def handle(self, request):
+        Hang.started += 1
+        await request.connection.loop.create_future()
+
+
+def open_stream(pump, path: bytes, end: bool = True, headers=(), method=b"GET") -> int:
+    stream = pump.client.get_next_available_stream_id()
+    pump.client.send_headers(stream, [(b":method", method), (b":path", path),
+                                      (b":scheme", b"https"), (b":authority", b"a"),
+                                      *headers], end_stream=end)
+    return stream
+
+
+def step(pump) -> list:
+    """Client bytes to the server, let handlers run, the server's answer as events."""
+    out = pump.client.data_to_send()
+    if out and not pump.transport.closed:
+        pump.server.data_received(out)
+    pump.wire.run(5)
+    inbound, pump.transport.out = bytes(pump.transport.out), bytearray()
+    return pump.client.receive_data(inbound) if inbound else []
+
+
+def goaway(events):
+    found = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+    return found[0] if found else None
+
+
+def test_rapid_reset_ends_the_connection_with_enhance_your_calm():
+    pump = Pump(handlers={"/hang": Hang()})
+    Hang.started = 0
+    events = []
+    for _ in range(40):                      # 40 x 10 streams opened and reset at once
+        for _ in range(10):
+            stream = open_stream(pump, b"/hang")
+            pump.client.reset_stream(stream)
+        events += step(pump)
+        if pump.transport.closed:
+            break
+    end = goaway(events)
+    assert end is not None and end.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    assert pump.transport.closed
+    assert not pump.server._streams
+
+
+def test_streams_reset_after_their_answer_are_not_counted():
+    pump = Pump()
+    for _ in range(30):
+        for _ in range(10):
+            stream = open_stream(pump, b"/hello", end=False, method=b"POST")
+            step(pump)                         # answered while the body is still due
+            pump.client.reset_stream(stream)
+        assert goaway(step(pump)) is None
+    assert not pump.transport.closed
+
+
+def frames(data: bytes) -> list:
+    """The frames in what the server wrote (for what h2's client cannot take: it
+    stops accepting frames once it has read a GOAWAY, RFC 9113 6.8 notwithstanding)."""
+    out = []
+    while data:
+        frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(data[:9]))
+        frame.parse_body(memoryview(data[9:9 + length]))
+        out.append(frame)
+        data = data[9 + length:]
+    return out
+
+
+def raw_step(pump) -> list:
+    pump.server.data_received(pump.client.data_to_send())
+    pump.wire.run(5)
+    inbound, pump.transport.out = bytes(pump.transport.out), bytearray()
+    return frames(inbound)
+
+
+def test_keepalive_requests_bounds_the_streams_of_a_connection():
+    pump = Pump(config_dict(limits={"keepalive_requests": 3}))
+    step(pump)
+    slow = open_stream(pump, b"/echo", end=False, method=b"POST")   # body still due
+    assert goaway(step(pump)) is None
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
+    third = open_stream(pump, b"/hello")
+    sent = raw_step(pump)
+    kinds = [(type(f).__name__, f.stream_id) for f in sent]
+    assert kinds.index(("GoAwayFrame", 0)) < kinds.index(("HeadersFrame", third))
+    away = [f for f in sent if isinstance(f, hyperframe.frame.GoAwayFrame)][0]
+    assert (away.last_stream_id, away.error_code) == (third, 0)
+    assert not pump.transport.closed           # the stream in flight goes on
+    late = open_stream(pump, b"/hello")          # sent before the client saw the GOAWAY
+    pump.client.send_data(slow, b"body", end_stream=True)
+    sent = raw_step(pump)
+    assert [(type(f).__name__, f.stream_id) for f in sent if f.stream_id][:1] == \
+        [("RstStreamFrame", late)]
+    assert any(isinstance(f, hyperframe.frame.DataFrame) and f.stream_id == slow
+               and f.data == b"body" for f in sent)
+    assert pump.transport.closed
