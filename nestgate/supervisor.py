@@ -27,6 +27,9 @@ from nestgate.tls import server_context
 RESTART_BACKOFF_MIN = 0.1
 STABLE_AFTER = 10.0          # a worker that lived this long resets its back-off
 KILL_GRACE = 2.0             # after the shutdown deadline, SIGKILL stragglers
+# The signals the supervisor handles: blocked across fork, so none reaches a new
+# worker while it still has the supervisor's handlers.
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 
 
 def say(message: str) -> None:
@@ -52,6 +55,7 @@ class Generation:
     ssl_contexts: dict
     slots: list[Slot] = field(default_factory=list)
     ready: set[int] = field(default_factory=set)
+    was_ready: bool = False                 # every slot has reported ready once
     stopping: bool = False
     stop_deadline: float = 0.0
 
@@ -66,6 +70,8 @@ class Supervisor:
         self.config_path, self.listen, self.workers = config_path, listen, workers
         self.sockets: dict[tuple, socket.socket] = {}
         self.generations: list[Generation] = []
+        self.started_generations = 0
+        self.ever_ready = False             # some generation has served
         self.by_pid: dict[int, tuple[Generation, Slot]] = {}
         self.pending_signals: list[int] = []
         self.stopping = False
@@ -115,9 +121,15 @@ class Supervisor:
     # ----------------------------------------------------------- workers
     def start_generation(self, config: Config) -> Generation:
         contexts = {l: server_context(l) for l in config.listeners if l.tls}
-        number = len(self.generations) + 1
+        self.started_generations += 1
+        number = self.started_generations
         gen = Generation(number, config, contexts)
         gen.slots = [Slot(number, i) for i in range(config.worker_count)]
+        # A generation still starting is outdated by this one: were it to become
+        # ready later, it would replace a newer config with an older one.
+        for older in self.generations:
+            if not older.was_ready and not older.stopping:
+                self.stop_generation(older)
         self.generations.append(gen)
         for slot in gen.slots:
             self.fork(gen, slot)
@@ -125,18 +137,25 @@ class Supervisor:
 
     def fork(self, gen: Generation, slot: Slot) -> None:
         from nestgate.worker import run_worker
-        pid = os.fork()
-        if pid == 0:
-            os.close(self.ready_r)
-            signal.set_wakeup_fd(-1)
-            for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
-                signal.signal(sig, signal.SIG_DFL)
-            mine = self.sockets_for(gen.config)
-            # A copy of a listener this worker does not serve would keep it accepting
-            # after the supervisor closes it.
-            for sock in set(self.sockets.values()) - {sock for _l, sock in mine}:
-                sock.close()
-            run_worker(gen.config, mine, gen.ssl_contexts, self.ready_w)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                os.close(self.ready_r)
+                signal.set_wakeup_fd(-1)
+                for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
+                    signal.signal(sig, signal.SIG_DFL)
+                for sig in (signal.SIGINT, signal.SIGHUP):      # the supervisor decides
+                    signal.signal(sig, signal.SIG_IGN)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                mine = self.sockets_for(gen.config)
+                # A copy of a listener this worker does not serve would keep it accepting
+                # after the supervisor closes it.
+                for sock in set(self.sockets.values()) - {sock for _l, sock in mine}:
+                    sock.close()
+                run_worker(gen.config, mine, gen.ssl_contexts, self.ready_w)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         slot.pid = pid
         slot.started = time.monotonic()
         self.by_pid[pid] = (gen, slot)
@@ -152,18 +171,21 @@ class Supervisor:
                 continue
             gen, _slot = self.by_pid[pid]
             gen.ready.add(pid)
-            if len(gen.ready) == len(gen.slots) and not gen.stopping:
+            if len(gen.ready) == len(gen.slots) and not gen.stopping and not gen.was_ready:
                 self.generation_ready(gen)
 
     def generation_ready(self, gen: Generation) -> None:
-        if gen.number == 1 and len(self.generations) == 1:
-            say(f"ready ({len(gen.slots)} workers)")
-            return
+        """`gen` serves from now on: older generations stop, newer ones keep starting."""
+        gen.was_ready = True
         for old in self.generations:
-            if old is not gen and not old.stopping:
+            if old.number < gen.number and not old.stopping:
                 self.stop_generation(old)
         self.close_unused()
-        say(f"reloaded ({len(gen.slots)} workers on the new config)")
+        if not self.ever_ready:
+            self.ever_ready = True
+            say(f"ready ({len(gen.slots)} workers)")
+        else:
+            say(f"reloaded ({len(gen.slots)} workers on the new config)")
 
     def stop_generation(self, gen: Generation) -> None:
         gen.stopping = True

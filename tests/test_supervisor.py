@@ -268,3 +268,47 @@ def test_reload_that_cannot_bind_every_listener_keeps_none_of_them(start_server,
         assert "cannot bind" in server.wait_for("reload refused", start=mark)
     assert refuses("127.0.0.2", int(line.rsplit(":", 1)[1]))
     assert answers("127.0.0.1", server.port()) == b"one"
+
+
+def supervisor_with_fake_workers(monkeypatch):
+    """A Supervisor whose forks only hand out pids; the signals it sends are recorded."""
+    from nestgate import supervisor as module
+    sup = module.Supervisor(None, None, None, None)
+    pids = iter(range(1000, 2000))
+    signalled: list[tuple[int, int]] = []
+
+    def fork(gen, slot):
+        slot.pid = next(pids)
+        sup.by_pid[slot.pid] = (gen, slot)
+    monkeypatch.setattr(sup, "fork", fork)
+    monkeypatch.setattr(module, "_kill", lambda pid, sig: signalled.append((pid, sig)))
+    return sup, signalled
+
+
+def report_ready(sup, gen) -> None:
+    os.write(sup.ready_w, b"".join(b"%d\n" % slot.pid for slot in gen.slots))
+    sup.on_ready()
+
+
+def test_two_reloads_close_together_end_on_the_last_config(monkeypatch):
+    from nestgate.config import parse_config
+    config = parse_config({"server": {"workers": 2}, "listen": [{"address": "127.0.0.1:0"}]})
+    sup, _signalled = supervisor_with_fake_workers(monkeypatch)
+    first = sup.start_generation(config)
+    report_ready(sup, first)
+    second = sup.start_generation(config)       # SIGHUP
+    third = sup.start_generation(config)        # SIGHUP again before `second` is ready
+    assert second.stopping and not first.stopping
+    report_ready(sup, second)                   # its workers were already on their way
+    assert not third.stopping and not first.stopping
+    report_ready(sup, third)
+    assert first.stopping and not third.stopping
+    # A restarted worker reporting ready again changes nothing.
+    report_ready(sup, third)
+    assert not third.stopping
+    # Numbers stay unique once finished generations are forgotten.
+    for gen in (first, second):
+        for slot in gen.slots:
+            slot.pid = 0
+    sup.forget_finished()
+    assert sup.start_generation(config).number == 4
