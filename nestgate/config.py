@@ -22,6 +22,7 @@ from nestgate.proxy.options import proxy_options
 from nestgate.units import parse_duration, parse_size
 
 DEFAULT_CONFIG_NAME = "nestgate.toml"
+MAX_HEADER_BYTES = 2**31 - 1                # SETTINGS_MAX_HEADER_LIST_SIZE, kept in 31 bits
 EMBEDDED_DEFAULT = Path(__file__).parent / "default" / "nestgate.toml"
 
 
@@ -234,11 +235,18 @@ class _Section:
     def int(self, name: str, default: int, low: int = 0, high: int = 2**31) -> int:
         return self.get(name, default, _int_in(low, high), f"an integer {low}..{high}")
 
-    def size(self, name: str, default: int) -> int:
-        return self.get(name, default, parse_size, "a size")
+    def size(self, name: str, default: int, low: int = 0, high: int | None = None,
+             expected: str = "") -> int:
+        """A size; outside low..high it is a problem saying `expected`."""
+        return self.get(name, default, _within(parse_size, low, high, expected), "a size")
 
     def duration(self, name: str, default: float) -> float:
         return self.get(name, default, parse_duration, "a duration")
+
+    def positive_duration(self, name: str, default: float) -> float:
+        """A duration where 0 would stop the thing it times from ever working."""
+        return self.get(name, default, _within(parse_duration, 1e-9, None,
+                                               "a duration above 0"), "a duration")
 
     def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
         def convert(v):
@@ -324,6 +332,15 @@ def _typed(kind: type, expected: str) -> Callable[[Any], Any]:
     return convert
 
 
+def _within(parse: Callable[[Any], Any], low, high, expected: str) -> Callable[[Any], Any]:
+    def convert(v):
+        value = parse(v)
+        if value < low or (high is not None and value > high):
+            raise ValueError(expected)
+        return value
+    return convert
+
+
 def _int_in(low: int, high: int) -> Callable[[Any], int]:
     def convert(v):
         if type(v) is not int or not low <= v <= high:
@@ -353,7 +370,7 @@ def _read_server(s: _Section) -> ServerConfig:
     cfg = ServerConfig(
         workers=s.int("workers", d.workers, 0, 512),
         shutdown_timeout=s.duration("shutdown_timeout", d.shutdown_timeout),
-        restart_backoff_max=s.duration("restart_backoff_max", d.restart_backoff_max),
+        restart_backoff_max=s.positive_duration("restart_backoff_max", d.restart_backoff_max),
         not_found_page=s.readable_file("not_found_page"),
         health_path=s.str("health_path", d.health_path),
     )
@@ -367,15 +384,20 @@ def _read_limits(s: _Section) -> Limits:
     d = Limits()
     cfg = Limits(
         max_url=s.size("max_url", d.max_url),
-        max_header_bytes=s.size("max_header_bytes", d.max_header_bytes),
+        max_header_bytes=s.size("max_header_bytes", d.max_header_bytes, 1, MAX_HEADER_BYTES,
+                                f"a size from 1 byte to {MAX_HEADER_BYTES} bytes (HTTP/2 "
+                                "SETTINGS carry it in 31 bits)"),
         max_headers=s.int("max_headers", d.max_headers, 1, 10_000),
-        max_body=s.size("max_body", d.max_body),
-        header_timeout=s.duration("header_timeout", d.header_timeout),
-        body_timeout=s.duration("body_timeout", d.body_timeout),
-        keepalive_timeout=s.duration("keepalive_timeout", d.keepalive_timeout),
+        # 0 is refused rather than read as nginx's "no limit": nestgate has no unlimited
+        # body, and "no body at all" is better said by the route.
+        max_body=s.size("max_body", d.max_body, 1, None,
+                        "a size above 0 (there is no unlimited; nginx's 0 means no limit)"),
+        header_timeout=s.positive_duration("header_timeout", d.header_timeout),
+        body_timeout=s.positive_duration("body_timeout", d.body_timeout),
+        keepalive_timeout=s.positive_duration("keepalive_timeout", d.keepalive_timeout),
         keepalive_requests=s.int("keepalive_requests", d.keepalive_requests, 1, 10**9),
         max_connections=s.int("max_connections", d.max_connections, 1, 10**6),
-        send_timeout=s.duration("send_timeout", d.send_timeout),
+        send_timeout=s.positive_duration("send_timeout", d.send_timeout),
     )
     s.check_unknown()
     return cfg
@@ -392,8 +414,12 @@ def _read_log(s: _Section) -> LogConfig:
     if cfg.path not in ("-", ""):
         cfg = LogConfig(cfg.format, str((s.base / cfg.path).resolve()), cfg.flush_interval,
                         cfg.log_loopback)
-        parent = Path(cfg.path).parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
+        target = Path(cfg.path)
+        if target.is_dir():
+            s.fail("path", "a file, not a directory", cfg.path)
+        elif target.exists() and not os.access(target, os.W_OK):
+            s.fail("path", "a file this user can append to", cfg.path)
+        elif not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
             s.fail("path", "a file in a writable directory", cfg.path)
     s.check_unknown()
     return cfg
@@ -612,12 +638,29 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     top.check_unknown()
     if not listeners:
         problems.append(f"{file}: listen: expected at least one [[listen]] table")
+    for first, second in _clashing_listeners(listeners):
+        shown = listeners[second]
+        problems.append(f"{file}: listen[{second}].address: expected an address that "
+                        f"listen[{first}].address does not already take, "
+                        f"got '{shown.host}:{shown.port}'")
     if any(site.protected for site in sites) and (auth is None or not auth.users):
         problems.append(f"{file}: auth: expected an [auth] table with at least one "
                         "[[auth.user]] when a site is protected")
     if problems:
         raise ConfigError(problems)
     return Config(file, server, limits, log, listeners, sites, trusted, auth)
+
+
+def _clashing_listeners(listeners) -> list[tuple[int, int]]:
+    """(i, j) for each listener j that could not bind beside listener i: the same port
+    on the same host, or on an IPv4 host beside 0.0.0.0. Port 0 never clashes."""
+    def clash(a, b):
+        if a.port != b.port or a.port == 0:
+            return False
+        ipv4_wildcard = "0.0.0.0" in (a.host, b.host) and ":" not in a.host + b.host
+        return a.host == b.host or ipv4_wildcard
+    return [(i, j) for j, b in enumerate(listeners) for i, a in enumerate(listeners[:j])
+            if clash(a, b)]
 
 
 def with_overrides(config: Config, listen: list[str] | None = None,

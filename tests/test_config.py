@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -150,3 +151,56 @@ def test_check_reports_a_file_that_is_not_utf8(tmp_path):
     path.write_bytes(b'# caf\xe9\n[[listen]]\naddress = "127.0.0.1:8080"\n')
     result = run_check("--config", str(path))
     assert result.returncode == 2 and "latin1.toml: expected UTF-8 text" in result.stderr
+
+
+def test_listeners_that_cannot_bind_together_are_named_both():
+    problems = problems_of({"listen": [{"address": "127.0.0.1:8080"},
+                                       {"address": "127.0.0.1:0"},
+                                       {"address": "127.0.0.1:0"},
+                                       {"address": ":8443"},
+                                       {"address": "127.0.0.1:8443"},
+                                       {"address": "127.0.0.1:8080"}]})
+    assert problems == [
+        "site.toml: listen[4].address: expected an address that listen[3].address does not "
+        "already take, got '127.0.0.1:8443'",
+        "site.toml: listen[5].address: expected an address that listen[0].address does not "
+        "already take, got '127.0.0.1:8080'"]
+
+
+@pytest.mark.parametrize("section, key", [
+    ("server", "restart_backoff_max"), ("limits", "header_timeout"),
+    ("limits", "send_timeout"), ("limits", "keepalive_timeout"), ("limits", "body_timeout")])
+def test_durations_that_must_be_above_zero(section, key):
+    problems = problems_of({section: {key: "0s"}, "listen": [{"address": "127.0.0.1:0"}]})
+    assert problems == [f"site.toml: {section}.{key}: expected a duration above 0, got '0s'"]
+    config = parse_config({section: {key: "1ms"}, "listen": [{"address": "127.0.0.1:0"}]})
+    assert getattr(getattr(config, section), key) == 0.001
+
+
+def test_sizes_out_of_range():
+    problems = problems_of({"limits": {"max_header_bytes": "2GiB", "max_body": 0},
+                            "listen": [{"address": "127.0.0.1:0"}]})
+    assert problems == [
+        "site.toml: limits.max_header_bytes: expected a size from 1 byte to 2147483647 bytes "
+        "(HTTP/2 SETTINGS carry it in 31 bits), got '2GiB'",
+        "site.toml: limits.max_body: expected a size above 0 (there is no unlimited; "
+        "nginx's 0 means no limit), got 0"]
+    config = parse_config({"limits": {"max_header_bytes": 2**31 - 1, "max_body": 1},
+                           "listen": [{"address": "127.0.0.1:0"}]})
+    assert (config.limits.max_header_bytes, config.limits.max_body) == (2**31 - 1, 1)
+
+
+def test_log_path_must_be_a_file_that_can_be_appended_to(tmp_path):
+    listen = [{"address": "127.0.0.1:0"}]
+    assert problems_of({"log": {"path": str(tmp_path)}, "listen": listen}) == [
+        f"site.toml: log.path: expected a file, not a directory, got '{tmp_path}'"]
+    assert problems_of({"log": {"path": str(tmp_path / "no" / "a.log")}, "listen": listen}) == [
+        f"site.toml: log.path: expected a file in a writable directory, "
+        f"got '{tmp_path / 'no' / 'a.log'}'"]
+    if os.geteuid() != 0:                       # root may write anything
+        locked = tmp_path / "locked.log"
+        locked.write_text("")
+        locked.chmod(0o444)
+        assert problems_of({"log": {"path": str(locked)}, "listen": listen}) == [
+            f"site.toml: log.path: expected a file this user can append to, got '{locked}'"]
+    assert parse_config({"log": {"path": str(tmp_path / "a.log")}, "listen": listen})
