@@ -17,7 +17,9 @@ Abuse: a stream costs work (a task, maybe an upstream request) before the client
 cancel it, so streams the client resets before they were answered are counted and
 too many end the connection with GOAWAY(ENHANCE_YOUR_CALM) (rapid reset,
 CVE-2023-44487). A connection carries at most `keepalive_requests` streams; then a
-GOAWAY(NO_ERROR) names the last one and the streams in flight finish.
+GOAWAY(NO_ERROR) names the last one and the streams in flight finish. The worker's
+tick resets a stream that waited `send_timeout` for the client's window, or
+`body_timeout` for request body data the handler is ready to take.
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ def h2_headers(response) -> list[tuple[bytes, bytes]]:
 class _StreamFlow:
     """What `Body` needs from its connection, for one stream."""
 
-    __slots__ = ("conn", "stream_id", "paused", "unacked", "loop", "_active")
+    __slots__ = ("conn", "stream_id", "paused", "unacked", "loop", "_active",
+                 "ended", "seen", "stalled")
 
     def __init__(self, conn: HTTP2Connection, stream_id: int) -> None:
         self.conn = conn
@@ -131,6 +134,9 @@ class _StreamFlow:
         self.loop = conn.loop
         self.paused = False
         self.unacked = 0
+        self.ended = False         # the client sent the whole body
+        self.seen = 0              # body bytes received at the last tick
+        self.stalled = 0.0         # seconds since the body last grew (tick's view)
 
     def pause_reading_for_body(self) -> None:
         self.paused = True
@@ -250,6 +256,7 @@ class HTTP2Connection:
         self._sending: set[int] = set()   # streams answered by a background send
         self._streams: dict[int, H2Request] = {}
         self._window_waiters: dict[int, asyncio.Future] = {}
+        self._window_stalled: dict[int, tuple[asyncio.Future, float]] = {}  # tick's view
         self.outboxes: dict[int, collections.deque] = {}   # data queued by `push`, per stream
         self._sent_waiters: dict[int, list[asyncio.Future]] = {}
         self._end_after: set[int] = set()
@@ -343,6 +350,7 @@ class HTTP2Connection:
             elif kind is h2.events.StreamEnded:
                 req = self._streams.get(event.stream_id)
                 if req is not None and req.body is not None:
+                    req.flow.ended = True
                     req.body.finish()
             elif kind is h2.events.WindowUpdated:
                 self._window_opened(event.stream_id)
@@ -449,7 +457,8 @@ class HTTP2Connection:
         req.task = self.loop.create_task(self._run(req))
 
     def _answer(self, stream_id, response, head_only, method, host, path, label, headers,
-                t0) -> None:
+                t0) -> bool:
+        """Send `response` on the stream; True when all of it went out at once."""
         body = b"" if head_only else response.body
         fits = len(body) <= min(self.h2.local_flow_control_window(stream_id),
                                 self.h2.max_outbound_frame_size)
@@ -462,6 +471,7 @@ class HTTP2Connection:
         if self.logging:
             self.ctx.access_log.record(self.client, method, host, path, response.status,
                                        len(body), t0, headers, label)
+        return fits or not body
 
     async def _send_rest(self, stream_id: int, body: bytes) -> None:
         self._sending.add(stream_id)
@@ -619,6 +629,22 @@ class HTTP2Connection:
         if waiter is not None and not waiter.done():
             waiter.set_exception(ConnectionResetError("stream reset"))
 
+    def _refuse_body(self, req: H2Request, status: int) -> None:
+        """The rest of the request body will not be taken (too slow, too large): the
+        handler is abandoned and the client gets `status` if no answer began, else a
+        cancelled stream. After a whole answer, RST_STREAM(NO_ERROR) tells the client
+        to stop sending the body (RFC 9113 8.1)."""
+        stream_id = req.stream_id
+        if req.started:
+            self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
+            return
+        self._streams.pop(stream_id, None)
+        self._abandon(req)
+        if self._answer(stream_id, ERRORS[status], req.head_only, req.method, req.host,
+                        req.path, req.route, req.headers, req._t0):
+            self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+        self.flush()
+
     def _abandon(self, req: H2Request) -> None:
         if req.body is not None:
             req.body.abort()
@@ -650,6 +676,10 @@ class HTTP2Connection:
                 self._send_watch.stuck(transport, elapsed, self.limits.send_timeout):
             cut(transport)
             return
+        if self._window_waiters or self._window_stalled:
+            self._watch_windows(elapsed)
+        if self._streams:
+            self._watch_bodies(elapsed)
         if self._streams:
             self._stalled = 0.0
             return
@@ -657,6 +687,37 @@ class HTTP2Connection:
         limit = DRAIN_IDLE_GRACE if self._draining else self.limits.keepalive_timeout
         if self._stalled >= limit:
             self.close_gracefully()
+
+    def _watch_windows(self, elapsed: float) -> None:
+        """Reset the streams whose send waited `send_timeout` for the client's window.
+        A wait that ended (the window opened) is progress: each wait is counted apart."""
+        limit = self.limits.send_timeout
+        before, now, late = self._window_stalled, {}, []
+        for stream_id, waiter in self._window_waiters.items():
+            seen = before.get(stream_id)
+            waited = seen[1] + elapsed if seen is not None and seen[0] is waiter else 0.0
+            if waited >= limit:
+                late.append(stream_id)
+            else:
+                now[stream_id] = (waiter, waited)
+        self._window_stalled = now
+        for stream_id in late:
+            self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
+
+    def _watch_bodies(self, elapsed: float) -> None:
+        """Time out the request bodies that did not grow for `body_timeout` while the
+        handler was ready for more (a paused body waits for the handler, not the client)."""
+        limit = self.limits.body_timeout
+        for req in list(self._streams.values()):
+            flow = req.flow
+            if req.body is None or flow.ended or flow.paused or req.body.received != flow.seen:
+                if req.body is not None:
+                    flow.seen = req.body.received
+                flow.stalled = 0.0
+                continue
+            flow.stalled += elapsed
+            if flow.stalled >= limit:
+                self._refuse_body(req, 408)
 
     def close_gracefully(self) -> None:
         if self.transport is None or self.transport.is_closing():

@@ -113,3 +113,83 @@ def test_keepalive_requests_bounds_the_streams_of_a_connection():
     assert any(isinstance(f, hyperframe.frame.DataFrame) and f.stream_id == slow
                and f.data == b"body" for f in sent)
     assert pump.transport.closed
+
+
+class Big:
+    """Answers with more than the client's initial window."""
+    is_async = True
+
+    async def handle(self, request):
+        await request.send(200, [], b"x" * 100_000)
+
+
+def resets(events) -> dict:
+    return {e.stream_id: e.error_code for e in events if isinstance(e, h2.events.StreamReset)}
+
+
+def test_a_send_waiting_for_the_window_past_send_timeout_is_reset():
+    pump = Pump(handlers={"/big": Big()})
+    stream = open_stream(pump, b"/big")
+    step(pump)                                   # the client takes data, opens no window
+    task = pump.server._streams[stream].task
+    pump.server.tick(1.0)
+    assert resets(step(pump)) == {}
+    pump.server.tick(30.0)
+    assert resets(step(pump)) == {}
+    pump.server.tick(30.0)
+    assert resets(step(pump)) == {stream: h2.errors.ErrorCodes.CANCEL}
+    assert task.done() and not pump.server._streams
+    pump.client.increment_flow_control_window(1 << 20)    # the connection's window
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
+
+
+def test_a_send_that_gets_window_now_and_then_is_not_reset():
+    pump = Pump(handlers={"/big": Big()})
+    stream = open_stream(pump, b"/big")
+    step(pump)
+    for _ in range(5):
+        pump.server.tick(1.0)
+        pump.server.tick(40.0)
+        pump.client.increment_flow_control_window(1000)
+        pump.client.increment_flow_control_window(1000, stream_id=stream)
+        assert resets(step(pump)) == {}
+    assert stream in pump.server._streams
+
+
+def test_a_body_that_never_comes_is_408_after_body_timeout():
+    pump = Pump()
+    stream = open_stream(pump, b"/echo", end=False, method=b"POST",
+                         headers=[(b"content-length", b"10")])
+    step(pump)
+    pump.server.tick(1.0)
+    pump.server.tick(58.0)
+    assert step(pump) == []
+    pump.server.tick(1.0)
+    events = step(pump)
+    statuses = [dict(e.headers)[b":status"] for e in events
+                if isinstance(e, h2.events.ResponseReceived)]
+    assert statuses == [b"408"]
+    assert resets(events) == {stream: h2.errors.ErrorCodes.NO_ERROR}
+    assert not pump.server._streams
+
+
+class Slurp:
+    """Starts its answer, then reads the body."""
+    is_async = True
+
+    async def handle(self, request):
+        request.start(200, [])
+        await request.write(b"go")
+        await request.write(await request.body.read_all())
+        request.end()
+
+
+def test_a_body_that_stops_after_the_answer_began_cancels_the_stream():
+    pump = Pump(handlers={"/slurp": Slurp()})
+    stream = open_stream(pump, b"/slurp", end=False, method=b"POST")
+    pump.client.send_data(stream, b"part")
+    step(pump)
+    pump.server.tick(1.0)
+    pump.server.tick(60.0)
+    assert resets(step(pump)) == {stream: h2.errors.ErrorCodes.CANCEL}
+    assert not pump.server._streams
