@@ -302,10 +302,18 @@ class HTTP2Connection:
                 waiter.set_exception(ConnectionResetError("client went away"))
 
     def pause_writing(self) -> None:
+        # The client is not taking what we send: stop reading from it too, or the
+        # answers h2 makes on its own and those sent from callbacks (PING acks,
+        # cached responses) pile up in the transport without bound. Nothing else
+        # pauses reading here: request bodies are held back by flow control.
         self.write_paused = True
+        if not self.transport.is_closing():
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if not self.transport.is_closing():
+            self.transport.resume_reading()
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
 

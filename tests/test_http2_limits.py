@@ -193,3 +193,13 @@ def test_a_body_that_stops_after_the_answer_began_cancels_the_stream():
     pump.server.tick(60.0)
     assert resets(step(pump)) == {stream: h2.errors.ErrorCodes.CANCEL}
     assert not pump.server._streams
+
+
+def test_a_client_that_does_not_read_is_not_read_from():
+    pump = Pump()
+    step(pump)
+    pump.server.pause_writing()                  # its answers back up in the transport
+    assert not pump.transport.reading
+    pump.server.resume_writing()
+    assert pump.transport.reading
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
