@@ -338,6 +338,7 @@ class HTTP2Connection:
 
     # ------------------------------------------------------------ events
     def data_received(self, data: bytes) -> None:
+        self._stalled = 0.0            # keepalive_timeout counts idle time only
         try:
             events = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError:
@@ -678,7 +679,8 @@ class HTTP2Connection:
 
     def tick(self, elapsed: float) -> None:
         """Called by the worker's tick: abort a connection whose client stopped reading
-        (send_timeout), close one idle past keepalive_timeout."""
+        (send_timeout), time out streams, close one idle past keepalive_timeout: no
+        byte from the client and no answer in progress for that long."""
         transport = self.transport
         if transport is not None and \
                 self._send_watch.stuck(transport, elapsed, self.limits.send_timeout):
@@ -688,7 +690,7 @@ class HTTP2Connection:
             self._watch_windows(elapsed)
         if self._streams:
             self._watch_bodies(elapsed)
-        if self._streams:
+        if self._streams or self._sending:     # answers in progress are activity
             self._stalled = 0.0
             return
         self._stalled += elapsed

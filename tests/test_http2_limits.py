@@ -203,3 +203,29 @@ def test_a_client_that_does_not_read_is_not_read_from():
     pump.server.resume_writing()
     assert pump.transport.reading
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
+
+
+def test_keepalive_timeout_counts_idle_time_not_connection_age():
+    pump = Pump()
+    step(pump)
+    pump.server.tick(50.0)
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")   # answered at once
+    pump.server.tick(50.0)
+    assert not pump.transport.closed
+    pump.server.tick(30.0)
+    assert pump.transport.closed
+
+
+def test_a_download_in_progress_keeps_the_connection():
+    sites = [{"hosts": ["*"], "route": [
+        {"path": "/large", "type": "return", "body": "x" * 100_000}]}]
+    pump = Pump(config_dict(sites=sites))
+    stream = open_stream(pump, b"/large")        # more than the window: sent in the background
+    step(pump)
+    pump.server.tick(80.0)
+    assert not pump.transport.closed
+    pump.client.increment_flow_control_window(1 << 20)
+    pump.client.increment_flow_control_window(1 << 20, stream_id=stream)
+    assert any(isinstance(e, h2.events.StreamEnded) for e in step(pump))
+    pump.server.tick(80.0)
+    assert pump.transport.closed
