@@ -7,7 +7,11 @@ config dropped are closed; a reload that fails keeps none it bound.
 
 Signals: SIGTERM/SIGINT graceful stop, SIGHUP reload (validated first; a bad
 config keeps the running one), SIGUSR1 forwarded to workers (log reopen).
-A worker that dies unexpectedly is restarted with exponential back-off.
+A worker that dies unexpectedly is restarted with exponential back-off; but if
+no generation has been ready yet and a worker has failed to start
+FIRST_START_ATTEMPTS times, the supervisor stops and exits 1: a config that
+cannot serve at all is an error to report, not a loop. (After a reload the old
+generation keeps serving while the new one retries.)
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from nestgate.tls import server_context
 RESTART_BACKOFF_MIN = 0.1
 STABLE_AFTER = 10.0          # a worker that lived this long resets its back-off
 KILL_GRACE = 2.0             # after the shutdown deadline, SIGKILL stragglers
+FIRST_START_ATTEMPTS = 5     # a worker dying this often before anything served: give up
 # The signals the supervisor handles: blocked across fork, so none reaches a new
 # worker while it still has the supervisor's handlers.
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
@@ -46,6 +51,7 @@ class Slot:
     backoff: float = RESTART_BACKOFF_MIN
     restart_at: float = 0.0
     last_pid: int = 0
+    failed_starts: int = 0                  # exits before its worker reported ready
 
 
 @dataclass
@@ -75,6 +81,7 @@ class Supervisor:
         self.by_pid: dict[int, tuple[Generation, Slot]] = {}
         self.pending_signals: list[int] = []
         self.stopping = False
+        self.exit_code = 0
         self.ready_r, self.ready_w = os.pipe()
         os.set_blocking(self.ready_r, False)
         self._first = config
@@ -205,10 +212,19 @@ class Supervisor:
             gen, slot = self.by_pid.pop(pid, (None, None))
             if gen is None:
                 continue
+            was_ready = pid in gen.ready
             gen.ready.discard(pid)
             slot.last_pid = pid
             slot.pid = 0
             if gen.stopping or self.stopping:
+                continue
+            slot.failed_starts += not was_ready
+            if not self.ever_ready and slot.failed_starts >= FIRST_START_ATTEMPTS:
+                say(f"worker {pid} exited ({_describe(status)}); its slot has failed "
+                    f"{slot.failed_starts} times and the server was never ready (the "
+                    "reason is above); giving up")
+                self.exit_code = 1
+                self.stop()
                 continue
             lived = time.monotonic() - slot.started
             slot.backoff = RESTART_BACKOFF_MIN if lived > STABLE_AFTER else min(
@@ -262,6 +278,14 @@ class Supervisor:
             self.close_sockets(added)
             say(f"reload refused, the running config stays: cannot start: {exc!r}")
 
+    def stop(self) -> None:
+        self.stopping = True
+        for gen in self.generations:
+            if not gen.stopping:
+                self.stop_generation(gen)
+        for sock in self.sockets.values():
+            sock.close()
+
     def forward(self, sig: int) -> None:
         for pid in list(self.by_pid):
             _kill(pid, sig)
@@ -292,12 +316,8 @@ class Supervisor:
             signals, self.pending_signals = self.pending_signals, []
             for sig in signals:
                 if sig in (signal.SIGTERM, signal.SIGINT) and not self.stopping:
-                    self.stopping = True
                     say("stopping: finishing in-flight requests")
-                    for gen in self.generations:
-                        self.stop_generation(gen)
-                    for sock in self.sockets.values():
-                        sock.close()
+                    self.stop()
                 elif sig == signal.SIGHUP and not self.stopping:
                     self.reload()
                 elif sig == signal.SIGUSR1:
@@ -310,7 +330,7 @@ class Supervisor:
         for sock in self.sockets.values():
             sock.close()
         say("stopped")
-        return 0
+        return self.exit_code
 
     def _note_signal(self, sig, _frame) -> None:
         self.pending_signals.append(sig)

@@ -7,9 +7,13 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+
+from conftest import _env
 
 CONFIG = """
 [server]
@@ -312,3 +316,16 @@ def test_two_reloads_close_together_end_on_the_last_config(monkeypatch):
             slot.pid = 0
     sup.forget_finished()
     assert sup.start_generation(config).number == 4
+
+
+def test_workers_that_never_start_make_the_server_exit_with_their_error(tmp_path):
+    # /proc/self/mem passes validation (a readable regular file) but reading it
+    # fails, so every worker dies building its 404 page.
+    path = tmp_path / "nestgate.toml"
+    path.write_text(CONFIG.format(log=tmp_path / "a.log", body="x").replace(
+        "[server]\n", '[server]\nnot_found_page = "/proc/self/mem"\n'))
+    result = subprocess.run([sys.executable, "-m", "nestgate", "serve", "--config", str(path)],
+                            env=_env(), capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert "failed: OSError(5, 'Input/output error')" in result.stderr
+    assert "giving up" in result.stderr and "\nnestgate: ready" not in result.stderr
