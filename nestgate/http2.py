@@ -436,6 +436,8 @@ class HTTP2Connection:
                 raise RequestError(400, ":path has a byte outside visible ASCII")
             if size > self.limits.max_header_bytes or len(headers) > self.limits.max_headers:
                 raise RequestError(431)
+            if event.stream_ended is None and self._too_large(headers):
+                raise RequestError(413)                 # before a byte of it comes
             if self.xff_trusted:
                 # Per request: streams of one connection may carry different clients.
                 self.client = forwarded_client(
@@ -448,13 +450,18 @@ class HTTP2Connection:
             label, path = route[2], route[3]
             handler = settle(route[0], self, path, method, headers)
         except RequestError as exc:
-            self._answer(stream_id, ERRORS.get(exc.status) or ERRORS[400], method == b"HEAD",
-                         method, authority, "-", "", headers, time.perf_counter())
+            if self._answer(stream_id, ERRORS.get(exc.status) or ERRORS[400],
+                            method == b"HEAD", method, authority, "-", "", headers,
+                            time.perf_counter()) and event.stream_ended is None:
+                self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)   # no body wanted
             return
         t0 = time.perf_counter() if self.logging else 0.0
         if not handler.is_async:
-            self._answer(stream_id, handler, method == b"HEAD", method, authority,
-                         path, label, headers, t0)
+            if self._answer(stream_id, handler, method == b"HEAD", method, authority,
+                            path, label, headers, t0) and event.stream_ended is None:
+                # Answered without the body: the client may stop sending it (RFC 9113
+                # 8.1), rather than have us take and drop any amount of it.
+                self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)
             return
         req = H2Request(self, handler, route, method, raw_target, qmark, "2", headers,
                         authority, True, t0)
@@ -464,6 +471,15 @@ class HTTP2Connection:
             req.body = Body(req.flow, False)
         self._streams[stream_id] = req
         req.task = self.loop.create_task(self._run(req))
+
+    def _too_large(self, headers) -> bool:
+        for name, value in headers:
+            if name == b"content-length":
+                try:
+                    return int(value) > self.limits.max_body
+                except ValueError:
+                    raise RequestError(400, "bad content-length") from None
+        return False
 
     def _answer(self, stream_id, response, head_only, method, host, path, label, headers,
                 t0) -> bool:
@@ -497,12 +513,13 @@ class HTTP2Connection:
         if req is None or req.body is None:
             self.acknowledge(event.stream_id, event.flow_controlled_length)
             return
-        req.body.feed(event.data)
-        if req.body.received > self.limits.max_body:
-            self._reset(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
-            if not req.started:
-                req.body.abort(ConnectionResetError("request body refused (413)"))
+        if req.body.received + len(event.data) > self.limits.max_body:
+            # 413, not REFUSED_STREAM: that tells the client nothing was processed and
+            # it may retry (RFC 9113 8.7), which is not so once a handler has run.
+            self.acknowledge(event.stream_id, event.flow_controlled_length)
+            self._refuse_body(req, 413)
             return
+        req.body.feed(event.data)
         if req.flow.paused:
             req.flow.unacked += event.flow_controlled_length
         else:

@@ -62,11 +62,19 @@ def test_rapid_reset_ends_the_connection_with_enhance_your_calm():
     assert not pump.server._streams
 
 
+class Quick:
+    """Answers without reading the body."""
+    is_async = True
+
+    async def handle(self, request):
+        await request.send(200, [], b"ok")
+
+
 def test_streams_reset_after_their_answer_are_not_counted():
-    pump = Pump()
+    pump = Pump(handlers={"/quick": Quick()})
     for _ in range(30):
         for _ in range(10):
-            stream = open_stream(pump, b"/hello", end=False, method=b"POST")
+            stream = open_stream(pump, b"/quick", end=False, method=b"POST")
             step(pump)                         # answered while the body is still due
             pump.client.reset_stream(stream)
         assert goaway(step(pump)) is None
@@ -229,3 +237,51 @@ def test_a_download_in_progress_keeps_the_connection():
     assert any(isinstance(e, h2.events.StreamEnded) for e in step(pump))
     pump.server.tick(80.0)
     assert pump.transport.closed
+
+
+def statuses(events) -> list:
+    return [int(dict(e.headers)[b":status"]) for e in events
+            if isinstance(e, h2.events.ResponseReceived)]
+
+
+def test_a_declared_body_over_max_body_is_413_before_the_handler_runs():
+    pump = Pump(handlers={"/hang": Hang()})
+    Hang.started = 0
+    stream = open_stream(pump, b"/hang", end=False, method=b"POST",
+                         headers=[(b"content-length", b"%d" % (2 << 20))])
+    events = step(pump)
+    assert statuses(events) == [413] and Hang.started == 0
+    assert resets(events) == {stream: h2.errors.ErrorCodes.NO_ERROR}
+    assert not pump.server._streams
+
+
+def test_a_body_growing_past_max_body_is_413_not_refused():
+    pump = Pump()
+    status, body = pump.exchange(b"POST", b"/echo", b"x" * ((1 << 20) + 1))
+    assert status == 413 and b"413" in body
+    assert not pump.server._streams
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
+
+
+def test_a_body_growing_past_max_body_after_the_answer_began_is_cancelled():
+    pump = Pump(handlers={"/slurp": Slurp()})
+    stream = open_stream(pump, b"/slurp", end=False, method=b"POST")
+    events = step(pump)
+    for _ in range(40):
+        while pump.client.local_flow_control_window(stream) > 0 and not resets(events):
+            size = min(pump.client.local_flow_control_window(stream),
+                       pump.client.max_outbound_frame_size)
+            pump.client.send_data(stream, b"x" * size)
+        events += step(pump)
+        if resets(events):
+            break
+    assert statuses(events) == [200]
+    assert resets(events) == {stream: h2.errors.ErrorCodes.CANCEL}
+
+
+def test_an_answer_that_needs_no_body_stops_the_upload():
+    pump = Pump()
+    stream = open_stream(pump, b"/hello", end=False, method=b"POST")
+    events = step(pump)
+    assert statuses(events) == [200]
+    assert resets(events) == {stream: h2.errors.ErrorCodes.NO_ERROR}
