@@ -49,7 +49,12 @@ log = logging.getLogger("nestgate.http2")
 
 _CLOSED = h2.connection.ConnectionState.CLOSED
 
-MAX_CONCURRENT_STREAMS = 128
+MAX_CONCURRENT_STREAMS = 128     # advertised; a stream past it is refused alone
+# What h2 enforces (it would end the connection with PROTOCOL_ERROR): above the
+# advertised limit, since the streams of one read are all open before we see one
+# of them, and a stream over the advertised limit should cost the client only
+# that stream (RFC 9113 5.1.2). A client this far past it is ignoring it.
+_H2_STREAM_LIMIT = 8 * MAX_CONCURRENT_STREAMS
 # Rapid reset (CVE-2023-44487). A browser leaving a page cancels what it has in
 # flight, at most MAX_CONCURRENT_STREAMS at a time, so a few hundred resets are
 # ordinary. Past RESET_ALLOWANCE, a connection on which the client reset more than
@@ -99,6 +104,14 @@ class ALPNSwitch:
 
     def resume_writing(self) -> None:
         pass
+
+
+class _LocalSettings(h2.settings.Settings):
+    """Our SETTINGS: advertise MAX_CONCURRENT_STREAMS, let h2 enforce a higher limit."""
+
+    @property
+    def max_concurrent_streams(self) -> int:
+        return _H2_STREAM_LIMIT
 
 
 def h2_headers(response) -> list[tuple[bytes, bytes]]:
@@ -282,7 +295,7 @@ class HTTP2Connection:
             return
         ctx.connections.add(self)
         self._draining = ctx.draining
-        self.h2.local_settings = h2.settings.Settings(client=False, initial_values={
+        self.h2.local_settings = _LocalSettings(client=False, initial_values={
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
             h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.limits.max_header_bytes,
         })
@@ -349,10 +362,15 @@ class HTTP2Connection:
         # requests in the same read has closed the connection for sending already,
         # so those requests cannot be answered (h2 would raise) and are dropped.
         answerable = self.h2.state_machine.state is not _CLOSED
+        # `len(streams)` is a cheap upper bound of the open streams.
+        refused = self._over_limit(events) \
+            if len(self.h2.streams) > MAX_CONCURRENT_STREAMS else ()
         for event in events:
             kind = type(event)
             if kind is h2.events.RequestReceived:
-                if answerable:
+                if event.stream_id in refused:
+                    self._reset(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+                elif answerable:
                     self._request(event)
             elif kind is h2.events.DataReceived:
                 self._data(event)
@@ -373,6 +391,18 @@ class HTTP2Connection:
         self.flush()
         if self._last_stream != _NO_GOAWAY:
             self._idle()
+
+    def _over_limit(self, events) -> set[int]:
+        """The streams of this read past MAX_CONCURRENT_STREAMS, to refuse alone (RFC
+        9113 5.1.2): h2 opened every stream of the read before we see the first, so
+        the newest ones are over the limit."""
+        streams = self.h2.streams
+        excess = self.h2.open_inbound_streams - MAX_CONCURRENT_STREAMS
+        if excess <= 0:
+            return set()
+        new = [e.stream_id for e in events if type(e) is h2.events.RequestReceived
+               and e.stream_id in streams and not streams[e.stream_id].closed]
+        return set(new[-excess:])
 
     def _client_reset(self, stream_id: int) -> bool:
         """The client reset a stream: drop its work. True when it reset too many

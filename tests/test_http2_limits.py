@@ -285,3 +285,17 @@ def test_an_answer_that_needs_no_body_stops_the_upload():
     events = step(pump)
     assert statuses(events) == [200]
     assert resets(events) == {stream: h2.errors.ErrorCodes.NO_ERROR}
+
+
+def test_a_stream_over_the_concurrency_limit_is_refused_alone():
+    from nestgate.http2 import MAX_CONCURRENT_STREAMS
+    pump = Pump(handlers={"/hang": Hang()})
+    # The client has not read our SETTINGS yet: it does not know the limit.
+    streams = [open_stream(pump, b"/hang") for _ in range(MAX_CONCURRENT_STREAMS + 2)]
+    events = step(pump)
+    assert goaway(events) is None and not pump.transport.closed
+    assert resets(events) == {s: h2.errors.ErrorCodes.REFUSED_STREAM for s in streams[-2:]}
+    assert len(pump.server._streams) == MAX_CONCURRENT_STREAMS
+    pump.client.reset_stream(streams[0])
+    assert goaway(step(pump)) is None
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
