@@ -168,7 +168,7 @@ class _StreamFlow:
 class H2Request(Request):
     """A Request whose answer goes out as HEADERS and DATA frames on one stream."""
 
-    __slots__ = ("stream_id", "flow")
+    __slots__ = ("stream_id", "flow", "logged")
 
     @property
     def connection(self):
@@ -454,6 +454,15 @@ class HTTP2Connection:
                 headers.append((name, value))
                 if name == b"host" and not authority:
                     authority = value
+        if self.xff_trusted:
+            # Per request: streams of one connection may carry different clients, and
+            # each client decides whether its requests are logged (the proxy's own
+            # address, often loopback, would decide for all of them).
+            ctx = self.ctx
+            self.client = forwarded_client(
+                self.peer, [v for n, v in headers if n == b"x-forwarded-for"],
+                ctx.trusted_proxies)
+            self.logging = ctx.access_log is not None and ctx.should_log(self.client)
         try:
             # Malformed (RFC 9113 8.1.1): 400 on this stream, the connection goes on.
             if not method or method.translate(None, _TCHAR):
@@ -468,11 +477,6 @@ class HTTP2Connection:
                 raise RequestError(431)
             if event.stream_ended is None and self._too_large(headers):
                 raise RequestError(413)                 # before a byte of it comes
-            if self.xff_trusted:
-                # Per request: streams of one connection may carry different clients.
-                self.client = forwarded_client(
-                    self.peer, [v for n, v in headers if n == b"x-forwarded-for"],
-                    self.ctx.trusted_proxies)
             qmark = raw_target.find(b"?")
             # The router checks the characters of :authority (or Host), once per
             # distinct value, as for HTTP/1.1 (Router.site_for).
@@ -497,6 +501,7 @@ class HTTP2Connection:
                         authority, True, t0)
         req.stream_id = stream_id
         req.flow = _StreamFlow(self, stream_id)
+        req.logged = self.logging
         if event.stream_ended is None:
             req.body = Body(req.flow, False)
         self._streams[stream_id] = req
@@ -584,7 +589,7 @@ class HTTP2Connection:
                     pass
         finally:
             self._streams.pop(req.stream_id, None)
-        if self.logging:
+        if req.logged:
             self.ctx.access_log.record(req.client, req.method, req.host, req.path, req.status,
                                        req.sent, req._t0, req.headers, req.route)
         self._idle()
@@ -696,6 +701,7 @@ class HTTP2Connection:
             return
         self._streams.pop(stream_id, None)
         self._abandon(req)
+        self.logging = req.logged                # `_answer` logs for the current request
         if self._answer(stream_id, ERRORS[status], req.head_only, req.method, req.host,
                         req.path, req.route, req.headers, req._t0):
             self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)

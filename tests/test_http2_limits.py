@@ -299,3 +299,30 @@ def test_a_stream_over_the_concurrency_limit_is_refused_alone():
     pump.client.reset_stream(streams[0])
     assert goaway(step(pump)) is None
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
+
+
+class Records:
+    def __init__(self) -> None:
+        self.clients = []
+
+    def record(self, client, method, host, path, status, *rest) -> None:
+        self.clients.append((client, path, status))
+
+
+def test_requests_behind_a_trusted_loopback_proxy_are_logged_by_their_client():
+    from nestgate.http2 import HTTP2Connection
+    from wire import FakeTransport
+    data = config_dict()
+    data["client_ip"] = {"trusted_proxies": ["127.0.0.1"]}   # log_loopback stays false
+    pump = Pump(data)
+    pump.wire.ctx.access_log = log = Records()
+    pump.transport = FakeTransport(("127.0.0.1", 50000))
+    pump.server = HTTP2Connection(pump.wire.ctx)
+    pump.server.connection_made(pump.transport)
+    xff = [(b"x-forwarded-for", b"203.0.113.5")]
+    assert pump.exchange(b"GET", b"/hello", headers=xff) == (200, b"hello\n")
+    assert pump.exchange(b"POST", b"/echo", b"hi", headers=xff) == (200, b"hi")
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")     # the proxy's own
+    assert pump.exchange(b"GET", b"/hello", headers=[(b"x-forwarded-for", b"127.0.0.1")]) \
+        == (200, b"hello\n")
+    assert log.clients == [("203.0.113.5", "/hello", 200), ("203.0.113.5", "/echo", 200)]
