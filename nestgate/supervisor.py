@@ -134,10 +134,12 @@ class Supervisor:
         gen.slots = [Slot(number, i) for i in range(config.worker_count)]
         # A generation still starting is outdated by this one: were it to become
         # ready later, it would replace a newer config with an older one.
-        for older in self.generations:
-            if not older.was_ready and not older.stopping:
-                self.stop_generation(older)
+        outdated = [g for g in self.generations if not g.was_ready and not g.stopping]
+        for older in outdated:
+            self.stop_generation(older)
         self.generations.append(gen)
+        if outdated:
+            self.close_unused()
         for slot in gen.slots:
             self.fork(gen, slot)
         return gen
@@ -273,7 +275,8 @@ class Supervisor:
             say(f"reload refused, the running config stays: cannot bind: {exc}")
             return
         try:
-            self.start_generation(config)
+            gen = self.start_generation(config)
+            say(f"reloading: generation {gen.number} starting")
         except Exception as exc:  # noqa: BLE001 - e.g. a certificate that changed since load
             self.close_sockets(added)
             say(f"reload refused, the running config stays: cannot start: {exc!r}")

@@ -329,3 +329,41 @@ def test_workers_that_never_start_make_the_server_exit_with_their_error(tmp_path
     assert result.returncode == 1
     assert "failed: OSError(5, 'Input/output error')" in result.stderr
     assert "giving up" in result.stderr and "\nnestgate: ready" not in result.stderr
+
+
+def test_a_listener_only_an_outdated_generation_wanted_is_closed(monkeypatch):
+    from nestgate.config import parse_config
+    sup, _signalled = supervisor_with_fake_workers(monkeypatch)
+    try:
+        one = parse_config({"server": {"workers": 1}, "listen": [{"address": "127.0.0.1:0"}]})
+        two = parse_config({"server": {"workers": 1}, "listen": [{"address": "127.0.0.2:0"}]})
+        sup.bind(one)
+        report_ready(sup, sup.start_generation(one))
+        sup.bind(two)
+        sup.start_generation(two)               # still starting when the next reload comes
+        port = sup.sockets_for(two)[0][1].getsockname()[1]
+        sup.start_generation(one)
+        assert refuses("127.0.0.2", port)
+    finally:
+        for sock in sup.sockets.values():
+            sock.close()
+
+
+def test_two_sighups_back_to_back_serve_the_last_config(start_server, tmp_path):
+    log = tmp_path / "a.log"
+    server = start_server(CONFIG.format(log=log, body="one"))
+    server.config_path.write_text(CONFIG.format(log=log, body="two"))
+    mark = len(server.lines)
+    server.signal(signal.SIGHUP)
+    server.wait_for("generation 2 starting", start=mark)
+    server.config_path.write_text(CONFIG.format(log=log, body="three"))
+    server.signal(signal.SIGHUP)
+    # The second reload usually comes while generation 2 is still starting. However
+    # the two interleave, once one generation of 2 workers is left, it serves the
+    # last config written.
+    deadline = time.monotonic() + 20
+    while not (answers("127.0.0.1", server.port()) == b"three"
+               and len(server.worker_pids()) == 2):
+        assert time.monotonic() < deadline, "\n".join(server.lines)
+        time.sleep(0.05)
+    assert {answers("127.0.0.1", server.port()) for _ in range(20)} == {b"three"}
