@@ -677,7 +677,14 @@ def with_overrides(config: Config, listen: list[str] | None = None,
         if problems:
             raise ConfigError(problems)
         kept = tuple(l for l in config.listeners if l.tls)
-        config = replace(config, listeners=tuple(Listener(h, p) for h, p in addresses) + kept)
+        listeners = tuple(Listener(h, p) for h, p in addresses) + kept
+        names = [f"--listen {v!r}" for v in listen] + [f"TLS listener {l.host}:{l.port}"
+                                                        for l in kept]
+        clashes = [f"{names[j]}: expected an address {names[i]} does not already take"
+                   for i, j in _clashing_listeners(listeners)]
+        if clashes:
+            raise ConfigError(clashes)
+        config = replace(config, listeners=listeners)
     if workers is not None:
         if workers < 1:
             raise ConfigError([f"--workers {workers}: expected a number of workers >= 1"])

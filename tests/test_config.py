@@ -85,6 +85,12 @@ def test_listen_flag_replaces_plain_listeners_only(certs):
     assert changed.worker_count == 3
     with pytest.raises(ConfigError, match="--listen 'nowhere'"):
         with_overrides(config, ["nowhere"])
+    with pytest.raises(ConfigError, match="TLS listener 0.0.0.0:443: expected an address "
+                       "--listen ':443' does not already take"):
+        with_overrides(config, [":443"])
+    with pytest.raises(ConfigError, match="--listen '127.0.0.1:80': expected an address "
+                       "--listen ':80' does not already take"):
+        with_overrides(config, [":80", "127.0.0.1:80"])
 
 
 def test_embedded_default_is_valid():
