@@ -58,6 +58,19 @@ _TRAILERS = 1 << 62
 _HOST, _TRANSFER_ENCODING, _CONTENT_LENGTH, _CONNECTION = range(4)
 _HEAD_FIELDS = {b"host": _HOST, b"transfer-encoding": _TRANSFER_ENCODING,
                 b"content-length": _CONTENT_LENGTH, b"connection": _CONNECTION}
+# Field names as clients spell them (they repeat): (lower-case name, _HEAD_FIELDS
+# kind or None), so a known spelling costs one lookup and no new bytes.
+_SPELLED: dict[bytes, tuple[bytes, int | None]] = {}
+_SPELLED_LIMIT = 4096
+
+
+def _learn_spelling(name: bytes) -> tuple[bytes, int | None]:
+    lower = name.lower()
+    known = (_SPELLED.get(lower) or (lower, _HEAD_FIELDS.get(lower)))
+    if len(_SPELLED) >= _SPELLED_LIMIT:
+        _SPELLED.clear()                # many odd names: start over rather than grow
+    _SPELLED[name] = known
+    return known
 
 BODY_HIGH_WATER = 256 * 1024      # pause reading when this much body waits unread
 WRITE_HIGH_WATER = 64 * 1024
@@ -329,6 +342,7 @@ class HTTP1Connection(asyncio.Protocol):
     def __init__(self, ctx) -> None:
         self.ctx = ctx
         self.limits = ctx.limits
+        self._known_site = ctx.router.memo.get     # the router's Host memo, asked first
         self.loop = ctx.loop
         self.transport = None
         self.parser = httptools.HttpRequestParser(self)
@@ -557,13 +571,18 @@ class HTTP1Connection(asyncio.Protocol):
             raise RequestError(414)
         self._url = url
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_bytes += len(name) + len(value) + 4
-        if self._header_bytes > self._max_header_bytes or len(self._headers) >= self._max_headers:
+    def on_header(self, name: bytes, value: bytes, _spelled=_SPELLED.get) -> None:
+        size = self._header_bytes + len(name) + len(value) + 4
+        self._header_bytes = size
+        if size > self._max_header_bytes:
             return self._over_limit(name, value)
-        name = name.lower()
-        self._headers.append((name, value))
-        kind = _HEAD_FIELDS.get(name)
+        # The header count is checked once the head is complete: the byte limit
+        # already bounds how many fields can arrive before that.
+        known = _spelled(name)
+        if known is None:
+            known = _learn_spelling(name)
+        lower, kind = known
+        self._headers.append((lower, value))
         if kind is None:
             return
         if kind == _HOST:
@@ -635,26 +654,28 @@ class HTTP1Connection(asyncio.Protocol):
         return host, version, has_body
 
     def on_headers_complete(self) -> None:
+        headers = self._headers
+        if len(headers) > self._max_headers:
+            raise RequestError(431)
         parser = self.parser
         host = self._host
         keep_alive = parser.should_keep_alive()
         if host is None or self._unusual or not keep_alive:
             host, version, has_body = self._unusual_head(host)
+            self.state = BODY if has_body else IDLE
         else:
             # Kept alive without a Connection header is HTTP/1.1 (HTTP/1.0 needs
             # `Connection: keep-alive`, other versions are not kept alive), so the
             # version is not asked of httptools (a str.format there).
             self._host = None
+            self.state = IDLE
             version = "1.1"
             has_body = False
         self._requests += 1
         if keep_alive and self._requests >= self._keepalive_requests:
             keep_alive = False               # (drain() makes this every request's case)
-        self.state = BODY if has_body else IDLE
 
-        ctx = self.ctx
-        router = ctx.router
-        site = router.memo.get(host) or router.site_for(host)
+        site = self._known_site(host) or self.ctx.router.site_for(host)
         url = self._url
         # An exact route is looked up with the target as it came: a key never holds
         # "?" or "#" and always begins with "/", so a hit needs no splitting.
@@ -673,10 +694,11 @@ class HTTP1Connection(asyncio.Protocol):
                 qmark = -1
                 raw_path = url
             route = site.exact_raw.get(raw_path) or site.found.get(raw_path) \
-                or ctx.route_slow(site, raw_path)
+                or self.ctx.route_slow(site, raw_path)
         if self.xff_trusted:
+            ctx = self.ctx
             self.client = forwarded_client(
-                self.peer, [v for n, v in self._headers if n == b"x-forwarded-for"],
+                self.peer, [v for n, v in headers if n == b"x-forwarded-for"],
                 ctx.trusted_proxies)
             self.logging = self._timing and ctx.should_log(self.client)
         handler, params, label, path = route
@@ -686,9 +708,9 @@ class HTTP1Connection(asyncio.Protocol):
         kind = handler.is_async
         if kind:
             if kind is PEEK:                # the common cached-file/page case, inline
-                handler = handler.peek(path, method, self._headers) or handler
+                handler = handler.peek(path, method, headers) or handler
             elif kind is GATED:
-                handler = settle(handler, self, path, method, self._headers)
+                handler = settle(handler, self, path, method, headers)
             kind = handler.is_async
 
         if not kind and not has_body and keep_alive and not self.logging \
@@ -710,7 +732,7 @@ class HTTP1Connection(asyncio.Protocol):
                 self._answer_sync(handler, mode, method, path, host, label)
             return
 
-        req = Request(self, handler, route, method, url, qmark, version, self._headers, host,
+        req = Request(self, handler, route, method, url, qmark, version, headers, host,
                       keep_alive, self._t0)
         req.body = self._body = Body(self, self._expect_continue()) if has_body else None
         req.upgrade = parser.should_upgrade()
