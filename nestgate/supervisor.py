@@ -132,16 +132,23 @@ class Supervisor:
         number = self.started_generations
         gen = Generation(number, config, contexts)
         gen.slots = [Slot(number, i) for i in range(config.worker_count)]
+        self.generations.append(gen)
+        try:
+            for slot in gen.slots:
+                self.fork(gen, slot)
+        except BaseException:
+            # A generation that cannot fork all its workers (EAGAIN, ENOMEM) would
+            # never be ready: the workers it has stop, and what runs goes on.
+            self.stop_generation(gen)
+            raise
         # A generation still starting is outdated by this one: were it to become
         # ready later, it would replace a newer config with an older one.
-        outdated = [g for g in self.generations if not g.was_ready and not g.stopping]
+        outdated = [g for g in self.generations
+                    if g is not gen and not g.was_ready and not g.stopping]
         for older in outdated:
             self.stop_generation(older)
-        self.generations.append(gen)
         if outdated:
             self.close_unused()
-        for slot in gen.slots:
-            self.fork(gen, slot)
         return gen
 
     def fork(self, gen: Generation, slot: Slot) -> None:

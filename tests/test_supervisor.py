@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import os
@@ -13,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import _env
 
 CONFIG = """
@@ -327,6 +329,33 @@ def test_two_reloads_close_together_end_on_the_last_config(monkeypatch):
             slot.pid = 0
     sup.forget_finished()
     assert sup.start_generation(config).number == 4
+
+
+def test_a_generation_that_cannot_fork_every_worker_stops_and_the_running_one_serves_on(
+        monkeypatch):
+    from nestgate.config import parse_config
+    config = parse_config({"server": {"workers": 3}, "listen": [{"address": "127.0.0.1:0"}]})
+    sup, signalled = supervisor_with_fake_workers(monkeypatch)
+    first = sup.start_generation(config)
+    report_ready(sup, first)
+    starting = sup.start_generation(config)     # a reload whose workers are on their way
+    forked = sup.fork
+    calls = []
+
+    def fork_fails_second_time(gen, slot):
+        calls.append(slot)
+        if len(calls) == 2:
+            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+        forked(gen, slot)
+    monkeypatch.setattr(sup, "fork", fork_fails_second_time)
+    with pytest.raises(BlockingIOError):
+        sup.start_generation(config)
+    failed = sup.generations[-1]
+    assert failed.stopping
+    assert signalled == [(failed.slots[0].pid, signal.SIGTERM)]   # the one it forked
+    assert not first.stopping and not starting.stopping
+    report_ready(sup, starting)                 # the earlier reload still takes over
+    assert first.stopping and not starting.stopping
 
 
 def test_workers_that_never_start_make_the_server_exit_with_their_error(tmp_path):
