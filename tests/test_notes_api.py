@@ -277,3 +277,26 @@ def test_write_failure_is_500_and_leaves_nothing(notes, monkeypatch):
     assert err.value.status == 500 and "Input/output error" in str(err.value)
     assert (notes / "first.md").read_bytes() == before
     assert not [p for p in notes.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_directory_fsync_failure_after_the_rename_reports_it_and_serves_the_new_note(
+        notes, monkeypatch):
+    """Past the rename the new note is in place: every worker must see it (the
+    generation moves on) and the client learns it was not confirmed on disk."""
+    from nestgate.notes import store as module
+    store = module.NoteStore(str(notes))
+    generation = store.generation()
+
+    def broken(directory):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(module, "_fsync_dir", broken)
+    with pytest.raises(module.StoreError) as err:
+        store.write(module.make_note("first", {"title": "New"}, "new text"))
+    assert err.value.status == 500 and "saved, but the disk did not confirm" in str(err.value)
+    assert b"new text" in (notes / "first.md").read_bytes()
+    assert store.generation() != generation
+    generation = store.generation()
+    with pytest.raises(module.StoreError) as err:
+        store.delete("first")
+    assert "deleted, but the disk did not confirm" in str(err.value)
+    assert not (notes / "first.md").exists() and store.generation() != generation

@@ -5,8 +5,9 @@ shared by all workers. Every function here blocks on the disk: callers on the ev
 loop run them in the executor. Nothing here knows about HTTP.
 
 Atomic write: a temp file in the same directory, fsync, rename over the note (or link
-for create-only), fsync the directory. On any failure the temp file is removed and the
-old note is untouched. The generation counter is then bumped under an exclusive lock:
+for create-only), fsync the directory. On any failure up to the rename the temp file is
+removed and the old note is untouched; a directory fsync that fails after it reports
+the note as changed but unconfirmed. The generation counter is bumped under an exclusive lock:
 a worker that reads a different value than the one its pages were rendered at knows
 they are stale.
 """
@@ -283,7 +284,6 @@ class NoteStore:
             else:
                 created = not os.path.lexists(final)
                 os.replace(tmp, final)
-            _fsync_dir(self.dir)
         except FileExistsError:
             _unlink_quietly(tmp)
             raise
@@ -292,6 +292,7 @@ class NoteStore:
             raise _storage_error("save", exc) from None
         self._remember(note, st)
         self._bump()
+        _confirm_on_disk(self.dir, "saved")
         return created
 
     def _remember(self, note: Note, st) -> None:
@@ -311,11 +312,8 @@ class NoteStore:
             raise _storage_error("delete", exc) from None
         with self._lock:
             self._notes.pop(slug, None)
-        try:
-            _fsync_dir(self.dir)
-        except OSError as exc:
-            raise _storage_error("delete", exc) from None
         self._bump()
+        _confirm_on_disk(self.dir, "deleted")
         return True
 
 
@@ -388,6 +386,17 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def _confirm_on_disk(directory: str, done: str) -> None:
+    """fsync the directory after a rename or unlink. The change is visible by then,
+    and the generation was bumped so that every worker serves it; a failure here
+    means only that it may not survive a crash, and the client is told so."""
+    try:
+        _fsync_dir(directory)
+    except OSError as exc:
+        raise StoreError(500, f"the note was {done}, but the disk did not confirm it: "
+                              f"{exc.strerror or exc}") from None
 
 
 def _storage_error(action: str, exc: OSError) -> StoreError:
