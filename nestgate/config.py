@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -427,6 +428,8 @@ def _read_log(s: _Section) -> LogConfig:
 
 def _read_listener(s: _Section) -> Listener:
     host, port = s.get("address", ("127.0.0.1", 8080), parse_address, "")
+    if bind_address(host) is None:
+        s.fail("address", f"a host name that resolves to an IPv4 address, got {host!r}")
     certs = []
     for c in s.tables("certificate"):
         names = c.strings("names")
@@ -640,9 +643,10 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
         problems.append(f"{file}: listen: expected at least one [[listen]] table")
     for first, second in _clashing_listeners(listeners):
         shown = listeners[second]
+        host = f"[{shown.host}]" if ":" in shown.host else shown.host
         problems.append(f"{file}: listen[{second}].address: expected an address that "
                         f"listen[{first}].address does not already take, "
-                        f"got '{shown.host}:{shown.port}'")
+                        f"got '{host}:{shown.port}'")
     if any(site.protected for site in sites) and (auth is None or not auth.users):
         problems.append(f"{file}: auth: expected an [auth] table with at least one "
                         "[[auth.user]] when a site is protected")
@@ -651,16 +655,34 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     return Config(file, server, limits, log, listeners, sites, trusted, auth)
 
 
+def bind_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a listener on `host` binds, as the supervisor binds it: an IP as
+    written, or a host name resolved to IPv4 (None when it does not resolve)."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    return ipaddress.ip_address(infos[0][4][0]) if infos else None
+
+
 def _clashing_listeners(listeners) -> list[tuple[int, int]]:
     """(i, j) for each listener j that could not bind beside listener i: the same port
-    on the same host, or on an IPv4 host beside 0.0.0.0. Port 0 never clashes."""
-    def clash(a, b):
-        if a.port != b.port or a.port == 0:
+    on the same address however it is spelt ("localhost", "127.0.0.1"; "::1",
+    "0:0::1"), or beside the wildcard of its family (0.0.0.0, or :: since IPv6
+    listeners are IPv6-only). Port 0 never clashes."""
+    bound = [bind_address(listener.host) for listener in listeners]
+
+    def clash(i, j):
+        a, b = bound[i], bound[j]
+        if listeners[i].port != listeners[j].port or listeners[i].port == 0 \
+                or a is None or b is None or a.version != b.version:
             return False
-        ipv4_wildcard = "0.0.0.0" in (a.host, b.host) and ":" not in a.host + b.host
-        return a.host == b.host or ipv4_wildcard
-    return [(i, j) for j, b in enumerate(listeners) for i, a in enumerate(listeners[:j])
-            if clash(a, b)]
+        return a == b or a.is_unspecified or b.is_unspecified
+    return [(i, j) for j in range(len(listeners)) for i in range(j) if clash(i, j)]
 
 
 def with_overrides(config: Config, listen: list[str] | None = None,

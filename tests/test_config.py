@@ -173,6 +173,35 @@ def test_listeners_that_cannot_bind_together_are_named_both():
         "already take, got '127.0.0.1:8080'"]
 
 
+def test_the_same_address_spelt_two_ways_is_one_address():
+    problems = problems_of({"listen": [{"address": "127.0.0.1:8080"},
+                                       {"address": "localhost:8080"},
+                                       {"address": "[::1]:8080"},
+                                       {"address": "[0:0::1]:8080"},
+                                       {"address": "[::]:9090"},
+                                       {"address": "[::1]:9090"},
+                                       {"address": "127.0.0.1:9090"}]})
+    assert problems == [
+        "site.toml: listen[1].address: expected an address that listen[0].address does not "
+        "already take, got 'localhost:8080'",
+        "site.toml: listen[3].address: expected an address that listen[2].address does not "
+        "already take, got '[0:0::1]:8080'",
+        "site.toml: listen[5].address: expected an address that listen[4].address does not "
+        "already take, got '[::1]:9090'"]
+
+
+def test_a_listener_host_that_does_not_resolve_is_named(monkeypatch):
+    import socket
+
+    def unknown(host, *args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    monkeypatch.setattr(socket, "getaddrinfo", unknown)
+    problems = problems_of({"listen": [{"address": "nas.home.arpa:8080"},
+                                       {"address": "127.0.0.1:8081"}]})
+    assert problems == ["site.toml: listen[0].address: expected a host name that resolves "
+                        "to an IPv4 address, got 'nas.home.arpa'"]
+
+
 @pytest.mark.parametrize("section, key", [
     ("server", "restart_backoff_max"), ("limits", "header_timeout"),
     ("limits", "send_timeout"), ("limits", "keepalive_timeout"), ("limits", "body_timeout")])
