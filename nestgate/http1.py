@@ -172,7 +172,7 @@ class Request:
 
     __slots__ = ("method", "raw_target", "path", "query", "version", "headers", "host",
                  "client", "params", "route", "handler", "keep_alive", "head_only", "body",
-                 "scheme", "status", "sent", "started", "finished", "_conn", "_chunked",
+                 "scheme", "status", "sent", "started", "finished", "connection", "_chunked",
                  "_t0", "task", "upgrade", "cancel")
 
     def __init__(self, conn, handler, route, method: bytes, raw_target: bytes, qmark: int,
@@ -194,7 +194,7 @@ class Request:
         self.body = None
         self.status = self.sent = 0
         self.started = self.finished = False
-        self._conn = conn
+        self.connection = conn
         self._chunked = False
         self._t0 = t0
         self.task = None
@@ -206,7 +206,7 @@ class Request:
         was told to wait for `100 Continue` before its body and none was sent: it may
         never send that body, so what follows on the connection is unknowable
         (RFC 9110 10.1.1)."""
-        if self._conn.ctx.draining or (self.body is not None and self.body.awaits_continue):
+        if self.connection.ctx.draining or (self.body is not None and self.body.awaits_continue):
             self.keep_alive = False
         return self.keep_alive
 
@@ -216,10 +216,6 @@ class Request:
             if key == name:
                 return value
         return default
-
-    @property
-    def connection(self) -> HTTP1Connection:
-        return self._conn
 
     # ---- answering
     async def send(self, status: int, headers, body: bytes = b"") -> None:
@@ -237,7 +233,7 @@ class Request:
     def start_raw(self, status: int, block: bytes, content_length: int | None = None) -> None:
         """`start` with the header lines already as bytes (`name: value\r\n` each), for
         headers that were parsed and checked elsewhere, such as an upstream's."""
-        self._conn.write(self.head_bytes(status, block, content_length))
+        self.connection.write(self.head_bytes(status, block, content_length))
 
     def head_bytes(self, status: int, block: bytes, content_length: int | None = None) -> bytes:
         """The response head `start_raw` would write, returned instead, for a caller that
@@ -268,7 +264,7 @@ class Request:
             raise RuntimeError("write before start")
         if self.head_only or not data:
             return
-        conn = self._conn
+        conn = self.connection
         if self._chunked:
             data = b"%x\r\n%b\r\n" % (len(data), data)
         self.sent += len(data)
@@ -281,8 +277,8 @@ class Request:
         should stop producing until `connection.wait_writable()` returns."""
         data = self.frame(data)
         if data:
-            self._conn.write(data)
-        return self._conn.write_paused
+            self.connection.write(data)
+        return self.connection.write_paused
 
     def frame(self, data: bytes) -> bytes:
         """Body bytes as they go on the wire (chunk-framed if need be), not written."""
@@ -310,9 +306,9 @@ class Request:
         self.started = self.finished = True
         self.status = response.status
         self.sent += len(data)
-        self._conn.write(data)
-        if self._conn.write_paused:
-            await self._conn.wait_writable()
+        self.connection.write(data)
+        if self.connection.write_paused:
+            await self.connection.wait_writable()
 
     def take_over(self, head: bytes) -> bytes:
         """Switch protocols: write `head` (a whole 101 response) and hand the connection
@@ -325,14 +321,14 @@ class Request:
         self.status = 101
         self.keep_alive = False
         self.sent += len(head)
-        return self._conn.become_tunnel(head)
+        return self.connection.become_tunnel(head)
 
     def end(self) -> None:
         if self.finished:
             return
         self.finished = True
         if self._chunked:
-            self._conn.write(b"0\r\n\r\n")
+            self.connection.write(b"0\r\n\r\n")
             self.sent += 5
 
 

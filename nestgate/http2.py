@@ -170,10 +170,6 @@ class H2Request(Request):
 
     __slots__ = ("stream_id", "flow", "logged")
 
-    @property
-    def connection(self):
-        return self._conn
-
     def start(self, status: int, headers, content_length: int | None = None) -> None:
         pairs = [(n.encode("latin-1") if isinstance(n, str) else n,
                   v.encode("latin-1") if isinstance(v, str) else v) for n, v in headers]
@@ -200,7 +196,7 @@ class H2Request(Request):
                 headers.append((name, value))
         if content_length is not None:
             headers.append((b"content-length", b"%d" % content_length))
-        self._conn.send_headers(self.stream_id, headers, end_stream=self.head_only)
+        self.connection.send_headers(self.stream_id, headers, end_stream=self.head_only)
         if self.head_only:
             self.finished = True
 
@@ -210,7 +206,7 @@ class H2Request(Request):
         if self.head_only or not data:
             return
         self.sent += len(data)
-        conn = self._conn
+        conn = self.connection
         if self.stream_id in conn.outboxes:          # behind pushed data: keep the order
             conn.queue_data(self.stream_id, data)
             await conn.wait_sent(self.stream_id)
@@ -223,7 +219,7 @@ class H2Request(Request):
         if self.head_only or not data:
             return False
         self.sent += len(data)
-        self._conn.queue_data(self.stream_id, data)
+        self.connection.queue_data(self.stream_id, data)
         return True
 
     async def send_prebuilt(self, response) -> None:
@@ -231,10 +227,10 @@ class H2Request(Request):
         self.status = response.status
         headers = h2_headers(response) + [(b"date", CLOCK.date)]
         body = b"" if self.head_only else response.body
-        self._conn.send_headers(self.stream_id, headers, end_stream=not body)
+        self.connection.send_headers(self.stream_id, headers, end_stream=not body)
         if body:
             self.sent += len(body)
-            await self._conn.send_data(self.stream_id, body, end=True)
+            await self.connection.send_data(self.stream_id, body, end=True)
         self.finished = True
 
     def take_over(self, head: bytes) -> bytes:
@@ -244,7 +240,7 @@ class H2Request(Request):
         if self.finished:
             return
         self.finished = True
-        self._conn.end_stream(self.stream_id)
+        self.connection.end_stream(self.stream_id)
 
 
 class HTTP2Connection:

@@ -30,6 +30,7 @@ FORWARDED = frozenset((b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-h
 # proxies only, as X-Forwarded-For is, whenever nestgate sets X-Forwarded-*.
 CLIENT_CLAIMS = frozenset((b"forwarded", b"x-real-ip"))
 _SCHEMES = {"http": b"http", "https": b"https"}
+_USUAL_TAIL = b"x-forwarded-for: %b\r\nx-forwarded-proto: %b\r\nx-forwarded-host: %b\r\n\r\n"
 
 
 class _Stale(Exception):
@@ -59,6 +60,7 @@ class ProxyHandler:
         self.single = self.targets[0] if len(self.targets) == 1 else None
         self.strip = route.prefix.rstrip("/").encode() if opts.strip_prefix else b""
         self.host_from_target = opts.host_header == "target"
+        self.forwarded = opts.forwarded
         drop = set(HOP_BY_HOP)
         drop.add(b"host")                       # written first, kept or the target's
         if opts.forwarded:
@@ -241,6 +243,10 @@ class ProxyHandler:
                         special.append(item)
                 continue
             parts += (name, b": ", item[1], b"\r\n")
+        if special is None and self.forwarded and host and req.body is None:
+            # The usual request: no header to reconsider, no body, X-Forwarded-* set.
+            parts.append(_USUAL_TAIL % (req.client.encode(), _SCHEMES[req.scheme], host))
+            return b"".join(parts)
         conn = req.connection
         upgrade = None
         xff = proto = fhost = None
@@ -275,7 +281,7 @@ class ProxyHandler:
                 for name, value in claims:          # a trusted proxy's word, as its X-F-F
                     if conn_tokens is None or name not in names:
                         parts += (name, b": ", value, b"\r\n")
-        if self.opts.forwarded:
+        if self.forwarded:
             parts += (b"x-forwarded-for: ",
                       b", ".join(xff) + b", " + conn.peer.encode() if xff
                       else req.client.encode(),
