@@ -66,7 +66,7 @@ _SPELLED_LIMIT = 4096
 
 def _learn_spelling(name: bytes) -> tuple[bytes, int | None]:
     lower = name.lower()
-    known = (_SPELLED.get(lower) or (lower, _HEAD_FIELDS.get(lower)))
+    known = _SPELLED.get(lower) or (lower, _HEAD_FIELDS.get(lower))
     if len(_SPELLED) >= _SPELLED_LIMIT:
         _SPELLED.clear()                # many odd names: start over rather than grow
     _SPELLED[name] = known
