@@ -208,6 +208,42 @@ def test_head_and_interim_and_close_delimited(start_server, upstream):
     assert resp.status == 200
 
 
+def test_interim_responses_are_not_forwarded(start_server, upstream):
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    sock = socket.create_connection(("127.0.0.1", server.port()), timeout=5)
+    sock.sendall(b"GET /interim HTTP/1.1\r\nHost: app.test\r\n\r\n")
+    data = b""
+    while not data.endswith(b"\r\n\r\nok"):
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head = data.partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 200") and b"x-final: yes" in head
+    assert b"link:" not in head and data.count(b"HTTP/1.1") == 1
+    sock.close()
+
+
+def test_response_head_arriving_in_pieces(start_server, upstream):
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    resp, body, conn = get(server.port(), "/trickle-head")
+    assert resp.status == 200 and body == b"slowly!"
+    assert resp.getheader("x-trickled") == "all the way" and resp.getheader("x-hop") is None
+    resp, body, conn = get(server.port(), "/trickle-head", conn=conn)    # a kept connection
+    assert resp.status == 200 and body == b"slowly!"
+
+
+def test_each_response_keeps_its_own_header_values(start_server, upstream):
+    # Heads are remembered by their bytes: any difference is a head of its own.
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    conn = None
+    for value in ("one", "two", "one", "three", "two"):
+        resp, body, conn = get(server.port(), f"/vary?v={value}", conn=conn)
+        assert resp.status == 200 and body == b"ok" and resp.getheader("x-vary") == value
+
+
 # ------------------------------------------------------------------ streaming
 
 
@@ -558,3 +594,22 @@ hosts = ["*"]
         assert status == 200 and len(body) == 300000
     finally:
         client.close()
+
+
+# ------------------------------------------------------------------ response heads
+
+
+def test_response_head_read_once_and_remembered_within_bounds():
+    from nestgate.proxy import upstream as up
+    head = (b'HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Wed, 02 Dec 2026 22:28:17 GMT\r\n'
+            b'Content-Length: 2\r\nConnection: keep-alive, X-A\r\nx-a: 1\r\nETag: "x"')
+    assert up._read_head(head) == (b'ETag: "x"\r\n', 2, False, b"")
+    assert up._HEADS[head] == (b'ETag: "x"\r\n', 2, False, b"")
+    for i in range(up._HEADS_LIMIT * 3):
+        up._read_head(b"HTTP/1.1 200 OK\r\nx-n: %d\r\ntransfer-encoding: chunked" % i)
+        assert len(up._HEADS) <= up._HEADS_LIMIT
+    assert up._read_head(b"HTTP/1.1 200 OK\r\nx-n: 7\r\ntransfer-encoding: chunked") == \
+        (b"x-n: 7\r\n", None, True, b"")
+    long = b"HTTP/1.1 200 OK\r\nset-cookie: " + b"c" * up._HEAD_MEMO_MAX
+    assert up._read_head(long)[0] == long[17:] + b"\r\n"
+    assert long not in up._HEADS

@@ -21,6 +21,10 @@ own thread and loop, bound to 127.0.0.1:0. What it answers depends on the path:
   /then-close      200, but the next request on that connection is dropped unanswered
                    (an upstream that closed a kept-alive connection as we reused it)
   /health          200, or 503 once `healthy` is False
+  /interim         100 Continue and 103 Early Hints, then the response, each head
+                   written apart (so it reaches the proxy in its own read)
+  /trickle-head    a response whose head comes a few bytes per write
+  /vary?v=X        a 2-byte response with the header `x-vary: X`
 
 Every request is recorded in `requests`; `connections` counts accepted sockets.
 """
@@ -158,6 +162,23 @@ class Upstream:
             writer.write(b"HTTP/1.1 200 OK\r\nconnection: x-hop-one\r\nx-hop-one: 1\r\n"
                          b"x-hop-two: 2\r\nconnection: keep-alive, x-hop-two\r\n"
                          b"x-end-to-end: kept\r\ncontent-length: 2\r\n\r\nok")
+        elif path == "/interim":
+            for piece in (b"HTTP/1.1 100 Continue\r\n\r\n",
+                          b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n",
+                          b"HTTP/1.1 200 OK\r\nx-final: yes\r\ncontent-length: 2\r\n\r\nok"):
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.02)
+        elif path == "/trickle-head":
+            answer = (b"HTTP/1.1 200 OK\r\nx-trickled: all the way\r\nconnection: x-hop\r\n"
+                      b"x-hop: no\r\ncontent-length: 7\r\n\r\nslowly!")
+            for i in range(0, len(answer), 9):
+                writer.write(answer[i:i + 9])
+                await writer.drain()
+                await asyncio.sleep(0.005)
+        elif path == "/vary":
+            writer.write(b"HTTP/1.1 200 OK\r\nx-vary: %s\r\ncontent-length: 2\r\n\r\nok"
+                         % query.partition("=")[2].encode())
         elif path == "/health":
             status = 200 if self.healthy else 503
             writer.write(b"HTTP/1.1 %d X\r\ncontent-length: 2\r\n\r\nok" % status)

@@ -342,7 +342,7 @@ class ProxyHandler:
         if not getattr(req, "upgrade", False) or not self.upgrades:
             conn.close()
             raise HandlerError(502)
-        head = (b"HTTP/1.1 101 Switching Protocols\r\n" + b"".join(ex.block)
+        head = (b"HTTP/1.1 101 Switching Protocols\r\n" + ex.block
                 + b"connection: upgrade\r\nupgrade: " + ex.upgrade_value + b"\r\n\r\n")
         client = req.connection
         tail = req.take_over(head)

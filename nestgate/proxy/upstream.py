@@ -35,7 +35,7 @@ RESPONSE_DROP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"
                            b"transfer-encoding", b"upgrade", b"content-length", b"date",
                            b"server", b"proxy-authenticate"))
 
-# What on_header does with a response header, by name: keep it, or read and drop it.
+# What is done with a response header, by name: keep it, or read and drop it.
 KEEP, LENGTH, CHUNKED, CONNECTION, UPGRADE, DROP = range(6)
 _KIND_BY_LOWER = {name: DROP for name in RESPONSE_DROP}
 _KIND_BY_LOWER.update({b"content-length": LENGTH, b"transfer-encoding": CHUNKED,
@@ -45,6 +45,15 @@ _KINDS: dict[bytes, int] = {}
 _KINDS_LIMIT = 1024
 # Connection header values that name no other header.
 _PLAIN_CONNECTION = frozenset((b"keep-alive", b"close", b"Keep-Alive", b"Close"))
+
+# Response heads as read (status line and header lines, without the blank line) ->
+# what `_read_head` made of them. An upstream repeats its heads byte for byte (a
+# Date line makes a new one each second), so the usual response costs one lookup
+# instead of a Python call per header line; misses are read the same way, once.
+_HEADS: dict[bytes, tuple] = {}
+_HEADS_LIMIT = 512
+_HEAD_MEMO_MAX = 2048             # longer heads (large cookies) are read every time
+
 
 class UpstreamOverrun(Exception):
     """The upstream sent bytes after the response it owed."""
@@ -119,7 +128,7 @@ class Exchange:
 
     __slots__ = ("conn", "req", "parser", "block", "status", "length", "chunked", "started",
                  "complete", "error", "waiter", "paused", "last", "t0", "sent_all",
-                 "upgrade_value", "upgrade_tail", "conn_tokens", "received", "out", "head_taken",
+                 "upgrade_value", "upgrade_tail", "received", "out", "head_buf", "head_start",
                  "reusable", "fast", "target", "h1", "pending", "pending_size", "cancel",
                  "client")
 
@@ -147,12 +156,14 @@ class Exchange:
         self.out: list[bytes] = []    # bytes for the client, written once per upstream read
         self.pending: list[bytes] = []          # not h1: body chunks the handler writes
         self.pending_size = 0
+        self.head_buf = b""           # the response head's bytes while it arrives
+        self.head_start = 0           # where it begins in them (after interim responses)
         self._reset(req)
 
     def _reset(self, req) -> None:
         self.req = req
         self.client = req.connection  # the client's connection, written to directly
-        self.block: list[bytes] = []  # kept header lines, as name, ": ", value, CRLF
+        self.block = b""              # the kept header lines, each ending in CRLF
         self.status = 0
         self.length = None
         self.chunked = False
@@ -161,9 +172,7 @@ class Exchange:
         self.last = self.t0 = CLOCK.now
         self.sent_all = False         # the whole request went upstream
         self.upgrade_value = b""
-        self.conn_tokens = None
         self.received = False
-        self.head_taken = 0           # bytes read while the response head is unfinished
         self.reusable = False         # ended cleanly: the handler gives the connection back
         self.fast = None              # the handler, when no coroutine waits (see `settle`)
         self.target = None
@@ -176,6 +185,15 @@ class Exchange:
     def feed(self, data: bytes) -> None:
         self.received = True
         self.last = CLOCK.now
+        if not self.started:
+            # Kept until the head is complete: `on_headers_complete` reads it from here.
+            buf = self.head_buf
+            if not buf:
+                self.head_buf = data
+            else:
+                if type(buf) is bytes:
+                    self.head_buf = buf = bytearray(buf)
+                buf += data
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -197,11 +215,9 @@ class Exchange:
             # or the next client would read what is left (RFC 9112 9.3).
             self.reusable = False
             self.conn.close()
-        if not self.started:
-            self.head_taken += len(data)
-            if self.head_taken > UPSTREAM_HEAD_MAX and not self.complete:
-                self.fail(BAD_GATEWAY)
-                return
+        if not self.started and len(self.head_buf) > UPSTREAM_HEAD_MAX and not self.complete:
+            self.fail(BAD_GATEWAY)
+            return
         out = self.out
         if out:
             # What this read produced for the client, in one write.
@@ -268,41 +284,31 @@ class Exchange:
         if self.complete:
             raise UpstreamOverrun       # a message after ours: see `feed`
 
-    def on_header(self, name: bytes, value: bytes, _kinds=_KINDS.get) -> None:
-        kind = _kinds(name)
-        if kind is None:
-            kind = _kind(name)
-        if not kind:
-            self.block += (name, b": ", value, b"\r\n")
-        elif kind == LENGTH:
-            self.length = int(value)
-        elif kind == CHUNKED:
-            self.chunked = value.lower().find(b"chunked") >= 0    # `in` costs an exception
-        elif kind == CONNECTION:
-            # A list header: the names on every field line count (RFC 9110 7.6.1).
-            tokens = self.conn_tokens
-            self.conn_tokens = value if tokens is None else tokens + b", " + value
-        elif kind == UPGRADE:
-            self.upgrade_value = value
-
     def on_headers_complete(self) -> None:
+        # llhttp has checked the head (CRLF line ends, no folding, field syntax), so
+        # it ends at the first blank line after where it began.
         status = self.parser.get_status_code()
-        if status < 200:
-            self.status = status
-            if status != 101:                 # interim (100, 103): not forwarded
-                self.block = []
-                self.length = None
-            return
+        buf = self.head_buf
+        start = self.head_start
+        end = buf.find(b"\r\n\r\n", start)
         self.status = status
-        block = self.block
-        tokens = self.conn_tokens
-        if tokens is not None and tokens not in _PLAIN_CONNECTION:
-            block = _without_named(block, tokens)
+        if status < 200 and status != 101:
+            self.head_start = end + 4           # interim (100, 103): not forwarded
+            return
+        head = buf[start:end]
+        if type(head) is not bytes:
+            head = bytes(head)
+        self.head_buf = b""
+        self.head_start = 0
+        read = _HEADS.get(head) or _read_head(head)
+        self.block, self.length, self.chunked, self.upgrade_value = read
+        if status == 101:
+            return                              # `feed` hands over to the tunnel
         req = self.req
         if self.h1:
-            self.out.append(req.head_bytes(status, b"".join(block), self.length))
+            self.out.append(req.head_bytes(status, self.block, self.length))
         else:
-            req.start_raw(status, b"".join(block), self.length)
+            req.start_raw(status, self.block, self.length)
         self.started = True
         if req.head_only:
             # No body follows a HEAD response whatever its headers say; the parser
@@ -407,17 +413,46 @@ def _kind(name: bytes) -> int:
     return kind
 
 
-def _without_named(block: list[bytes], tokens: bytes) -> list[bytes]:
-    """Drop the headers a Connection header names (they are hop-by-hop too); `block`
-    holds four pieces per header, the name first."""
-    names = {t.strip().lower() for t in tokens.split(b",")} - {b"close", b"keep-alive", b""}
-    if not names:
-        return block
+def _read_head(head: bytes) -> tuple[bytes, int | None, bool, bytes]:
+    """A response head (checked by llhttp, without its blank line) as (the header
+    lines to forward, Content-Length or None, chunked, Upgrade value), remembered in
+    `_HEADS` when short. Hop-by-hop lines are dropped, and those the Connection
+    header names (RFC 9110 7.6.1)."""
     kept = []
-    for i in range(0, len(block), 4):
-        if block[i].lower() not in names:
-            kept += block[i:i + 4]
-    return kept
+    length = None
+    chunked = False
+    tokens = None
+    upgrade = b""
+    kinds = _KINDS.get
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        kind = kinds(name)
+        if kind is None:
+            kind = _kind(name)
+        if not kind:
+            kept.append(line)
+            continue
+        value = value.strip(b" \t")
+        if kind == LENGTH:
+            length = int(value)
+        elif kind == CHUNKED:
+            chunked = b"chunked" in value.lower()
+        elif kind == CONNECTION:
+            # A list header: the names on every field line count.
+            tokens = value if tokens is None else tokens + b"," + value
+        elif kind == UPGRADE:
+            upgrade = value
+    if tokens is not None and tokens not in _PLAIN_CONNECTION:
+        names = {t.strip().lower() for t in tokens.split(b",")} - {b"close", b"keep-alive", b""}
+        if names:
+            kept = [line for line in kept if line.partition(b":")[0].lower() not in names]
+    kept.append(b"")                        # each line ends in CRLF
+    read = (b"\r\n".join(kept), length, chunked, upgrade)
+    if len(head) <= _HEAD_MEMO_MAX:
+        if len(_HEADS) >= _HEADS_LIMIT:
+            _HEADS.clear()                  # stale Date lines, or an upstream whose heads vary
+        _HEADS[head] = read
+    return read
 
 
 def give_back(conn: UpstreamConnection, ex: Exchange) -> None:
