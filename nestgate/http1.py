@@ -238,11 +238,6 @@ class Request:
     def head_bytes(self, status: int, block: bytes, content_length: int | None = None) -> bytes:
         """The response head `start_raw` would write, returned instead, for a caller that
         writes it together with the first body bytes (one send instead of two)."""
-        if self.started:
-            raise RuntimeError("response already started")
-        self.started = True
-        self.status = status
-        self.settle_keep_alive()
         if content_length is not None:
             framing = b"content-length: %d\r\n" % content_length
         elif status in (204, 304) or 100 <= status < 200:
@@ -253,9 +248,19 @@ class Request:
         else:
             framing = b""
             self.keep_alive = False
-        data = b"".join((STATUS_LINES.get(status) or status_line(status), SERVER_LINE,
-                         CLOCK.date_line, block, framing,
-                         CONNECTION_ENDINGS[KEEP_ALIVE_EXPLICIT if self.keep_alive else CLOSE]))
+        return self.head_from(status, b"".join((STATUS_LINES.get(status) or status_line(status),
+                                                SERVER_LINE, block, framing)))
+
+    def head_from(self, status: int, lines: bytes) -> bytes:
+        """`head_bytes` from the status line and header lines as they go out, framing
+        included (the Date and Connection lines are added here): for a caller that
+        made them once for many responses."""
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = True
+        self.status = status
+        data = b"".join((lines, CLOCK.date_line, CONNECTION_ENDINGS[
+            KEEP_ALIVE_EXPLICIT if self.settle_keep_alive() else CLOSE]))
         self.sent += len(data)
         return data
 

@@ -202,6 +202,10 @@ def test_head_and_interim_and_close_delimited(start_server, upstream):
     server = start_server(gateway(route(up.url)))
     resp, body, conn = get(server.port(), "/big?n=5000", method="HEAD")
     assert resp.status == 200 and body == b"" and resp.getheader("content-length") == "5000"
+    resp, body, conn = get(server.port(), "/big?n=5000", conn=conn)
+    assert resp.status == 200 and len(body) == 5000
+    resp, body, conn = get(server.port(), "/big?n=5000", method="HEAD", conn=conn)   # remembered
+    assert resp.status == 200 and body == b"" and resp.getheader("content-length") == "5000"
     resp, body, conn = get(server.port(), "/close", conn=conn)   # same client connection
     assert resp.status == 200 and body == b"until the end"
     resp, body, conn = get(server.port(), "/echo", conn=conn)
@@ -225,13 +229,20 @@ def test_interim_responses_are_not_forwarded(start_server, upstream):
 
 
 def test_response_head_arriving_in_pieces(start_server, upstream):
+    # Each twice: parsed, then with its head remembered (see Exchange._remembered).
     up = upstream()
     server = start_server(gateway(route(up.url)))
-    resp, body, conn = get(server.port(), "/trickle-head")
-    assert resp.status == 200 and body == b"slowly!"
-    assert resp.getheader("x-trickled") == "all the way" and resp.getheader("x-hop") is None
-    resp, body, conn = get(server.port(), "/trickle-head", conn=conn)    # a kept connection
-    assert resp.status == 200 and body == b"slowly!"
+    conn = None
+    for _ in range(2):
+        resp, body, conn = get(server.port(), "/trickle-head", conn=conn)
+        assert resp.status == 200 and body == b"slowly!"
+        assert resp.getheader("x-trickled") == "all the way" and resp.getheader("x-hop") is None
+    for _ in range(2):
+        resp, body, conn = get(server.port(), "/late-body", conn=conn)
+        assert resp.status == 200 and body == b"0123456789"
+    resp, body, conn = get(server.port(), "/echo", conn=conn)
+    assert resp.status == 200 and json.loads(body)["target"] == "/echo"
+    assert up.connections == 1
 
 
 def test_each_response_keeps_its_own_header_values(start_server, upstream):
@@ -247,14 +258,14 @@ def test_each_response_keeps_its_own_header_values(start_server, upstream):
 # ------------------------------------------------------------------ streaming
 
 
-@pytest.mark.parametrize("chunked", [False, True])
-def test_large_download_streams_in_bounded_memory(start_server, upstream, chunked):
+@pytest.mark.parametrize("chunked, remembered", [(False, False), (False, True), (True, False)])
+def test_large_download_streams_in_bounded_memory(start_server, upstream, chunked, remembered):
     up = upstream()
     server = start_server(gateway(route(up.url)))
     worker = server.worker_pids()[0]
-    get(server.port(), "/echo")
-    before = rss_kib(worker)
     n = 96 * 1024 * 1024
+    get(server.port(), f"/big?n={n}" if remembered else "/echo", method="HEAD")
+    before = rss_kib(worker)
     conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=30)
     conn.request("GET", f"/big?n={n}" + ("&chunked" if chunked else ""))
     resp = conn.getresponse()
@@ -312,21 +323,46 @@ def test_refused_is_502_and_garbage_is_502(start_server, upstream):
     assert resp.status == 200
 
 
-@pytest.mark.parametrize("kind", ["whole", "partial", "no-content"])
+def read_until_quiet(sock, quiet: float = 0.3) -> bytes:
+    """Every byte the server sends until it has been silent for `quiet` seconds."""
+    sock.settimeout(quiet)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        pass
+    return data
+
+
+@pytest.mark.parametrize("kind", ["whole", "partial", "late", "no-content"])
 @pytest.mark.parametrize("method", ["GET", "POST"])      # answered from callbacks, or a task
+@pytest.mark.parametrize("remembered", [False, True])    # the head parsed, or remembered
 def test_bytes_after_a_response_never_reach_the_next_client(start_server, upstream, kind,
-                                                             method):
+                                                             method, remembered):
     # An upstream that sends more than the response it owes must not have the rest
     # read as the next request's answer: the response stands, the connection is closed.
+    # Read from a raw socket: http.client would drop what follows a response.
     up = upstream()
     server = start_server(gateway(route(up.url)))
-    resp, body, first = get(server.port(), f"/overrun/{kind}", method=method,
-                            body=b"x" if method == "POST" else None)
-    assert (resp.status, body) == ((204, b"") if kind == "no-content" else (200, b"hi"))
-    for conn in (first, None):            # the same client, then another one
-        resp, body, _ = get(server.port(), "/echo", conn=conn)
-        assert resp.status == 200 and resp.getheader("x-evil") is None
-        assert json.loads(body)["target"] == "/echo"
+    sock = socket.create_connection(("127.0.0.1", server.port()), timeout=5)
+    if remembered:          # the same head as the overrun's first response
+        sock.sendall(b"GET /hi HTTP/1.1\r\nHost: app.test\r\n\r\n")
+        assert read_until_quiet(sock).endswith(b"\r\n\r\nhi")
+    body = b"x" if method == "POST" else b""
+    sock.sendall(b"%s /overrun/%s HTTP/1.1\r\nHost: app.test\r\ncontent-length: %d\r\n\r\n%s"
+                 % (method.encode(), kind.encode(), len(body), body))
+    answer = read_until_quiet(sock)
+    assert answer.count(b"HTTP/1.1 ") == 1 and b"x-evil" not in answer.lower()
+    assert answer.startswith(b"HTTP/1.1 204") if kind == "no-content" else \
+        answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"\r\n\r\nhi")
+    sock.sendall(b"GET /echo HTTP/1.1\r\nHost: app.test\r\n\r\n")
+    answer = read_until_quiet(sock)
+    assert answer.startswith(b"HTTP/1.1 200") and b"x-evil" not in answer.lower()
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["target"] == "/echo"
+    sock.close()
+    resp, body, _ = get(server.port(), "/echo")         # another client
+    assert resp.status == 200 and resp.getheader("x-evil") is None
     assert up.connections == 2       # the spoilt one closed, its successor kept alive
 
 
@@ -368,7 +404,8 @@ def test_stall_on_a_kept_alive_upstream_connection_is_504(start_server, upstream
 def test_break_after_headers_cuts_the_client(start_server, upstream):
     up = upstream()
     server = start_server(gateway(route(up.url, extra='read_timeout = "300ms"')))
-    for path in ("/reset-mid-body", "/slow-body"):
+    # Each twice: the second time the head is remembered and the body counted.
+    for path in ("/reset-mid-body", "/reset-mid-body", "/slow-body", "/slow-body"):
         conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=10)
         conn.request("GET", path, headers={"Host": "app.test"})
         resp = conn.getresponse()
@@ -603,13 +640,19 @@ def test_response_head_read_once_and_remembered_within_bounds():
     from nestgate.proxy import upstream as up
     head = (b'HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Wed, 02 Dec 2026 22:28:17 GMT\r\n'
             b'Content-Length: 2\r\nConnection: keep-alive, X-A\r\nx-a: 1\r\nETag: "x"')
-    assert up._read_head(head) == (b'ETag: "x"\r\n', 2, False, b"")
-    assert up._HEADS[head] == (b'ETag: "x"\r\n', 2, False, b"")
+    block, length, chunked, upgrade, lines, counted, keep_alive = up._read_head(head, 200, True)
+    assert (block, length, chunked, upgrade, counted, keep_alive) == \
+        (b'ETag: "x"\r\n', 2, False, b"", 200, True)
+    assert lines == b'HTTP/1.1 200 OK\r\nserver: nestgate\r\nETag: "x"\r\ncontent-length: 2\r\n'
+    assert up._HEADS[head][0] == b'ETag: "x"\r\n'
+    # Bodies that are not counted: chunked, none (304), or a length the parser decides.
+    chunked_head = b"HTTP/1.1 200 OK\r\nx-n: 7\r\ntransfer-encoding: chunked"
+    assert up._read_head(chunked_head, 200, True) == \
+        (b"x-n: 7\r\n", None, True, b"", None, 0, True)
+    assert up._read_head(b"HTTP/1.1 304 Not Modified\r\ncontent-length: 9", 304, True)[5] == 0
     for i in range(up._HEADS_LIMIT * 3):
-        up._read_head(b"HTTP/1.1 200 OK\r\nx-n: %d\r\ntransfer-encoding: chunked" % i)
+        up._read_head(b"HTTP/1.1 200 OK\r\nx-n: %d\r\ntransfer-encoding: chunked" % i, 200, True)
         assert len(up._HEADS) <= up._HEADS_LIMIT
-    assert up._read_head(b"HTTP/1.1 200 OK\r\nx-n: 7\r\ntransfer-encoding: chunked") == \
-        (b"x-n: 7\r\n", None, True, b"")
     long = b"HTTP/1.1 200 OK\r\nset-cookie: " + b"c" * up._HEAD_MEMO_MAX
-    assert up._read_head(long)[0] == long[17:] + b"\r\n"
+    assert up._read_head(long, 200, True)[0] == long[17:] + b"\r\n"
     assert long not in up._HEADS

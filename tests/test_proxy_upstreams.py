@@ -10,7 +10,9 @@ own thread and loop, bound to 127.0.0.1:0. What it answers depends on the path:
   /garbage         answers bytes that are not HTTP
   /overrun/KIND    a whole 2-byte response "hi", then in the same write bytes it does
                    not owe: KIND "whole" a second response, "partial" the start of one,
-                   "no-content" a 204 followed by a body (the connection stays open)
+                   "late" a second response after the body's last byte, which comes a
+                   moment after its first; "no-content" a 204 followed by a body (the
+                   connection stays open)
   /endless-header  a status line, 1 MiB of one header line, then waits until released
   /reset-mid-body  promises 100000 bytes, sends 1000, then resets the connection
   /close           a body delimited by closing the connection (no length)
@@ -25,6 +27,8 @@ own thread and loop, bound to 127.0.0.1:0. What it answers depends on the path:
                    written apart (so it reaches the proxy in its own read)
   /trickle-head    a response whose head comes a few bytes per write
   /vary?v=X        a 2-byte response with the header `x-vary: X`
+  /late-body       a 10-byte body, half written with the head, half a moment later
+  /hi              "hi", with the same head as /overrun's first response
 
 Every request is recorded in `requests`; `connections` counts accepted sockets.
 """
@@ -176,6 +180,13 @@ class Upstream:
                 writer.write(answer[i:i + 9])
                 await writer.drain()
                 await asyncio.sleep(0.005)
+        elif path == "/late-body":
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n01234")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(b"56789")
+        elif path == "/hi":
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi")
         elif path == "/vary":
             writer.write(b"HTTP/1.1 200 OK\r\nx-vary: %s\r\ncontent-length: 2\r\n\r\nok"
                          % query.partition("=")[2].encode())
@@ -214,11 +225,17 @@ class Upstream:
             await writer.drain()
             return False
         elif path.startswith("/overrun/"):
-            extra = {"whole": b"HTTP/1.1 200 OK\r\nx-evil: 1\r\ncontent-length: 22\r\n\r\n"
-                              b"another user's answer!",
-                     "partial": b"HTTP/1.1 200 OK\r\nx-ev",
-                     "no-content": b""}[path.rsplit("/", 1)[1]]
-            if extra:
+            whole = (b"HTTP/1.1 200 OK\r\nx-evil: 1\r\ncontent-length: 22\r\n\r\n"
+                     b"another user's answer!")
+            kind = path.rsplit("/", 1)[1]
+            extra = {"whole": whole, "partial": b"HTTP/1.1 200 OK\r\nx-ev", "late": whole,
+                     "no-content": b""}[kind]
+            if kind == "late":
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nh")
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                writer.write(b"i" + extra)
+            elif extra:
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi" + extra)
             else:
                 writer.write(b"HTTP/1.1 204 No Content\r\n\r\nnot a body")

@@ -10,6 +10,16 @@ the pool. The handler coroutine sleeps on one future and wakes only when the
 exchange is over, failed, or must wait for a slow client (backpressure: the
 upstream socket stops being read until the client's buffer drains).
 
+Response heads are not read a header at a time: at `on_headers_complete` the
+head's bytes (llhttp has checked them) are looked up in `_HEADS`, and only a head
+not seen before is split into lines in Python. An upstream repeats its heads byte
+for byte (the Date line turns over once a second), so once a head is known, a
+response that begins with it and is framed by Content-Length does not go through
+the parser at all (`_remembered`): the parser would read the same head the same
+way, so the memo answers and the body is counted to its length. Bytes past that
+length are the upstream framing differently from us: the response stands, the
+connection is not reused.
+
 A response that breaks before its headers reached the client becomes 502 or 504;
 after that, the only honest thing left is to cut the client connection.
 """
@@ -22,6 +32,7 @@ import httptools
 
 from nestgate.clock import CLOCK
 from nestgate.http1 import Request
+from nestgate.responses import SERVER_LINE, STATUS_LINES, status_line
 
 WRITE_HIGH_WATER = 64 * 1024
 PENDING_HIGH_WATER = 256 * 1024   # response bytes held for a non-HTTP/1.1 client
@@ -129,6 +140,7 @@ class Exchange:
     __slots__ = ("conn", "req", "parser", "block", "status", "length", "chunked", "started",
                  "complete", "error", "waiter", "paused", "last", "t0", "sent_all",
                  "upgrade_value", "upgrade_tail", "received", "out", "head_buf", "head_start",
+                 "head_end", "owed", "keep_alive",
                  "reusable", "fast", "target", "h1", "pending", "pending_size", "cancel",
                  "client")
 
@@ -158,6 +170,9 @@ class Exchange:
         self.pending_size = 0
         self.head_buf = b""           # the response head's bytes while it arrives
         self.head_start = 0           # where it begins in them (after interim responses)
+        self.head_end = 0             # where the last head on this connection ended
+        self.owed = 0                 # body bytes still to come, counted (see `_remembered`)
+        self.keep_alive = False       # ... and whether the connection is kept after them
         self._reset(req)
 
     def _reset(self, req) -> None:
@@ -185,6 +200,74 @@ class Exchange:
     def feed(self, data: bytes) -> None:
         self.received = True
         self.last = CLOCK.now
+        if self.owed:
+            self._count(data)
+        elif self.started or self.head_buf or not self.h1 or not self._remembered(data):
+            if not self._parse(data):
+                return
+        out = self.out
+        if out:
+            # What this read produced for the client, in one write.
+            self.out = []
+            client = self.client
+            transport = client.transport
+            if not transport.is_closing():
+                transport.write(out[0] if len(out) == 1 else b"".join(out))
+            if client.write_paused and not self.complete and not self.paused:
+                self._pause_for_client()
+        if self.complete and self.fast is not None:
+            handler, self.fast = self.fast, None
+            handler.settled(self)
+
+    def _remembered(self, data: bytes) -> bool:
+        """A response whose head is, byte for byte, one llhttp has read before (see
+        `_HEADS`) and whose body is framed by Content-Length: the parser would find
+        the same again, so the head is answered from the memo and the body counted;
+        the parser stays between messages. False for anything else."""
+        end = self.head_end             # heads on one connection tend to be one length
+        if not data.startswith(b"\r\n\r\n", end):
+            end = data.find(b"\r\n\r\n")
+            if end < 0:
+                return False
+        known = _HEADS.get(data[:end])
+        if known is None or not known[5] or self.req.head_only:
+            return False
+        self.head_end = end
+        self.block, length, self.chunked, self.upgrade_value, lines, status, keep_alive = known
+        self.length = length
+        self.status = status
+        self.started = True
+        req = self.req
+        head = req.head_from(status, lines)
+        start = end + 4
+        got = len(data) - start
+        self.out.append(head + data[start:start + length] if got else head)
+        if got < length:
+            self.owed = length - got
+            self.keep_alive = keep_alive
+            req.sent += got
+        else:
+            req.sent += length
+            # Bytes past the response: it stands, the connection is not reused (`_parse`).
+            self._finish(keep_alive and got == length)
+        return True
+
+    def _count(self, data: bytes) -> None:
+        """Body bytes of a response `_remembered` began, up to its Content-Length."""
+        owed = self.owed
+        size = len(data)
+        if size < owed:
+            self.owed = owed - size
+            self.req.sent += size
+            self.out.append(data)
+            return
+        self.owed = 0
+        self.req.sent += owed
+        self.out.append(data if size == owed else data[:owed])
+        self._finish(self.keep_alive and size == owed)
+
+    def _parse(self, data: bytes) -> bool:
+        """`data` through the parser; False when that ended the exchange in failure."""
         if not self.started:
             # Kept until the head is complete: `on_headers_complete` reads it from here.
             buf = self.head_buf
@@ -204,11 +287,11 @@ class Exchange:
                 self._wake()
             else:
                 self.fail(BAD_GATEWAY)
-            return
+            return False
         except httptools.HttpParserError:
             if not self.complete:
                 self.fail(BAD_GATEWAY)
-                return
+                return False
             # Bytes followed the whole response (a second response, a body after a
             # HEAD or 204 answer, garbage): the upstream frames messages differently
             # from us, so the response stands but the connection is never reused,
@@ -217,20 +300,8 @@ class Exchange:
             self.conn.close()
         if not self.started and len(self.head_buf) > UPSTREAM_HEAD_MAX and not self.complete:
             self.fail(BAD_GATEWAY)
-            return
-        out = self.out
-        if out:
-            # What this read produced for the client, in one write.
-            self.out = []
-            client = self.client
-            transport = client.transport
-            if not transport.is_closing():
-                transport.write(out[0] if len(out) == 1 else b"".join(out))
-            if client.write_paused and not self.complete and not self.paused:
-                self._pause_for_client()
-        if self.complete and self.fast is not None:
-            handler, self.fast = self.fast, None
-            handler.settled(self)
+            return False
+        return True
 
     def _flush(self) -> None:
         out, self.out = self.out, []
@@ -298,15 +369,17 @@ class Exchange:
         head = buf[start:end]
         if type(head) is not bytes:
             head = bytes(head)
+        self.head_end = end - start
         self.head_buf = b""
         self.head_start = 0
-        read = _HEADS.get(head) or _read_head(head)
-        self.block, self.length, self.chunked, self.upgrade_value = read
+        read = _HEADS.get(head) or _read_head(head, status, self.parser.should_keep_alive())
+        self.block, self.length, self.chunked, self.upgrade_value, lines = read[:5]
         if status == 101:
             return                              # `feed` hands over to the tunnel
         req = self.req
         if self.h1:
-            self.out.append(req.head_bytes(status, self.block, self.length))
+            self.out.append(req.head_from(status, lines) if lines is not None
+                            else req.head_bytes(status, self.block, self.length))
         else:
             req.start_raw(status, self.block, self.length)
         self.started = True
@@ -413,11 +486,15 @@ def _kind(name: bytes) -> int:
     return kind
 
 
-def _read_head(head: bytes) -> tuple[bytes, int | None, bool, bytes]:
-    """A response head (checked by llhttp, without its blank line) as (the header
-    lines to forward, Content-Length or None, chunked, Upgrade value), remembered in
-    `_HEADS` when short. Hop-by-hop lines are dropped, and those the Connection
-    header names (RFC 9110 7.6.1)."""
+def _read_head(head: bytes, status: int, keep_alive: bool) -> tuple:
+    """A final response head (checked by llhttp, without its blank line; `status` and
+    `keep_alive` as llhttp read them) as a tuple of
+      the header lines to forward, Content-Length or None, chunked, the Upgrade value,
+      the forwarded head's status and header lines when its length is known (else
+      None), the status when `Exchange._remembered` may count the body (else 0), and
+      whether the upstream keeps the connection after such a response,
+    remembered in `_HEADS` when short. Hop-by-hop lines are dropped, and those the
+    Connection header names (RFC 9110 7.6.1)."""
     kept = []
     length = None
     chunked = False
@@ -447,7 +524,15 @@ def _read_head(head: bytes) -> tuple[bytes, int | None, bool, bytes]:
         if names:
             kept = [line for line in kept if line.partition(b":")[0].lower() not in names]
     kept.append(b"")                        # each line ends in CRLF
-    read = (b"\r\n".join(kept), length, chunked, upgrade)
+    block = b"\r\n".join(kept)
+    lines = None
+    counted = 0
+    if length is not None and status >= 200:
+        lines = b"".join((STATUS_LINES.get(status) or status_line(status), SERVER_LINE, block,
+                          b"content-length: %d\r\n" % length))
+        if status != 204 and status != 304 and not chunked:
+            counted = status
+    read = (block, length, chunked, upgrade, lines, counted, keep_alive)
     if len(head) <= _HEAD_MEMO_MAX:
         if len(_HEADS) >= _HEADS_LIMIT:
             _HEADS.clear()                  # stale Date lines, or an upstream whose heads vary
