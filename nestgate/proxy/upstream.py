@@ -140,7 +140,7 @@ class Exchange:
     __slots__ = ("conn", "req", "parser", "block", "status", "length", "chunked", "started",
                  "complete", "error", "waiter", "paused", "last", "t0", "sent_all",
                  "upgrade_value", "upgrade_tail", "received", "out", "head_buf", "head_start",
-                 "head_end", "owed", "keep_alive",
+                 "last_head", "last_known", "owed", "keep_alive",
                  "reusable", "fast", "target", "h1", "pending", "pending_size", "cancel",
                  "client")
 
@@ -170,7 +170,8 @@ class Exchange:
         self.pending_size = 0
         self.head_buf = b""           # the response head's bytes while it arrives
         self.head_start = 0           # where it begins in them (after interim responses)
-        self.head_end = 0             # where the last head on this connection ended
+        self.last_head: bytes | None = None     # the last remembered head on this
+        self.last_known: tuple | None = None    # connection, and its `_HEADS` entry
         self.owed = 0                 # body bytes still to come, counted (see `_remembered`)
         self.keep_alive = False       # ... and whether the connection is kept after them
         self._reset(req)
@@ -224,15 +225,24 @@ class Exchange:
         `_HEADS`) and whose body is framed by Content-Length: the parser would find
         the same again, so the head is answered from the memo and the body counted;
         the parser stays between messages. False for anything else."""
-        end = self.head_end             # heads on one connection tend to be one length
-        if not data.startswith(b"\r\n\r\n", end):
+        head = self.last_head
+        if head is not None and data.startswith(head) and \
+                data.startswith(b"\r\n\r\n", len(head)):
+            # The same head as the last response on this connection (no slice, no hash).
+            known = self.last_known
+            end = len(head)
+        else:
             end = data.find(b"\r\n\r\n")
             if end < 0:
                 return False
-        known = _HEADS.get(data[:end])
-        if known is None or not known[5] or self.req.head_only:
+            head = data[:end]
+            known = _HEADS.get(head)
+            if known is None or not known[5]:
+                return False
+            self.last_head = head
+            self.last_known = known
+        if self.req.head_only:
             return False
-        self.head_end = end
         self.block, length, self.chunked, self.upgrade_value, lines, status, keep_alive = known
         self.length = length
         self.status = status
@@ -369,7 +379,6 @@ class Exchange:
         head = buf[start:end]
         if type(head) is not bytes:
             head = bytes(head)
-        self.head_end = end - start
         self.head_buf = b""
         self.head_start = 0
         read = _HEADS.get(head) or _read_head(head, status, self.parser.should_keep_alive())
