@@ -103,6 +103,22 @@ def test_forwarding_headers_both_ways(start_server, upstream):
     assert resp.getheader("server") == "nestgate"
 
 
+def test_each_client_is_named_in_x_forwarded_for(start_server, upstream):
+    # The usual request's X-Forwarded-* lines are made once per client: each client,
+    # and each Host it asks for, still gets its own.
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    for source, host in (("127.0.0.1", "app.test"), ("127.0.0.2", "app.test"),
+                         ("127.0.0.2", "other.test"), ("127.0.0.1", "app.test")):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=10,
+                                          source_address=(source, 0))
+        resp, body, _ = get(server.port(), "/echo", conn=conn, host=host)
+        hdr = dict(json.loads(body)["headers"])
+        assert resp.status == 200 and hdr["x-forwarded-for"] == source
+        assert hdr["x-forwarded-host"] == host and hdr["x-forwarded-proto"] == "http"
+        conn.close()
+
+
 def test_every_connection_line_names_hop_by_hop_request_headers(start_server, upstream):
     # Connection is a list: its names may come on several field lines (RFC 9110 7.6.1).
     up = upstream()

@@ -30,7 +30,7 @@ FORWARDED = frozenset((b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-h
 # proxies only, as X-Forwarded-For is, whenever nestgate sets X-Forwarded-*.
 CLIENT_CLAIMS = frozenset((b"forwarded", b"x-real-ip"))
 _SCHEMES = {"http": b"http", "https": b"https"}
-_USUAL_TAIL = b"x-forwarded-for: %b\r\nx-forwarded-proto: %b\r\nx-forwarded-host: %b\r\n\r\n"
+_FORWARDED_LIMIT = 4096       # (client, scheme) pairs whose X-Forwarded-* lines are kept
 
 
 class _Stale(Exception):
@@ -67,6 +67,9 @@ class ProxyHandler:
             drop |= FORWARDED | CLIENT_CLAIMS
         self.drop = frozenset(drop)
         self._picked: dict = {}                 # request -> target `begin` chose for `handle`
+        # (client, scheme) -> the X-Forwarded-For and -Proto lines and the start of
+        # X-Forwarded-Host, made once per client rather than formatted per request.
+        self._forwarded_lines: dict[tuple[str, str], bytes] = {}
         self._tasks: list[asyncio.Task] = []
 
     # ------------------------------------------------------ lifespan
@@ -245,7 +248,9 @@ class ProxyHandler:
             parts += (name, b": ", item[1], b"\r\n")
         if special is None and self.forwarded and host and req.body is None:
             # The usual request: no header to reconsider, no body, X-Forwarded-* set.
-            parts.append(_USUAL_TAIL % (req.client.encode(), _SCHEMES[req.scheme], host))
+            key = (req.client, req.scheme)
+            lines = self._forwarded_lines.get(key) or self._learn_forwarded(key)
+            parts += (lines, host, b"\r\n\r\n")
             return b"".join(parts)
         conn = req.connection
         upgrade = None
@@ -294,6 +299,15 @@ class ProxyHandler:
             parts += (b"connection: upgrade\r\nupgrade: ", upgrade, b"\r\n")
         parts.append(b"\r\n")
         return b"".join(parts)
+
+    def _learn_forwarded(self, key: tuple[str, str]) -> bytes:
+        client, scheme = key
+        lines = b"x-forwarded-for: %b\r\nx-forwarded-proto: %b\r\nx-forwarded-host: " % (
+            client.encode(), _SCHEMES[scheme])
+        if len(self._forwarded_lines) >= _FORWARDED_LIMIT:
+            self._forwarded_lines.clear()
+        self._forwarded_lines[key] = lines
+        return lines
 
     async def _exchange(self, req, target: Target, conn, head: bytes) -> None:
         ex = Exchange.on(conn, req)
