@@ -94,6 +94,18 @@ class Server:
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
         return [int(p) for p in children.split()]
 
+    def worker_rss_kib(self) -> int:
+        """Resident memory of the (first) worker, from /proc, in KiB."""
+        return rss_kib(self.worker_pids()[0])
+
+
+def rss_kib(pid: int) -> int:
+    """VmRSS of a process from /proc/PID/status, in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
 
 def _env() -> dict:
     env = dict(os.environ)

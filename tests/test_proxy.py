@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from conftest import rss_kib
 from test_proxy_upstreams import Upstream, refused_port, upstream  # noqa: F401 (fixture)
 
 
@@ -68,13 +69,6 @@ def get_lines(port, path, lines, conn=None, host="app.test"):
     conn.endheaders()
     resp = conn.getresponse()
     return resp, resp.read(), conn
-
-
-def rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 # ------------------------------------------------------------------ forwarding
