@@ -1,7 +1,8 @@
 """Access control: who may reach a site or route, decided once per connection.
 
-A route with an access list or sign-in is wrapped in a `Gate` when the router is
-built. The engine sees `is_async is GATED` and asks `gate.admit(conn, headers)`
+A site with an access list or sign-in hands its `SiteRoutes` a guard
+(`Gateway.site_guard`) that wraps every handler the table is given in a `Gate`, at load
+and while serving, so no route of the site escapes it. The engine sees `is_async is GATED` and asks `gate.admit(conn, headers)`
 for the handler that really answers: the route's own, the built-in 403, or the
 sign-in check. Routes without a gate never reach this module.
 
@@ -19,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nestgate.clientip import LOCAL, Networks, parse_networks
-from nestgate.handlers import GATED   # a handler's `is_async` when `admit` comes first
+from nestgate.handlers import GATED, Service   # a handler's `is_async` when `admit` comes first
+from nestgate.routing import unguarded
 
 DENY, PASS, SIGN_IN = 0, 1, 2   # PASS: no sign-in needed; SIGN_IN: allowed, sign-in if protected
 
@@ -127,18 +129,6 @@ class Gate:
             return PASS
         return SIGN_IN
 
-    async def handle(self, request) -> None:
-        """For a protocol that does not call `admit` first: decide per request."""
-        from nestgate.auth.portal import answer_with
-        verdict = self.decide(request.client)
-        if verdict == DENY:
-            handler = self.forbidden
-        elif verdict == PASS or self.auth is None:
-            handler = self.inner
-        else:
-            handler = self.auth.admit(self.inner, request.headers, request.client)
-        await answer_with(handler, request)
-
 
 def needs_gateway(config) -> bool:
     """True when some site or route has an access list or sign-in."""
@@ -146,7 +136,7 @@ def needs_gateway(config) -> bool:
                for site in config.sites)
 
 
-class Gateway:
+class Gateway(Service):
     """Builds the gates of one config and owns what they share: the store (sessions,
     dynamic allow-list) and the sign-in portal. A worker `start`s it on its loop."""
 
@@ -188,27 +178,23 @@ class Gateway:
         return Gate(handler, self._policy(access), self.signin if protected else None,
                     self.dynamic, self.forbidden)
 
-    def guard(self, handler, site_config, route):
-        """A configured route's handler behind its (or its site's) access and sign-in."""
-        return self.gate(handler, route.access or site_config.access, site_config.protected)
+    def site_guard(self, site_config):
+        """The guard a site's `SiteRoutes` applies to every handler it is given: the
+        route's own access list or else the site's, and the site's sign-in unless the
+        route is the sign-in portal itself."""
+        site_access, protected = site_config.access, site_config.protected
+        if site_access is None and not protected and not any(r.access for r in site_config.routes):
+            return unguarded
 
-    def guard_site(self, site, site_config) -> None:
-        """Everything else the site answers (health, pages, its 404) behind the site's
-        access and sign-in; the sign-in portal behind the access list only."""
-        access, protected = site_config.access, site_config.protected
-        if access is None and not protected:
-            return
-        wrap = lambda h: h if isinstance(h, Gate) else self.gate(h, access, protected)
-        site.exact = {k: (wrap(h), p, l) for k, (h, p, l) in site.exact.items()}
-        site.exact_raw = {k: (wrap(h), p, l, d) for k, (h, p, l, d) in site.exact_raw.items()}
-        site.prefixes = [(pre, wrap(h), l) for pre, h, l in site.prefixes]
-        site.patterns = {n: [(seg, wrap(h), l) for seg, h, l in entries]
-                         for n, entries in site.patterns.items()}
-        handler, params, label = site.miss
-        site.miss = (wrap(handler), params, label)
-        site.found.clear()
-        if protected:
+        def guard(handler, access=None, sign_in=True):
+            if isinstance(handler, Gate):
+                raise ValueError("a handler is guarded once, by its site")
+            return self.gate(handler, access or site_access, protected and sign_in)
+        return guard
+
+    def add_portal(self, site, site_config) -> None:
+        """The sign-in and sign-out pages of a protected site, behind its access list."""
+        if site_config.protected:
             from nestgate.auth.portal import LOGIN_PATH, LOGOUT_PATH
-            site.add_exact(LOGIN_PATH, self.gate(self.signin.login, access, False), "auth-login")
-            site.add_exact(LOGOUT_PATH, self.gate(self.signin.logout, access, False),
-                           "auth-logout")
+            site.add_exact(LOGIN_PATH, self.signin.login, "auth-login", sign_in=False)
+            site.add_exact(LOGOUT_PATH, self.signin.logout, "auth-logout", sign_in=False)

@@ -177,9 +177,9 @@ class Request:
 
     def __init__(self, conn, handler, route, method: bytes, raw_target: bytes, qmark: int,
                  version: str, headers, host: bytes, keep_alive: bool, t0: float) -> None:
-        # `route` is the router's (handler, params, label, path); `handler` may be the
-        # one access control or a PEEK settled on instead of route[0].
-        _, self.params, self.route, self.path = route
+        # `route` is the router's `Route`; `handler` may be the one access control or
+        # a PEEK settled on instead of `route.handler`.
+        self.params, self.route, self.path = route.params, route.label, route.path
         self.handler = handler
         self.method = method
         self.raw_target = raw_target
@@ -694,15 +694,15 @@ class HTTP1Connection(asyncio.Protocol):
             else:
                 qmark = -1
                 raw_path = url
-            route = site.exact_raw.get(raw_path) or site.found.get(raw_path) \
-                or self.ctx.route_slow(site, raw_path)
+            route = site.route(raw_path)
         if self.xff_trusted:
             ctx = self.ctx
             self.client = forwarded_client(
                 self.peer, [v for n, v in headers if n == b"x-forwarded-for"],
                 ctx.trusted_proxies)
             self.logging = self._timing and ctx.should_log(self.client)
-        handler, params, label, path = route
+        handler = route.handler
+        path = route.path
         method = parser.get_method()
         if method == b"CONNECT":
             raise RequestError(400, "CONNECT: nestgate is not a forward proxy")
@@ -727,10 +727,10 @@ class HTTP1Connection(asyncio.Protocol):
                 self._closing = True
             mode = KEEP_ALIVE_EXPLICIT if keep_alive else CLOSE
             if has_body and not expect:
-                self._sync = (handler, mode, method, path, host, label)   # after the body
+                self._sync = (handler, mode, method, path, host, route.label)  # after the body
             else:
                 # Nothing more belongs to this request: answer now, from the callback.
-                self._answer_sync(handler, mode, method, path, host, label)
+                self._answer_sync(handler, mode, method, path, host, route.label)
             return
 
         req = Request(self, handler, route, method, url, qmark, version, headers, host,

@@ -476,9 +476,10 @@ class HTTP2Connection:
             qmark = raw_target.find(b"?")
             # The router checks the characters of :authority (or Host), once per
             # distinct value, as for HTTP/1.1 (Router.site_for).
-            route = self.ctx.route(authority, raw_target if qmark < 0 else raw_target[:qmark])
-            label, path = route[2], route[3]
-            handler = settle(route[0], self, path, method, headers)
+            route = self.ctx.router.route(authority,
+                                          raw_target if qmark < 0 else raw_target[:qmark])
+            label, path = route.label, route.path
+            handler = settle(route.handler, self, path, method, headers)
         except RequestError as exc:
             if self._answer(stream_id, ERRORS.get(exc.status) or ERRORS[400],
                             method == b"HEAD", method, authority, "-", "", headers,

@@ -1,4 +1,4 @@
-"""Host -> site -> route, compiled once per config load.
+"""Host -> site -> route, compiled once per config load and owned here.
 
 Exact hosts and exact paths are single dict lookups; `*.example.com` wildcards and
 path prefixes are checked longest first; `{name}` segments are matched by segment
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from nestgate.errors import RequestError
+from nestgate.paths import decode_path
 
 NO_PARAMS: dict[str, str] = {}
 _MEMO_LIMIT = 4096
@@ -29,6 +30,19 @@ def valid_host(value: bytes) -> bool:
     return not colon or b"]" in port or port.isdigit() or port == b""
 
 
+# What a host name (or IP literal) is made of once lower-cased, without the characters
+# a Host header may carry but a name never does: what a redirect may send back.
+_NAME_CHARS = b"abcdefghijklmnopqrstuvwxyz0123456789.-[]:"
+
+
+def plain_host_name(raw: bytes) -> bytes | None:
+    """`host_name(raw)` when it is made of host-name characters only, else None."""
+    host = host_name(raw)
+    if not host or host.translate(None, _NAME_CHARS):
+        return None
+    return host
+
+
 def host_name(raw: bytes) -> bytes:
     """Lower-case host without port or trailing dot, from a Host header value."""
     raw = raw.strip().lower()
@@ -40,64 +54,106 @@ def host_name(raw: bytes) -> bytes:
     return raw.rstrip(b".")
 
 
-class SiteRoutes:
-    """One site's compiled route table."""
+class Route:
+    """What a request routed to: the handler (already behind the site's guard), the
+    `{name}` values of a pattern route, the route's label for the request log, and the
+    decoded path."""
 
-    def __init__(self, name: str, not_found) -> None:
+    __slots__ = ("handler", "params", "label", "path")
+
+    def __init__(self, handler, params: dict, label: str, path: str) -> None:
+        self.handler = handler
+        self.params = params
+        self.label = label
+        self.path = path
+
+
+def unguarded(handler, access=None, sign_in: bool = True):
+    """The guard of a site without access control: every handler as it is."""
+    return handler
+
+
+class SiteRoutes:
+    """One site's compiled route table, and the only writer of it.
+
+    Every handler goes through the site's `guard` as it is added, at load or while
+    serving (notes pages register themselves when first rendered), so a route cannot
+    exist without the site's access list and sign-in (Caddy compiles each route's
+    chain the same way). Tables are read by the engines, never written outside here.
+    """
+
+    def __init__(self, name: str, not_found, guard=unguarded) -> None:
         self.name = name
-        self.not_found = not_found
-        self.exact: dict[str, tuple[Any, dict, str]] = {}
+        self.guard = guard
+        self.exact: dict[str, Route] = {}
         # The same exact routes keyed by the raw request path: a request whose path
         # needs no decoding is routed without decoding it.
-        self.exact_raw: dict[bytes, tuple[Any, dict, str, str]] = {}
+        self.exact_raw: dict[bytes, Route] = {}
         self.prefixes: list[tuple[str, Any, str]] = []
         self.patterns: dict[int, list[tuple[tuple[str, ...], Any, str]]] = {}
-        self.miss = (not_found, NO_PARAMS, "")
+        self.not_found = guard(not_found)
         # Raw paths that needed decoding or a prefix walk, with what they routed to
         # (UVHTTP's hot-route cache): a busy prefix route is then one dict lookup too.
         # Bounded, and emptied whenever the table changes.
-        self.found: dict[bytes, tuple[Any, dict, str, str]] = {}
+        self.found: dict[bytes, Route] = {}
 
-    def remember(self, raw_path: bytes, route: tuple) -> None:
-        if route[1] is NO_PARAMS and len(raw_path) <= FOUND_PATH_MAX:
-            if len(self.found) >= FOUND_LIMIT:
-                self.found.clear()
-            self.found[raw_path] = route
+    def add_exact(self, path: str, handler, label: str | None = None, *,
+                  access=None, sign_in: bool = True) -> None:
+        """An exact path, or a pattern with `{name}` segments. `access` replaces the
+        site's list for this route; `sign_in=False` leaves sign-in out (the portal)."""
+        handler = self.guard(handler, access, sign_in)
+        self.found.clear()
+        if "{" in path:
+            segments = tuple(path.strip("/").split("/"))
+            self.patterns.setdefault(len(segments), []).append((segments, handler, path))
+        else:
+            route = Route(handler, NO_PARAMS, label or path, path)
+            self.exact[path] = route
+            self.exact_raw[path.encode()] = route
+
+    def add_prefix(self, prefix: str, handler, label: str | None = None, *,
+                   access=None) -> None:
+        handler = self.guard(handler, access, True)
+        self.found.clear()
+        self.prefixes.append((prefix, handler, label or prefix + "*"))
+        self.prefixes.sort(key=lambda entry: len(entry[0]), reverse=True)
 
     def remove_exact(self, path: str) -> None:
         self.exact.pop(path, None)
         self.exact_raw.pop(path.encode(), None)
         self.found.clear()
 
-    def add_exact(self, path: str, handler, label: str | None = None) -> None:
-        self.found.clear()
-        if "{" in path:
-            segments = tuple(path.strip("/").split("/"))
-            self.patterns.setdefault(len(segments), []).append((segments, handler, path))
-        else:
-            self.exact[path] = (handler, NO_PARAMS, label or path)
-            self.exact_raw[path.encode()] = (handler, NO_PARAMS, label or path, path)
+    def route(self, raw_path: bytes) -> Route:
+        """The route for a raw request path (without its query)."""
+        return self.exact_raw.get(raw_path) or self.found.get(raw_path) \
+            or self._route_decoded(raw_path)
 
-    def add_prefix(self, prefix: str, handler, label: str | None = None) -> None:
-        self.found.clear()
-        self.prefixes.append((prefix, handler, label or prefix + "*"))
-        self.prefixes.sort(key=lambda entry: len(entry[0]), reverse=True)
+    def _route_decoded(self, raw_path: bytes) -> Route:
+        if 35 in raw_path:                      # "#"
+            raise RequestError(400, "fragment in request target")
+        path = decode_path(raw_path)
+        route = self.exact.get(path) or self._walk(path)
+        if route.params is NO_PARAMS and len(raw_path) <= FOUND_PATH_MAX:
+            if len(self.found) >= FOUND_LIMIT:
+                self.found.clear()
+            self.found[raw_path] = route
+        return route
 
-    def lookup(self, path: str) -> tuple[Any, dict, str]:
-        """(handler, params, route label); the site's 404 when nothing matches."""
-        hit = self.exact.get(path)
-        if hit is not None:
-            return hit
+    def lookup(self, path: str) -> Route:
+        """The route for a decoded path; the site's 404 when nothing matches."""
+        return self.exact.get(path) or self._walk(path)
+
+    def _walk(self, path: str) -> Route:
         if self.patterns:
             segments = path.strip("/").split("/")
             for pattern, handler, label in self.patterns.get(len(segments), ()):
                 params = _match(pattern, segments)
                 if params is not None:
-                    return handler, params, label
+                    return Route(handler, params, label, path)
         for prefix, handler, label in self.prefixes:
             if path.startswith(prefix):
-                return handler, NO_PARAMS, label
-        return self.miss
+                return Route(handler, NO_PARAMS, label, path)
+        return Route(self.not_found, NO_PARAMS, "", path)
 
 
 def _match(pattern: tuple[str, ...], segments: list[str]) -> dict[str, str] | None:
@@ -120,6 +176,7 @@ class Router:
         self.wildcards: list[tuple[bytes, SiteRoutes]] = []
         self.catch_all: SiteRoutes | None = None
         self.unclaimed = unclaimed              # answers Hosts no site claims
+        self.services: list = []                # `Service`s the worker starts and stops
         # Host header value as received -> site; only valid values get in.
         self.memo: dict[bytes, SiteRoutes] = {}
 
@@ -132,6 +189,10 @@ class Router:
                 self.wildcards.sort(key=lambda entry: len(entry[0]), reverse=True)
             else:
                 self.exact.setdefault(host.encode(), site)
+
+    def route(self, raw_host: bytes, raw_path: bytes) -> Route:
+        """The route for a request's Host header value and raw path."""
+        return self.site_for(raw_host).route(raw_path)
 
     def site_for(self, raw_host: bytes) -> SiteRoutes:
         """The site for a Host header value (b"" when an HTTP/1.0 request has none).

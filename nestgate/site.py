@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from nestgate.access import Gateway, needs_gateway
+from nestgate.handlers import Service
 from nestgate.handlers.health import Health
 from nestgate.handlers.redirect import HttpsRedirect, fixed_redirect
 from nestgate.responses import Prebuilt, error_response
-from nestgate.routing import Router, SiteRoutes
+from nestgate.routing import Router, SiteRoutes, unguarded
 
 
 def not_found_response(config) -> Prebuilt:
@@ -62,23 +63,22 @@ def build_router(config) -> Router:
     gateway = Gateway(config) if needs_gateway(config) else None
     services = [gateway] if gateway else []      # started by the worker on its loop
     for site_config in config.sites:
-        site = SiteRoutes(site_config.name, not_found)
+        guard = gateway.site_guard(site_config) if gateway else unguarded
+        site = SiteRoutes(site_config.name, not_found, guard)
         if site_config.health:
             site.add_exact(config.server.health_path, health, "health")
         for route in site_config.routes:
             handler = build_handler(route, site_config, config)
-            if hasattr(handler, "start"):
+            if isinstance(handler, Service):
                 services.append(handler)
-            if gateway:
-                handler = gateway.guard(handler, site_config, route)
             if route.path:
-                site.add_exact(route.path, handler, route.label)
+                site.add_exact(route.path, handler, route.label, access=route.access)
             else:
-                site.add_prefix(route.prefix, handler, route.label)
+                site.add_prefix(route.prefix, handler, route.label, access=route.access)
         if site_config.home or site_config.notes:
             add_site_pages(site, site_config, config, not_found)
         if gateway:
-            gateway.guard_site(site, site_config)
+            gateway.add_portal(site, site_config)
         router.add_site(site_config.hosts, site)
     router.services = services
     return router

@@ -18,10 +18,8 @@ import uvloop
 from nestgate.accesslog import AccessLog, should_log
 from nestgate.clock import CLOCK
 from nestgate.clientip import parse_networks
-from nestgate.errors import RequestError
 from nestgate.http1 import HTTP1Connection, ProxyProtocolConnection
 from nestgate.http2 import ALPNSwitch
-from nestgate.paths import decode_path
 from nestgate.proxytls import ProxyThenTLS
 from nestgate.site import build_router, https_redirect_router
 
@@ -48,25 +46,6 @@ class ServerContext:
         trusted = worker.config.trusted_proxies
         self.trusted_proxies = parse_networks(trusted) if trusted else None
         self.proxy_protocol_from = parse_networks(listener.proxy_protocol_from)
-
-    def route(self, host: bytes, raw_path: bytes):
-        """(handler, params, route label, decoded path) for a request."""
-        site = self.router.site_for(host)
-        return site.exact_raw.get(raw_path) or self.route_slow(site, raw_path)
-
-    @staticmethod
-    def route_slow(site, raw_path: bytes):
-        """What `route` does when the raw path is not an exact route as it stands."""
-        route = site.found.get(raw_path)
-        if route is not None:
-            return route
-        if 35 in raw_path:                      # "#"
-            raise RequestError(400, "fragment in request target")
-        path = decode_path(raw_path)
-        handler, params, label = site.lookup(path)
-        route = (handler, params, label, path)
-        site.remember(raw_path, route)
-        return route
 
     @staticmethod
     def client_address(peer) -> str:
@@ -123,7 +102,7 @@ class Worker:
         self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         self.loop.add_signal_handler(signal.SIGUSR1, self.access_log.reopen)
         tick = asyncio.create_task(self._tick())
-        services = getattr(router, "services", ())
+        services = router.services
         for service in services:            # proxy health checks, the shared store
             service.start()
         os.write(self.ready_fd, b"%d\n" % os.getpid())

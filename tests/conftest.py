@@ -169,3 +169,11 @@ path = "/hello"
 type = "return"
 body = "hello\\n"
 """
+
+
+def pytest_collection_modifyitems(items):
+    # tests/attack holds no conftest of its own: a second `conftest` module would
+    # shadow this one for the modules that import helpers from it.
+    for item in items:
+        if "/attack/" in str(item.fspath):
+            item.add_marker(pytest.mark.attack)

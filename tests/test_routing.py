@@ -4,9 +4,10 @@ import pytest
 
 from nestgate.errors import RequestError
 from nestgate.routing import FOUND_LIMIT, FOUND_PATH_MAX, NO_PARAMS, SiteRoutes
-from nestgate.worker import ServerContext
 
-route = ServerContext.route_slow
+
+def route(site, raw_path):
+    return site.route(raw_path)
 
 
 @pytest.fixture
@@ -19,25 +20,27 @@ def site():
 
 
 def test_prefix_routes_are_found_by_longest_prefix_and_remembered(site):
-    assert route(site, b"/files/a%20b.txt") == ("files", NO_PARAMS, "/files/*", "/files/a b.txt")
-    assert site.found[b"/files/a%20b.txt"][0] == "files"
-    assert route(site, b"/other")[0] == "root"
+    found = route(site, b"/files/a%20b.txt")
+    assert (found.handler, found.params, found.label, found.path) == \
+        ("files", NO_PARAMS, "/files/*", "/files/a b.txt")
+    assert site.found[b"/files/a%20b.txt"].handler == "files"
+    assert route(site, b"/other").handler == "root"
 
 
 def test_a_new_exact_route_is_not_shadowed_by_a_remembered_prefix_match(site):
-    assert route(site, b"/about")[0] == "root"
+    assert route(site, b"/about").handler == "root"
     site.add_exact("/about", "about")
     assert b"/about" not in site.found
-    assert site.exact_raw[b"/about"][0] == "about"
+    assert site.exact_raw[b"/about"].handler == "about"
     site.remove_exact("/about")
-    assert b"/about" not in site.exact_raw and route(site, b"/about")[0] == "root"
+    assert b"/about" not in site.exact_raw and route(site, b"/about").handler == "root"
 
 
 def test_named_segments_and_long_paths_are_not_remembered(site):
-    handler, params, _, _ = route(site, b"/notes/hello")
-    assert handler == "note" and params == {"slug": "hello"}
+    found = route(site, b"/notes/hello")
+    assert found.handler == "note" and found.params == {"slug": "hello"}
     long_path = b"/files/" + b"x" * FOUND_PATH_MAX
-    assert route(site, long_path)[0] == "files"
+    assert route(site, long_path).handler == "files"
     assert b"/notes/hello" not in site.found and long_path not in site.found
 
 
@@ -52,3 +55,21 @@ def test_bad_paths_are_refused_every_time(site):
         with pytest.raises(RequestError):
             route(site, b"/files/a%2fb")
     assert not any(key.startswith(b"/files/a%2") for key in site.found)
+
+
+def test_every_handler_a_guarded_site_is_given_goes_through_its_guard():
+    def guard(handler, access=None, sign_in=True):
+        return ("guarded", handler, access, sign_in)
+    table = SiteRoutes("private", "not-found", guard)
+    table.add_exact("/a", "a")
+    table.add_prefix("/files/", "files", access="lan")
+    table.add_exact("/login", "portal", sign_in=False)
+    table.add_exact("/notes/{slug}", "note")
+    # Added while serving, as notes pages are: guarded all the same.
+    table.add_exact("/notes/late", "late")
+    assert route(table, b"/a").handler == ("guarded", "a", None, True)
+    assert route(table, b"/files/x").handler == ("guarded", "files", "lan", True)
+    assert route(table, b"/login").handler == ("guarded", "portal", None, False)
+    assert route(table, b"/notes/x").handler == ("guarded", "note", None, True)
+    assert route(table, b"/notes/late").handler == ("guarded", "late", None, True)
+    assert route(table, b"/nowhere").handler == ("guarded", "not-found", None, True)

@@ -14,6 +14,18 @@ GATED = 2
 PEEK = 3
 
 
+class Service:
+    """A part that runs beside the requests on a worker's loop (a proxy route's
+    timeout watch and health checks, the gateway's shared store): the worker starts
+    every service of its router once serving and stops them when it ends."""
+
+    def start(self) -> None:
+        """Begin on the running loop; returns at once."""
+
+    def stop(self) -> None:
+        """Cancel what `start` began."""
+
+
 def settle(handler, conn, path: str, method: bytes, headers):
     """The handler that answers after GATED and PEEK are resolved: a synchronous
     one (falsy `is_async`) or an asynchronous one."""

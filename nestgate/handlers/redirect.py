@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nestgate.responses import Prebuilt, html_page
-from nestgate.routing import host_name
+from nestgate.routing import plain_host_name
 
 
 def fixed_redirect(to: str, status: int) -> Prebuilt:
@@ -21,12 +21,10 @@ class HttpsRedirect:
         self.port_suffix = b"" if https_port == 443 else b":%d" % https_port
 
     async def handle(self, request) -> None:
-        host = host_name(request.host)
-        if not host or not all(c in _HOST_CHARS for c in host):
+        host = plain_host_name(request.host)
+        if host is None:
             await request.send(400, [], b"bad Host\n")
             return
         location = b"https://" + host + self.port_suffix + request.raw_target
         await request.send(308, [(b"location", location)], b"")
 
-
-_HOST_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789.-[]:")

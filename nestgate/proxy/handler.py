@@ -16,6 +16,7 @@ import ssl
 
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError
+from nestgate.handlers import Service
 from nestgate.http1 import Request
 from nestgate.proxy.balancer import Balancer
 from nestgate.proxy.upstream import Exchange, Target, give_back
@@ -46,7 +47,7 @@ def client_ssl_context(opts) -> ssl.SSLContext:
     return ctx
 
 
-class ProxyHandler:
+class ProxyHandler(Service):
     is_async = True
 
     def __init__(self, route, opts) -> None:
