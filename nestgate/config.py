@@ -12,14 +12,14 @@ import ipaddress
 import os
 import socket
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from nestgate.tls import certificate_problem
 from nestgate.access import _cidr_list, read_access
 from nestgate.auth.config import read_auth
-from nestgate.proxy.options import proxy_options
+from nestgate.routetypes import ROUTE_TYPES
 from nestgate.units import parse_duration, parse_size
 
 DEFAULT_CONFIG_NAME = "nestgate.toml"
@@ -91,7 +91,7 @@ class Route:
     type: str
     path: str = ""                          # exact path, may hold {name} segments
     prefix: str = ""                        # prefix match, longest wins
-    options: dict[str, Any] = field(default_factory=dict)
+    options: Any = None                     # the type's options (nestgate.routetypes)
     access: Any = None                      # nestgate.access.AccessConfig, replaces the site's
 
     @property
@@ -453,7 +453,7 @@ def _read_listener(s: _Section) -> Listener:
 
 def _read_route(s: _Section) -> Route | None:
     path, prefix = s.str("path"), s.str("prefix")
-    kind = s.choice("type", "", tuple(ROUTE_OPTIONS))
+    kind = s.choice("type", "", tuple(ROUTE_TYPES))
     if bool(path) == bool(prefix):
         s.fail("path", "exactly one of path or prefix")
     for name, value in (("path", path), ("prefix", prefix)):
@@ -461,10 +461,10 @@ def _read_route(s: _Section) -> Route | None:
             s.fail(name, "a path starting with /", value)
     if not kind:
         if "type" not in s.data:
-            s.fail("type", "one of " + ", ".join(repr(k) for k in ROUTE_OPTIONS))
+            s.fail("type", "one of " + ", ".join(repr(k) for k in ROUTE_TYPES))
         s.check_unknown()
         return None
-    options = ROUTE_OPTIONS[kind](s)
+    options = ROUTE_TYPES[kind].read(s)
     access = read_access(s)
     s.check_unknown()
     return Route(kind, path, prefix, options, access)
@@ -491,52 +491,7 @@ def _read_site(s: _Section, index: int) -> Site:
     return site
 
 
-# Route types and the options each takes. Each reader returns the options dict.
-
-def _return_options(s: _Section) -> dict[str, Any]:
-    body = s.str("body")
-    body_file = s.file_bytes("body_file")
-    if body and body_file is not None:
-        s.fail("body", "only one of body or body_file")
-    return {
-        "status": s.int("status", 200, 100, 599),
-        "body": body.encode() if body_file is None else body_file,
-        "content_type": s.str("content_type", "text/plain; charset=utf-8"),
-    }
-
-
-def _redirect_options(s: _Section) -> dict[str, Any]:
-    to = s.str("to")
-    if not to:
-        s.fail("to", "the address to redirect to")
-    return {"to": to, "status": s.choice("status", 308, (301, 302, 303, 307, 308))}
-
-
-def _static_options(s: _Section) -> dict[str, Any]:
-    """Files from `root` (see nestgate/handlers/static.py and docs/site.md)."""
-    options = {
-        "root": s.directory("root", required=True),
-        "index": s.str("index", "index.html"),
-        "listing": s.bool("listing", False),            # directory listing when no index
-        "cache_bytes": s.size("cache_bytes", 64 * 1024 * 1024),   # LRU bound, per worker
-        "cache_file_max": s.size("cache_file_max", 1024 * 1024),  # bigger files are not kept
-        "sendfile_min": s.size("sendfile_min", 1024 * 1024),      # from this size: sendfile
-        "warm": s.bool("warm", False),                  # load small files at start
-        "precompressed": s.bool("precompressed", True),  # serve .br / .gz siblings
-        "cache_control": s.str("cache_control"),
-        "recheck": s.duration("recheck", 1.0),          # stat a cached file at most this often
-    }
-    if "/" in options["index"]:
-        s.fail("index", "a file name", options["index"])
-    return options
-
-
-ROUTE_OPTIONS: dict[str, Callable[[_Section], dict[str, Any]]] = {
-    "return": _return_options,
-    "redirect": _redirect_options,
-    "static": _static_options,
-    "proxy": proxy_options,
-}
+# Route types: each type's options are read by its entry in nestgate.routetypes.
 
 
 # Site sections: security headers, home page, notes.

@@ -11,8 +11,9 @@ from pathlib import Path
 from nestgate.access import Gateway, needs_gateway
 from nestgate.handlers import Service
 from nestgate.handlers.health import Health
-from nestgate.handlers.redirect import HttpsRedirect, fixed_redirect
+from nestgate.handlers.redirect import HttpsRedirect
 from nestgate.responses import Prebuilt, error_response
+from nestgate.routetypes import ROUTE_TYPES
 from nestgate.routing import Router, SiteRoutes, unguarded
 
 
@@ -22,20 +23,8 @@ def not_found_response(config) -> Prebuilt:
 
 
 def build_handler(route, site_config, config):
-    """The handler for one configured route. New route types add one entry here."""
-    options = route.options
-    if route.type == "return":
-        return Prebuilt(options["status"], options["body"], options["content_type"])
-    if route.type == "redirect":
-        return fixed_redirect(options["to"], options["status"])
-    if route.type == "static":
-        from nestgate.handlers.static import StaticFiles
-        return StaticFiles(options, route.prefix or route.path, site_headers(site_config, config),
-                           not_found_response(config))
-    if route.type == "proxy":
-        from nestgate.proxy.handler import ProxyHandler
-        return ProxyHandler(route, options["proxy"])
-    raise ValueError(f"no handler for route type {route.type!r}")
+    """The handler for one configured route, by its type's entry in ROUTE_TYPES."""
+    return ROUTE_TYPES[route.type].build(route, site_config, config)
 
 
 def site_headers(site_config, config) -> list[tuple[str, str]]:

@@ -153,7 +153,7 @@ def _signature(st) -> tuple | None:
 
 
 class StaticFiles:
-    """The `static` route type. Options come from `config._static_options`.
+    """The `static` route type; its options are `routetypes.StaticOptions`.
 
     `peek` answers from the parser callback whatever a cached file can answer without
     the disk: its 200 (or the precompressed variant Accept-Encoding picks), its 304,
@@ -162,21 +162,21 @@ class StaticFiles:
 
     is_async = PEEK
 
-    def __init__(self, options: dict, prefix: str, headers=(), not_found=None,
+    def __init__(self, options, prefix: str, headers=(), not_found=None,
                  tls: bool = False) -> None:
-        self.root = os.path.realpath(options["root"])
+        self.root = os.path.realpath(options.root)
         self._root_slash = self.root.rstrip("/") + "/"
         self.prefix = (prefix or "/").rstrip("/") + "/"
-        self.index = options["index"]
-        self.listing = options["listing"]
-        self.cache_bytes = options["cache_bytes"]
-        self.cache_file_max = min(options["cache_file_max"], options["sendfile_min"])
-        self.sendfile_min = options["sendfile_min"]
-        self.precompressed = options["precompressed"]
-        self.recheck = options["recheck"]
+        self.index = options.index
+        self.listing = options.listing
+        self.cache_bytes = options.cache_bytes
+        self.cache_file_max = min(options.cache_file_max, options.sendfile_min)
+        self.sendfile_min = options.sendfile_min
+        self.precompressed = options.precompressed
+        self.recheck = options.recheck
         self.extra = list(headers)
-        if options["cache_control"]:
-            self.extra.append(("cache-control", options["cache_control"]))
+        if options.cache_control:
+            self.extra.append(("cache-control", options.cache_control))
         self.not_found = not_found or Prebuilt(404, html_page(404), "text/html; charset=utf-8")
         self._cache: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         self._cached_bytes = 0
@@ -185,7 +185,7 @@ class StaticFiles:
                                            "text/plain; charset=utf-8",
                                            [("allow", "GET, HEAD"), *self.extra])
         self.loop = None
-        if options["warm"]:
+        if options.warm:
             self.warm()
 
     # ------------------------------------------------------------ the parser callback

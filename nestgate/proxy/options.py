@@ -80,8 +80,8 @@ def _targets(value) -> tuple[TargetConfig, ...]:
     return tuple(out)
 
 
-def proxy_options(s) -> dict:
-    """Reader for ROUTE_OPTIONS["proxy"]; `s` is the route's config section."""
+def proxy_options(s) -> ProxyOptions:
+    """Reader of the proxy route type (nestgate.routetypes); `s` is the route's config section."""
     d = ProxyOptions(())
     targets = s.get("upstream", (), _targets, "")
     if "upstream" not in s.data:
@@ -116,4 +116,4 @@ def proxy_options(s) -> dict:
     for name in ("connect_timeout", "read_timeout", "health_interval", "health_timeout"):
         if getattr(opts, name) <= 0:
             s.fail(name, "a duration above zero")
-    return {"proxy": opts}
+    return opts
