@@ -176,6 +176,7 @@ class ServerConfig:
     restart_backoff_max: float = 10.0
     not_found_page: str = ""                # HTML file replacing the built-in 404 page
     health_path: str = "/api/v1/health"
+    health_details: str = "local"           # version and pid to: "local" clients, "all", "none"
 
 
 @dataclass(frozen=True)
@@ -374,6 +375,7 @@ def _read_server(s: _Section) -> ServerConfig:
         restart_backoff_max=s.positive_duration("restart_backoff_max", d.restart_backoff_max),
         not_found_page=s.readable_file("not_found_page"),
         health_path=s.str("health_path", d.health_path),
+        health_details=s.choice("health_details", d.health_details, ("local", "all", "none")),
     )
     if not cfg.health_path.startswith("/"):
         s.fail("health_path", "a path starting with /", cfg.health_path)
@@ -470,6 +472,12 @@ def _read_route(s: _Section) -> Route | None:
     return Route(kind, path, prefix, options, access)
 
 
+def _proxies_root(routes) -> bool:
+    """A site whose "/" goes to an upstream: its health path belongs to the app
+    behind it, so nestgate's own is off unless the site asks for it."""
+    return any(r.type == "proxy" and r.prefix == "/" for r in routes)
+
+
 def _read_site(s: _Section, index: int) -> Site:
     hosts = s.strings("hosts", ("*",))
     for h in hosts:
@@ -478,7 +486,7 @@ def _read_site(s: _Section, index: int) -> Site:
             s.fail("hosts", "host names, \"*.example.com\" wildcards or \"*\"", h)
     routes = tuple(r for r in (_read_route(t) for t in s.tables("route")) if r)
     site = Site(name=s.str("name", f"site{index}"), hosts=tuple(h.lower() for h in hosts),
-                routes=routes, health=s.bool("health", True),
+                routes=routes, health=s.bool("health", not _proxies_root(routes)),
                 security=_read_security(s.table("security")),
                 home=_read_home(s.table("home")) if "home" in s.data else None,
                 notes=_read_notes(s.table("notes")) if "notes" in s.data else None,

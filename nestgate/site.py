@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nestgate.access import Gateway, needs_gateway
 from nestgate.handlers import Service
-from nestgate.handlers.health import Health
+from nestgate.handlers.health import health_handler
 from nestgate.handlers.redirect import HttpsRedirect
 from nestgate.responses import Prebuilt, error_response
 from nestgate.routetypes import ROUTE_TYPES
@@ -48,7 +48,7 @@ def add_site_pages(site: SiteRoutes, site_config, config, not_found) -> None:
 def build_router(config) -> Router:
     not_found = not_found_response(config)
     router = Router(SiteRoutes("", not_found))
-    health = Health()
+    health = health_handler(config.server.health_details)
     gateway = Gateway(config) if needs_gateway(config) else None
     services = [gateway] if gateway else []      # started by the worker on its loop
     for site_config in config.sites:

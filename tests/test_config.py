@@ -239,3 +239,13 @@ def test_log_path_must_be_a_file_that_can_be_appended_to(tmp_path):
         assert problems_of({"log": {"path": str(locked)}, "listen": listen}) == [
             f"site.toml: log.path: expected a file this user can append to, got '{locked}'"]
     assert parse_config({"log": {"path": str(tmp_path / "a.log")}, "listen": listen})
+
+
+def test_a_site_proxied_at_its_root_leaves_the_health_path_to_its_app():
+    site = {"hosts": ["app.test"], "route": [
+        {"prefix": "/", "type": "proxy", "upstream": "http://127.0.0.1:9"}]}
+    listen = [{"address": "127.0.0.1:0"}]
+    proxied, plain = parse_config({"listen": listen, "site": [site, {"hosts": ["*"]}]}).sites
+    assert proxied.health is False and plain.health is True
+    asked = parse_config({"listen": listen, "site": [{**site, "health": True}]}).sites[0]
+    assert asked.health is True

@@ -2,7 +2,7 @@
 
 import pytest
 
-from nestgate.handlers.health import Health
+from nestgate.handlers.health import HealthAnswer
 from wire import Wire, config_dict
 
 
@@ -292,9 +292,28 @@ def test_slow_body_gets_408(tight):
 
 def test_health_body_has_status_version_uptime_pid():
     import json, os
-    body = json.loads(Health().body)
+    from nestgate.clock import CLOCK
+    body = json.loads(HealthAnswer(CLOCK.wall, True).body)
     assert body["status"] == "ok" and body["pid"] == os.getpid()
     assert set(body) == {"status", "version", "uptime_s", "pid"}
+
+
+@pytest.mark.parametrize("details, peer, keys", [
+    ("local", "192.0.2.10", {"status", "uptime_s"}),          # an outsider
+    ("local", "127.0.0.1", {"status", "uptime_s", "version", "pid"}),
+    ("local", "192.168.1.20", {"status", "uptime_s", "version", "pid"}),
+    ("all", "192.0.2.10", {"status", "uptime_s", "version", "pid"}),
+    ("none", "127.0.0.1", {"status", "uptime_s"}),
+])
+def test_health_shows_version_and_pid_only_to_whom_the_config_says(details, peer, keys):
+    import json
+    w = Wire({**config_dict(), "server": {"health_details": details}}, peer=(peer, 40000))
+    for _ in range(2):                      # the second time from the remembered choice
+        w.send(b"GET /api/v1/health HTTP/1.1\r\nHost: a\r\n\r\n")
+    responses = w.responses()
+    assert [r.status for r in responses] == [200, 200]
+    assert all(set(json.loads(r.body)) == keys for r in responses)
+    w.close()
 
 
 def test_connections_above_the_limit_get_503():
@@ -312,7 +331,7 @@ def test_connections_above_the_limit_get_503():
 def test_health_is_rebuilt_when_the_second_changes_and_not_before():
     import json
     from nestgate.clock import CLOCK
-    health = Health()
+    health = HealthAnswer(CLOCK.wall, True)
     first = health.render(0)
     health.started -= 5                         # five seconds of uptime
     assert health.render(0) == first            # same second: the same prebuilt bytes

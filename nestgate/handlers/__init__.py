@@ -29,7 +29,7 @@ class Service:
 def settle(handler, conn, path: str, method: bytes, headers):
     """The handler that answers after GATED and PEEK are resolved: a synchronous
     one (falsy `is_async`) or an asynchronous one."""
-    if handler.is_async is GATED:
+    while handler.is_async is GATED:        # a site's gate, then the route's own choice
         handler = handler.admit(conn, headers)
     if handler.is_async is PEEK:
         ready = handler.peek(path, method, headers)
