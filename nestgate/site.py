@@ -32,11 +32,22 @@ def site_headers(site_config, config) -> list[tuple[str, str]]:
     return site_config.security.headers(any(listener.tls for listener in config.listeners))
 
 
+# The stylesheet and icons the built-in templates link, for every site with pages.
+ASSETS_PREFIX = "/__nestgate__/"
+ASSETS_DIR = Path(__file__).parent / "default" / "public"
+
+
 def add_site_pages(site: SiteRoutes, site_config, config, not_found) -> None:
-    """The home page, the notes pages and the notes API ([site.home], [site.notes])."""
+    """The home page, the notes pages and the notes API ([site.home], [site.notes]),
+    and the built-in pages' assets under ASSETS_PREFIX."""
+    from nestgate.handlers.static import StaticFiles
     from nestgate.notes.api import NotesApi
     from nestgate.notes.pages import SitePages
+    from nestgate.routetypes import StaticOptions
     headers = site_headers(site_config, config)
+    assets = StaticOptions(root=str(ASSETS_DIR), cache_control="public, max-age=3600")
+    site.add_prefix(ASSETS_PREFIX, StaticFiles(assets, ASSETS_PREFIX, headers, not_found),
+                    "built-in-assets")
     pages = SitePages(site_config, headers, not_found)
     pages.attach(site)
     if site_config.notes:

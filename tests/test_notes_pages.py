@@ -219,3 +219,17 @@ def test_rendered_markdown_is_kept_and_checked_against_the_note(start_server, no
             break
         time.sleep(0.2)
     assert b"edited on disk" in page and b"forged" not in page
+
+
+def test_a_new_sites_pages_are_styled_by_the_built_in_assets(start_server, notes):
+    import re
+    server = serve(start_server, notes)
+    _, _, page = get(server.port(), "/notes/older")
+    linked = re.findall(rb'href="(/__nestgate__/[^"]+)"', page)
+    assert b"/__nestgate__/style.css" in linked
+    for path in linked:
+        status, headers, body = get(server.port(), path.decode())
+        assert status == 200 and body, path
+    status, headers, _ = get(server.port(), "/__nestgate__/style.css")
+    assert headers["content-type"].startswith("text/css")
+    assert get(server.port(), "/__nestgate__/../nestgate.toml")[0] in (400, 404)
