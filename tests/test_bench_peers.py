@@ -109,6 +109,20 @@ def test_every_caddyfile_passes_caddy_validate(site_root, tmp_path, scenario):
     assert out.returncode == 0, f"{config.read_text()}\n{out.stderr[-2000:]}"
 
 
+@needs_caddy
+def test_caddy_serves_health_over_tls13_and_stops(site_root, tmp_path):
+    site = make_site(site_root, Route("health", scenarios.HEALTH),
+                     certificate=content.certificate(tmp_path / "tls"))
+    caddy = peers.Caddy(tmp_path, tmp_path)
+    caddy.start(site, scenarios.HEALTH)
+    try:
+        status, body, headers = peers.fetch("https", site.port, scenarios.HEALTH)
+        assert (status, len(body), headers[":tls"]) == (200, len(HEALTH_BODY), "TLSv1.3")
+    finally:
+        caddy.stop()
+    assert caddy.server.exited() is not None and not is_listening(site.port)
+
+
 # ---------------------------------------------------------------- a real nginx
 
 @needs_nginx

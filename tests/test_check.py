@@ -127,26 +127,35 @@ def test_notes_without_base_url_are_warned_about(tmp_path):
     assert config_warnings(parse_config(data, "s.toml")) == []
 
 
+PLAIN_SIGN_IN = f"""
+[[listen]]
+address = "127.0.0.1:0"
+[auth]
+[[auth.user]]
+name = "demo"
+password = "{HASH}"
+[[site]]
+hosts = ["private.localhost", "private.test"]
+protected = true
+[[site.route]]
+prefix = "/"
+type = "return"
+"""
+
+
 def test_check_prints_warnings_and_still_passes(tmp_path):
     config = tmp_path / "nestgate.toml"
-    config.write_text(textwrap.dedent(f"""
-        [[listen]]
-        address = "127.0.0.1:0"
-        [auth]
-        [[auth.user]]
-        name = "demo"
-        password = "{HASH}"
-        [[site]]
-        hosts = ["private.localhost", "private.test"]
-        protected = true
-        [[site.route]]
-        prefix = "/"
-        type = "return"
-    """))
+    config.write_text(PLAIN_SIGN_IN)
     out = run_check(config)
     assert out.returncode == 0, out.stderr
     assert "warning:" in out.stderr and "'private.test'" in out.stderr
     assert out.stdout.strip().endswith("1 warning above)")
+
+
+def test_serve_prints_the_warnings_at_start(start_server):
+    server = start_server(PLAIN_SIGN_IN)
+    line = server.wait_for("warning:")
+    assert "site[0] (site0): protected, but reachable only over plain HTTP" in line
 
 
 # ---------------------------------------------------------------- shipped configs
