@@ -15,11 +15,12 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(PY) -m nestgate serve
 
-# Debian tools the tests and benchmarks drive (nginx as a peer and upstream, wrk, h2load).
-# Installed only when missing and only when running as root.
+# Debian tools the tests and benchmarks drive (nginx as a peer and upstream, Caddy as a
+# peer, wrk, h2load). Installed only when missing and only when running as root.
 debian-deps:
 	@missing=""; \
 	command -v nginx  >/dev/null || missing="$$missing nginx-light"; \
+	command -v caddy  >/dev/null || missing="$$missing caddy"; \
 	command -v wrk    >/dev/null || missing="$$missing wrk"; \
 	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
 	if [ -n "$$missing" ]; then \

@@ -10,6 +10,7 @@ opened; `auth.store.Store` does the rest.
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
 import sys
 from datetime import datetime, timezone
@@ -108,20 +109,26 @@ def store_path(config) -> str:
 
 
 def allow_main(argv: list[str]) -> int:
-    from nestgate.auth.store import Store
+    from nestgate.auth.store import Store, prepare_store
     from nestgate.cli import report_config_problems
-    from nestgate.config import ConfigError, read_config
+    from nestgate.config import DEFAULT_CONFIG_NAME, ConfigError, read_config
     args = _parser().parse_args(argv)
+    if args.config is None and not os.path.exists(DEFAULT_CONFIG_NAME):
+        # The embedded default has no store: naming its file would send the reader there.
+        print(f"nestgate allow: no ./{DEFAULT_CONFIG_NAME} in {os.getcwd()}; pass "
+              "--config FILE, the config whose [auth] store the server uses", file=sys.stderr)
+        return 2
     try:
         path = store_path(read_config(args.config))
     except ConfigError as exc:
         return report_config_problems(exc)
     try:
+        prepare_store(path)
         store = Store(path)
         try:
             return args.run(store, args)
         finally:
             store.close()
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, OSError) as exc:
         print(f"nestgate allow: store {path}: {exc}", file=sys.stderr)
         return 1

@@ -24,6 +24,10 @@ def report_config_problems(exc) -> int:
     return 2
 
 
+def _warned(count: int) -> str:
+    return "" if not count else f", {count} warning{'s' * (count > 1)} above"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
@@ -49,15 +53,18 @@ def main(argv: list[str] | None = None) -> int:
                         "(see `nestgate allow -h`)")
     args = parser.parse_args(argv)
 
-    from nestgate.config import ConfigError
+    from nestgate.config import ConfigError, config_warnings
     from nestgate.supervisor import Supervisor, load
     try:
         config = load(args.config, args.listen, args.workers)
     except ConfigError as exc:
         return report_config_problems(exc)
     if args.command == "check":
+        warnings = config_warnings(config)
+        for warning in warnings:
+            print(f"nestgate: warning: {warning}", file=sys.stderr)
         print(f"{config.source}: ok ({len(config.listeners)} listeners, "
-              f"{len(config.sites)} sites)")
+              f"{len(config.sites)} sites{_warned(len(warnings))})")
         return 0
     try:
         return Supervisor(config, args.config, args.listen, args.workers).run()

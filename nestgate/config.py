@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 import tomllib
 from dataclasses import dataclass
@@ -610,6 +611,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
         problems.append(f"{file}: listen[{second}].address: expected an address that "
                         f"listen[{first}].address does not already take, "
                         f"got '{host}:{shown.port}'")
+    problems += _clashing_hosts(sites, file) + _clashing_routes(sites, file)
     if any(site.protected for site in sites) and (auth is None or not auth.users):
         problems.append(f"{file}: auth: expected an [auth] table with at least one "
                         "[[auth.user]] when a site is protected")
@@ -646,6 +648,78 @@ def _clashing_listeners(listeners) -> list[tuple[int, int]]:
             return False
         return a == b or a.is_unspecified or b.is_unspecified
     return [(i, j) for j in range(len(listeners)) for i in range(j) if clash(i, j)]
+
+
+def _clashing_hosts(sites, file: str) -> list[str]:
+    """A Host claimed twice: only one of the sites could ever answer it."""
+    problems, claimed = [], {}
+    for i, site in enumerate(sites):
+        for host in sorted({h for h in site.hosts if site.hosts.count(h) > 1}):
+            problems.append(f"{file}: site[{i}].hosts: expected each host once, "
+                            f"got {host!r} twice")
+        for host in dict.fromkeys(site.hosts):
+            first = claimed.setdefault(host, i)
+            if first != i:
+                problems.append(f"{file}: site[{i}].hosts: expected hosts no other site "
+                                f"claims, got {host!r} (site[{first}].hosts claims it too)")
+    return problems
+
+
+def _clashing_routes(sites, file: str) -> list[str]:
+    """Two routes of a site on the same exact path (the last would win) or the same
+    prefix (the first would): one of them could never answer. Paths differing only
+    in the names of their {segments} are the same path."""
+    problems = []
+    for i, site in enumerate(sites):
+        seen: dict[tuple[str, str], int] = {}
+        for j, route in enumerate(site.routes):
+            kind = "path" if route.path else "prefix"
+            value = route.path or route.prefix
+            key = (kind, re.sub(r"\{[^/}]*\}", "{}", value))
+            first = seen.setdefault(key, j)
+            if first != j:
+                problems.append(f"{file}: site[{i}].route[{j}].{kind}: expected a {kind} "
+                                f"no other route of the site has, got {value!r} "
+                                f"(site[{i}].route[{first}].{kind} has it too)")
+    return problems
+
+
+# Names a browser treats as secure even over plain HTTP, so a Secure cookie comes back.
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]", "::1")
+
+
+def config_warnings(config: Config) -> list[str]:
+    """What the config allows but will not work as its owner expects; `check` and
+    `serve` print these without refusing the config."""
+    out = []
+    for i, site in enumerate(config.sites):
+        out += _plain_sign_in(config, i, site)
+        if site.notes and not site.base_url:
+            out.append(f"{config.source}: site[{i}].base_url: the Atom feed at "
+                       f"{site.notes.path}/feed.xml needs it for absolute links (feed "
+                       "readers cannot follow relative ones); set it, e.g. "
+                       "\"https://example.com\"")
+    return out
+
+
+def _plain_sign_in(config: Config, index: int, site: Site) -> list[str]:
+    """A protected site that browsers reach only over plain HTTP, with a Secure session
+    cookie: the browser drops the cookie and sign-in fails on every try."""
+    auth = config.auth
+    if not site.protected or auth is None or not auth.cookie_secure:
+        return []
+    if any(l.tls or l.redirect_https or l.proxy_protocol_from for l in config.listeners) \
+            or config.trusted_proxies:
+        return []                           # HTTPS here, or a proxy in front that has it
+    plain = [h for h in site.hosts
+             if h not in _LOOPBACK_NAMES and not h.endswith(".localhost")]
+    if not plain:
+        return []
+    return [f"{config.source}: site[{index}] ({site.name}): protected, but reachable only "
+            f"over plain HTTP as {', '.join(repr(h) for h in plain)}: browsers drop the "
+            "session cookie there (auth.cookie_secure = true) and sign-in fails; add an "
+            "HTTPS listener (with a redirect_https one on port 80), or sign in through a "
+            "*.localhost name on this machine only"]
 
 
 def with_overrides(config: Config, listen: list[str] | None = None,

@@ -21,11 +21,12 @@ import os
 import select
 import signal
 import socket
+import sqlite3
 import sys
 import time
 from dataclasses import dataclass, field
 
-from nestgate.config import Config, ConfigError, read_config, with_overrides
+from nestgate.config import Config, ConfigError, config_warnings, read_config, with_overrides
 from nestgate.tls import server_context
 
 RESTART_BACKOFF_MIN = 0.1
@@ -128,6 +129,7 @@ class Supervisor:
     # ----------------------------------------------------------- workers
     def start_generation(self, config: Config) -> Generation:
         contexts = {l: server_context(l) for l in config.listeners if l.tls}
+        prepare_state(config)
         self.started_generations += 1
         number = self.started_generations
         gen = Generation(number, config, contexts)
@@ -303,6 +305,8 @@ class Supervisor:
     # ----------------------------------------------------------- main loop
     def run(self) -> int:
         self.bind(self._first)
+        for warning in config_warnings(self._first):
+            say(f"warning: {warning}")
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -344,6 +348,21 @@ class Supervisor:
 
     def _note_signal(self, sig, _frame) -> None:
         self.pending_signals.append(sig)
+
+
+def prepare_state(config: Config) -> None:
+    """One-off set-up of the state workers share, done here so that they never race
+    to do it: the store file is created and migrated before any of them opens it."""
+    if config.auth is not None:
+        from nestgate.auth.store import prepare_store
+        try:
+            prepare_store(config.auth.store)
+        except sqlite3.Error as exc:
+            raise StateError(f"store {config.auth.store}: {exc}") from None
+
+
+class StateError(OSError):
+    """Shared state that cannot be set up: the server cannot start (or reload)."""
 
 
 def _listen(listener) -> socket.socket:

@@ -153,3 +153,11 @@ def test_a_running_server_follows_the_command(start_server, tmp_path):
     assert "this test" in allow_command(server.config_path, "list")
     allow_command(server.config_path, "remove", entry.strip())
     wait_status(port, 403)
+
+
+def test_outside_a_config_directory_it_asks_for_the_config(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["allow", "list"]) == 2
+    err = capsys.readouterr().err
+    assert f"no ./nestgate.toml in {tmp_path}; pass --config FILE" in err
+    assert "default" not in err                 # not the embedded default's file

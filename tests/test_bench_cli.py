@@ -61,3 +61,14 @@ def test_overview_puts_ratios_first():
     text = cli.overview([result], {"page": "nestgate rejects"}, {}, opts(["--quick"]), 61.0)
     assert "| health | nginx | 0.9 | 1.25 | 90,000 | 100,000 | 15.0 | 12.0 | - | - |" in text
     assert "skipped page: nestgate rejects" in text
+
+
+def test_a_missing_peer_is_said_on_the_console_before_the_runs(monkeypatch, capsys):
+    real_which = tools.which
+    monkeypatch.setattr(tools, "which", lambda tool: None if tool == "caddy" else real_which(tool))
+    monkeypatch.setattr(cli, "run_all", lambda chosen, opts: 0)     # no run: only the start
+    if any(real_which(t) is None for t in ("wrk", "nginx")):
+        pytest.skip("wrk and nginx are needed to get past the tool check")
+    assert cli.main(["--scenario", "health"]) == 0
+    err = capsys.readouterr().err
+    assert "nestgate bench: caddy left out: caddy is not installed (Debian package: caddy)" in err

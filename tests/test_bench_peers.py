@@ -1,5 +1,6 @@
 """Peers: configs rendered from one scenario route, and a real nginx started and stopped."""
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -11,6 +12,8 @@ from nestgate.bench.ports import free_port, is_listening
 from nestgate.bench.scenarios import Route
 
 needs_nginx = pytest.mark.skipif(tools.which("nginx") is None, reason="nginx is not installed")
+needs_caddy = pytest.mark.skipif(tools.which("caddy") is None,
+                                 reason="caddy is not installed (make debian-deps)")
 
 HEALTH_BODY = b'{"status":"ok","version":"0.1.0","uptime_s":1,"pid":5464}'
 
@@ -90,6 +93,34 @@ def test_caddy_renders_every_kind(site_root):
         text = peers.render_caddy(make_site(site_root, Route(kind, path, "page.html"),
                                             backend_port=1234))
         assert text.count("{") == text.count("}")
+
+
+@needs_caddy
+@pytest.mark.parametrize("scenario", scenarios.SCENARIOS, ids=lambda s: s.name)
+def test_every_caddyfile_passes_caddy_validate(site_root, tmp_path, scenario):
+    site = make_site(site_root, scenario.route, backend_port=1234,
+                     certificate=content.certificate(tmp_path) if scenario.tls else None,
+                     site_host="known.example" if scenario.host else "",
+                     cidrs=tuple(content.cidr_list()[-3:]) if scenario.host else ())
+    caddy = peers.Caddy(tmp_path, tmp_path)
+    config = caddy.configure(site)[0]
+    out = subprocess.run(caddy.validate_argv(config), capture_output=True, text=True,
+                         timeout=60, env={**os.environ, **caddy.env(site)})
+    assert out.returncode == 0, f"{config.read_text()}\n{out.stderr[-2000:]}"
+
+
+@needs_caddy
+def test_caddy_serves_health_over_tls13_and_stops(site_root, tmp_path):
+    site = make_site(site_root, Route("health", scenarios.HEALTH),
+                     certificate=content.certificate(tmp_path / "tls"))
+    caddy = peers.Caddy(tmp_path, tmp_path)
+    caddy.start(site, scenarios.HEALTH)
+    try:
+        status, body, headers = peers.fetch("https", site.port, scenarios.HEALTH)
+        assert (status, len(body), headers[":tls"]) == (200, len(HEALTH_BODY), "TLSv1.3")
+    finally:
+        caddy.stop()
+    assert caddy.server.exited() is not None and not is_listening(site.port)
 
 
 # ---------------------------------------------------------------- a real nginx

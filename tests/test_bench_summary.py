@@ -88,3 +88,24 @@ def test_build_write_and_tables(tmp_path):
     (3, "", "3")])
 def test_fmt(value, unit, text):
     assert s.fmt(value, unit) == text
+
+
+def test_sweep_socket_errors_are_added_up_and_shown(tmp_path):
+    refused = dict(run("nestgate", 2, 50.0, 10.0), kind="sweep", concurrency=1024,
+                   errors={"connect": 312, "read": 0, "write": 0, "timeout": 4})
+    refused["metrics"]["errors"] = 316
+    clean = dict(run("nestgate", 1, 60.0, 10.0), kind="sweep", concurrency=1024,
+                 errors={"connect": 0})
+    clean["metrics"]["errors"] = 0
+    result = s.build({"name": "health", "title": "t"}, {}, RUNS + [clean, refused], {})
+    assert result["sweep"]["nestgate"][1024]["errors"] == 316
+    md = s.markdown(result)
+    assert "| nestgate | 1024 | 55.0 | 1 | 10.0 | 316 |" in md
+    assert "- nestgate sweep c=1024 2: connect 312, timeout 4" in md
+    assert "socket errors: nestgate sweep c=1024 2: connect 312, timeout 4" in s.console(result)
+
+
+def test_console_names_a_peer_that_did_not_run():
+    result = s.build({"name": "health", "title": "t"}, {}, RUNS,
+                     {"skipped_peers": {"caddy": "caddy is not installed (Debian package: caddy)"}})
+    assert "caddy not run: caddy is not installed (Debian package: caddy)" in s.console(result)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from conftest import REPO, Server
+from conftest import REPO, Server, _env
 from test_auth import Browser
 from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
 
@@ -17,7 +17,8 @@ def test_home_server_example(upstream, tmp_path):
     assert text.count("http://127.0.0.1:9001") == 3
     config = tmp_path / "home-server.toml"
     config.write_text(text.replace("http://127.0.0.1:9001", up.url))
-    server = Server(config, ["--listen", "127.0.0.1:0"])
+    # The example keeps its store in the user's home, out of the repository.
+    server = Server(config, ["--listen", "127.0.0.1:0"], env={**_env(), "HOME": str(tmp_path)})
     try:
         port = server.port()
         resp, body = Browser(port, "app.localhost").request("GET", "/echo")
@@ -29,7 +30,7 @@ def test_home_server_example(upstream, tmp_path):
         resp, body = private.request("GET", "/echo")
         assert resp.status == 200 and json.loads(body)["upstream"] == "up"
         assert Browser(port, "lan.localhost").request("GET", "/echo")[0].status == 403
-        assert (tmp_path / "nestgate-state.db").exists()
+        assert (tmp_path / ".nestgate-home-server.db").exists()
     finally:
         server.stop()
     shutil.rmtree(tmp_path, ignore_errors=True)

@@ -59,7 +59,8 @@ def read_auth(s) -> AuthConfig | None:
         s.fail("user", "each user name once")
     store = s.str("store", d.store)
     cfg = AuthConfig(
-        store=str((s.base / store).resolve()) if store != ":memory:" else store,
+        store=store if store == ":memory:" else
+        str((s.base / os.path.expanduser(store)).resolve()),
         users=tuple(users),
         session_ttl=s.duration("session_ttl", d.session_ttl),
         cookie_name=s.str("cookie_name", d.cookie_name),

@@ -251,7 +251,7 @@ class _FormPath:
             return
         if not await self.signin.csrf_ok(request, form):
             await request.send(403, [(b"content-type", b"text/plain")],
-                               b"the form expired or came from another site; reload it\n")
+                               _refusal(self.signin.cfg, request))
             return
         await self.submit(request, form)
 
@@ -332,6 +332,22 @@ class Logout(_FormPath):
             signin._sessions.pop(hashed, None)
             await signin.state.run("delete_session", hashed)
         await signin.leave(request, LOGIN_PATH, "", 0)
+
+
+_SECURE_OVER_HTTP = (
+    b"sign-in needs HTTPS here: your browser did not send back this form's cookie, "
+    b"because the server marks its cookies Secure ([auth] cookie_secure = true) and this "
+    b"page came over plain http://. Open the site with https:// (or, on this machine "
+    b"only, through a *.localhost name).\n")
+
+
+def _refusal(cfg, request) -> bytes:
+    """Why a form failed its CSRF check. Without the nonce cookie over plain HTTP, the
+    likely reason is the Secure flag: browsers drop such cookies there, silently."""
+    if cfg.cookie_secure and request.scheme == "http" \
+            and CSRF_COOKIE not in cookies(request.headers):
+        return _SECURE_OVER_HTTP
+    return b"the form expired or came from another site; reload it\n"
 
 
 async def _read_form(request) -> dict[str, str] | None:

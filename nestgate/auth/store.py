@@ -2,7 +2,10 @@
 user signed in with, dynamic allow entries.
 
 One SQLite file (WAL, so readers never wait for the writer) opened by each worker.
-`Store` is the synchronous core; `SharedState` runs it on one thread of its own
+The supervisor creates and migrates it once (`prepare_store`) before any worker
+starts: switching a new file to WAL takes a lock that SQLite does not wait for, so
+workers doing it together fail with "database is locked". A worker that finds the
+file ready only opens it, with a busy timeout. `Store` is the synchronous core; `SharedState` runs it on one thread of its own
 so the event loop never waits on the disk, and keeps the worker's in-memory view
 of the dynamic allow-list no more than `POLL_INTERVAL` behind the file.
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import secrets
 import sqlite3
 import sys
@@ -23,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from nestgate.clientip import Networks
 
 POLL_INTERVAL = 0.5          # seconds: a change through one worker is seen by all within 1 s
+BUSY_TIMEOUT_S = 5.0         # how long a statement waits for another process's lock
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -38,6 +43,9 @@ CREATE TABLE IF NOT EXISTS totp_used (user TEXT PRIMARY KEY, step INTEGER NOT NU
 """
 
 
+SCHEMA_NAMES = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", _SCHEMA))
+
+
 def token_hash(token: str) -> bytes:
     return hashlib.sha256(token.encode("latin-1")).digest()
 
@@ -47,10 +55,25 @@ class Store:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.db = sqlite3.connect(path, timeout=5.0, isolation_level=None,
+        self.db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
                                   check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
+        if not self.ready():
+            self.migrate()
+
+    def ready(self) -> bool:
+        """The file is in WAL mode with every table and index of this version (reading
+        either waits on no lock that could fail)."""
+        if self.db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            return False
+        names = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master")}
+        return SCHEMA_NAMES <= names
+
+    def migrate(self) -> None:
+        """WAL mode and the tables. Meant for one process at a time (`prepare_store`);
+        a store opened without it (tests, `nestgate allow` before the first start)
+        comes here on its own."""
+        self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(_SCHEMA)
 
     def close(self) -> None:
@@ -133,6 +156,17 @@ class Store:
             self.db.execute("DELETE FROM sessions WHERE expires <= ?", (now,))
             self.db.execute("DELETE FROM allow WHERE expires <= ?", (now,))
             self.db.execute("DELETE FROM failures WHERE at <= ?", (now - keep_failures,))
+
+
+def prepare_store(path: str) -> None:
+    """Create and migrate the store file, and its secret, before workers open it."""
+    if path == ":memory:":
+        return
+    store = Store(path)
+    try:
+        store.secret()
+    finally:
+        store.close()
 
 
 class DynamicAllow:

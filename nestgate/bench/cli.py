@@ -25,7 +25,8 @@ def parser() -> argparse.ArgumentParser:
         prog="nestgate bench",
         description="Benchmark nestgate against nginx (and Caddy when installed) on this machine.")
     p.add_argument("--quick", action="store_true",
-                   help="health over HTTP and HTTPS, 3 runs of 5 s: under 2 minutes")
+                   help="health over HTTP and HTTPS, 3 runs of 5 s per server after a 2 s "
+                        "warm-up: about two minutes")
     p.add_argument("--scenario", action="append", metavar="NAME",
                    help="run this scenario (repeatable); see --list")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -95,7 +96,16 @@ def main(argv: list[str]) -> int:
     except (ValueError, BenchError) as exc:
         print(f"nestgate bench: {exc}", file=sys.stderr)
         return 2
+    for name, reason in missing_peers(opts).items():
+        print(f"nestgate bench: {name} left out: {reason}", file=sys.stderr, flush=True)
     return run_all(chosen, opts)
+
+
+def missing_peers(opts: Options) -> dict[str, str]:
+    """{peer: why it cannot run here}, said on the console before the runs and not only
+    in the summaries written after them."""
+    found = {name: PEERS[name](Path("."), Path(".")).available() for name in opts.peers}
+    return {name: reason for name, reason in found.items() if reason}
 
 
 def run_all(chosen: list[scenarios.Scenario], opts: Options) -> int:

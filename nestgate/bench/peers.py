@@ -418,6 +418,11 @@ class Caddy(Peer):
     def argv(self, config: Path, site: Site) -> list[str]:
         return [tools.require("caddy"), "run", "--config", str(config), "--adapter", "caddyfile"]
 
+    def validate_argv(self, config: Path) -> list[str]:
+        """`caddy validate`: the config parses and its modules load, without serving."""
+        return [tools.require("caddy"), "validate", "--config", str(config),
+                "--adapter", "caddyfile"]
+
     def env(self, site: Site) -> dict:
         return {"GOMAXPROCS": str(site.workers), "XDG_DATA_HOME": str(self.workdir / "caddy"),
                 "XDG_CONFIG_HOME": str(self.workdir / "caddy")}
@@ -432,10 +437,13 @@ def render_caddy(site: Site) -> str:
     address = f"{site.scheme}://{site.site_host or '127.0.0.1'}:{site.port}"
     if site.site_host:
         address += f", {site.scheme}://:{site.port}"
-    lines = ["{", "  admin off", "  auto_https off", "  log { output discard }", "}", "",
-             f"{address} {{"]
+    # Every block opens on one line and closes on its own: Caddy 2.6 (Debian 12) refuses
+    # anything after "{" on the same line.
+    lines = ["{", "  admin off", "  auto_https off", "  log {", "    output discard", "  }",
+             "}", "", f"{address} {{"]
     if site.certificate:
-        lines.append(f"  tls {site.certificate.cert} {site.certificate.key} {{ protocols tls1.3 }}")
+        lines += [f"  tls {site.certificate.cert} {site.certificate.key} {{",
+                  "    protocols tls1.3", "  }"]
     if site.site_host:
         lines += [f"  @other not host {site.site_host}",
                   "  @blocked not remote_ip " + " ".join(site.cidrs),

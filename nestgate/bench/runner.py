@@ -311,6 +311,10 @@ def _sweep(scenario, opts, peers, sites, outdir, progress) -> list[dict]:
                     scenario, opts, sites[peer.name], opts.duration_s, raw, connections))
                 runs.append(_record("sweep", peer.name, n, raw, result, values, scenario,
                                     concurrency=connections))
+                if values["errors"]:
+                    progress.say(f"  {peer.name}: {values['errors']} socket errors ("
+                                 + ", ".join(f"{k} {v}" for k, v in result.errors.items() if v)
+                                 + f"), see {raw.name}")
     return runs
 
 

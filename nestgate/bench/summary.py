@@ -72,16 +72,33 @@ def compare(aggregated: dict) -> dict:
 
 
 def sweep_table(runs: list[dict]) -> dict:
-    """{peer: {concurrency: {requests_per_s, latency_p99_ms}}} medians of the sweep runs."""
+    """{peer: {concurrency: {requests_per_s, latency_p99_ms, cpu_us_per_request, errors}}}:
+    medians of the sweep runs, and their socket errors added up (a median would hide
+    the one run in three where connections were refused)."""
     points: dict[str, dict[int, dict[str, list]]] = {}
     for run in runs:
         if run.get("kind") != "sweep":
             continue
         per = points.setdefault(run["peer"], {}).setdefault(run["concurrency"], {})
-        for key in ("requests_per_s", "latency_p99_ms", "cpu_us_per_request"):
+        for key in ("requests_per_s", "latency_p99_ms", "cpu_us_per_request", "errors"):
             per.setdefault(key, []).append(run["metrics"].get(key))
-    return {peer: {c: {k: stats(v)["median"] for k, v in m.items()} for c, m in sorted(cs.items())}
+    return {peer: {c: {k: sum(filter(None, v)) if k == "errors" else stats(v)["median"]
+                       for k, v in m.items()} for c, m in sorted(cs.items())}
             for peer, cs in points.items()}
+
+
+def socket_errors(runs: list[dict]) -> list[str]:
+    """One line per measured or sweep run that had socket errors, by kind: a run that
+    could not connect measured something else than the one beside it."""
+    lines = []
+    for run in runs:
+        counts = {k: v for k, v in (run.get("errors") or {}).items() if v}
+        if run.get("kind") == "warmup" or not counts:
+            continue
+        where = f"c={run['concurrency']} " if "concurrency" in run else ""
+        lines.append(f"{run['peer']} {run['kind']} {where}{run['run']}: "
+                     + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return lines
 
 
 def build(scenario: dict, params: dict, runs: list[dict], extra: dict) -> dict:
@@ -151,11 +168,17 @@ def markdown(summary: dict) -> str:
         out.append(f"- {peer} not run: {reason}")
     if summary.get("sweep"):
         out += ["", "## Concurrency sweep (medians)", "",
-                "| peer | connections | requests/s | P99 ms | CPU us/req |", "|---|---|---|---|---|"]
+                "| peer | connections | requests/s | P99 ms | CPU us/req | socket errors |",
+                "|---|---|---|---|---|---|"]
         for peer, points in summary["sweep"].items():
             for c, m in points.items():
                 out.append(f"| {peer} | {c} | {fmt(m['requests_per_s'])} | "
-                           f"{fmt(m['latency_p99_ms'])} | {fmt(m['cpu_us_per_request'])} |")
+                           f"{fmt(m['latency_p99_ms'])} | {fmt(m['cpu_us_per_request'])} | "
+                           f"{fmt(m.get('errors'))} |")
+    errors = socket_errors(summary.get("runs", []))
+    if errors:
+        out += ["", "Socket errors (the driver's count, by kind):", ""]
+        out += [f"- {line}" for line in errors]
     return "\n".join(out) + "\n"
 
 
@@ -177,6 +200,10 @@ def console(summary: dict) -> str:
     if summary.get("disk_fsync_writes_per_s"):
         lines.append(f"  notes written per s: {fmt(med_of(summary, 'requests_per_s'))}; the disk's "
                      f"own write+fsync+rename rate: {fmt(summary['disk_fsync_writes_per_s'])}/s")
+    for line in socket_errors(summary.get("runs", [])):
+        lines.append(f"  socket errors: {line}")
+    for peer, reason in summary.get("skipped_peers", {}).items():
+        lines.append(f"  {peer} not run: {reason}")
     info = summary.get("servers", {}).get(SUBJECT, {})
     if "worker_rss_idle_mb" in info:
         lines.append(f"  nestgate worker RSS: idle {fmt(info['worker_rss_idle_mb'])} MB, "

@@ -11,8 +11,10 @@ HEAD, and None when the page is missing or stale; the engine then runs `handle`,
 rebuilds the page off the loop.
 
 The generation is the store's shared counter (bumped by any worker's write) plus a
-local count of outside edits, noticed by a directory check made at most once a
-second, in the executor: per request only a clock comparison and a memory read.
+local count of outside edits, noticed by a directory check that each worker runs
+every `DIR_CHECK_INTERVAL` in the executor, from its first page request on: an edit
+on disk is served by every worker within that interval, and per request the cost is
+a memory read.
 Pages are bounded (`cache_pages`): the oldest rendered is dropped first and renders
 again on its next request.
 
@@ -35,7 +37,6 @@ import logging
 import threading
 from urllib.parse import quote
 
-from nestgate.clock import CLOCK
 from nestgate.handlers import PEEK
 from nestgate.handlers.static import send_ready
 from nestgate.notes.render import Renderer
@@ -72,8 +73,7 @@ class SitePages:
         self.public: list = []              # newest first, drafts left out
         self.by_slug: dict = {}
         self.by_tag: dict[str, list] = {}
-        self._next_check = 0.0
-        self._dir_signature = None
+        self._watching = False
 
     # ------------------------------------------------------------ wiring
     def attach(self, routes) -> None:
@@ -104,29 +104,28 @@ class SitePages:
 
     # ------------------------------------------------------------ freshness
     def generation(self) -> int:
-        """Called on every request for a cached page: a memory read, plus at most once a
-        second a directory check handed to the executor."""
+        """Called on every request for a cached page: a memory read (the first call
+        starts the directory check)."""
         if self.store is None:
             return 0
-        if CLOCK.now >= self._next_check:
-            self._next_check = CLOCK.now + DIR_CHECK_INTERVAL
-            try:
-                asyncio.get_running_loop().run_in_executor(None, self._check_dir)
-            except RuntimeError:
-                pass
+        if not self._watching:
+            self._watch()
         return self.store.generation()
 
-    def _check_dir(self) -> None:
+    def _watch(self) -> None:
+        """Check the notes directory for outside edits every DIR_CHECK_INTERVAL, on a
+        timer rather than on a request: a check a request started would only help the
+        request after it, and a worker asked rarely would serve an old page."""
         try:
-            signature = self.store.signature()
-        except OSError:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
             return
-        # Compared with what the index was built from, so an edit made while a check
-        # was queued is not taken as the baseline.
-        scanned = self.store.scanned_signature
-        if scanned is not None and signature != scanned and signature != self._dir_signature:
-            self.store.changed_outside()
-        self._dir_signature = signature
+        self._watching = True
+
+        def check() -> None:
+            done = loop.run_in_executor(None, self.store.notice_outside_edits)
+            done.add_done_callback(lambda _: loop.call_later(DIR_CHECK_INTERVAL, check))
+        check()
 
     def _ensure_index(self) -> int:
         """The generation the index now reflects (runs in the executor)."""

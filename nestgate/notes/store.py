@@ -165,6 +165,7 @@ class NoteStore:
         self.dir = os.path.realpath(directory)
         self._notes: dict[str, Note] = {}
         self.scanned_signature: tuple | None = None     # the directory as `scan` saw it
+        self._checked: tuple | None = None              # ... and as the last check did
         self._lock = threading.Lock()
         self._generation = _Generation(os.path.join(self.dir, GENERATION_FILE))
 
@@ -179,6 +180,22 @@ class NoteStore:
         """Someone edited the directory without nestgate (an editor, git pull): this
         process's pages are stale; each worker notices this by itself."""
         self._generation.bump_local()
+
+    def notice_outside_edits(self) -> None:
+        """Compare the directory with what `scan` last read, and call `changed_outside`
+        once per edit found. Each worker runs this on a timer (off its loop), so an
+        edit is seen within the timer's interval, whether requests come or not."""
+        try:
+            signature = self.signature()
+        except OSError:
+            return
+        # Compared with what the index was built from, so an edit made while a check
+        # was queued is not taken as the baseline; and with the last check, so one
+        # edit is counted once until the next scan.
+        scanned = self.scanned_signature
+        if scanned is not None and signature != scanned and signature != self._checked:
+            self.changed_outside()
+        self._checked = signature
 
     # ---- reading
     def path(self, slug: str) -> str:

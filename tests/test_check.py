@@ -1,0 +1,190 @@
+"""`nestgate check` on what a self-hoster writes in the first hour: clashes it refuses
+(naming the file and both keys), traps it warns about, and the shipped configs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from nestgate.config import ConfigError, config_warnings, parse_config
+
+from conftest import REPO, _env
+
+LISTEN = {"listen": [{"address": "127.0.0.1:0"}]}
+HASH = ("$argon2id$v=19$m=65536,t=3,p=4$c8g/YgaM4wH4BBq0H2QTvg$"
+        "IeV7kzhub6/NglonFM4gwRMzH74MGL89i1EnCIlEogY")
+
+
+def problems_of(data: dict) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config({**LISTEN, **data}, "site.toml")
+    return info.value.problems
+
+
+def ret(**where) -> dict:
+    return {**where, "type": "return", "body": "x"}
+
+
+def run_check(config, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nestgate", "check", "--config", str(config)],
+                          capture_output=True, text=True, timeout=60, env=_env(),
+                          cwd=cwd or REPO)
+
+
+# ---------------------------------------------------------------- clashes
+
+
+def test_two_sites_with_the_same_host_are_named():
+    problems = problems_of({"site": [{"hosts": ["a.example", "b.example"]},
+                                     {"hosts": ["B.example"]}]})
+    assert problems == ["site.toml: site[1].hosts: expected hosts no other site claims, got "
+                        "'b.example' (site[0].hosts claims it too)"]
+
+
+def test_two_catch_all_sites_are_refused():
+    problems = problems_of({"site": [{"name": "one"}, {"hosts": ["*"]}]})
+    assert problems == ["site.toml: site[1].hosts: expected hosts no other site claims, got "
+                        "'*' (site[0].hosts claims it too)"]
+
+
+def test_a_host_listed_twice_in_one_site_is_refused():
+    problems = problems_of({"site": [{"hosts": ["a.example", "a.example"]}]})
+    assert problems == ["site.toml: site[0].hosts: expected each host once, got 'a.example' twice"]
+
+
+def test_two_routes_on_the_same_path_or_prefix_are_named():
+    problems = problems_of({"site": [{"route": [
+        ret(path="/x"), ret(prefix="/p/"), ret(path="/x"), ret(prefix="/p/"),
+        ret(path="/n/{slug}"), ret(path="/n/{name}"), ret(prefix="/x")]}]})
+    assert problems == [
+        "site.toml: site[0].route[2].path: expected a path no other route of the site has, "
+        "got '/x' (site[0].route[0].path has it too)",
+        "site.toml: site[0].route[3].prefix: expected a prefix no other route of the site "
+        "has, got '/p/' (site[0].route[1].prefix has it too)",
+        "site.toml: site[0].route[5].path: expected a path no other route of the site has, "
+        "got '/n/{name}' (site[0].route[4].path has it too)"]
+
+
+def test_the_same_path_on_two_sites_is_fine():
+    parse_config({**LISTEN, "site": [{"hosts": ["a.example"], "route": [ret(path="/x")]},
+                                     {"hosts": ["b.example"], "route": [ret(path="/x")]}]})
+
+
+def test_check_and_serve_refuse_a_clash(tmp_path):
+    config = tmp_path / "nestgate.toml"
+    config.write_text(textwrap.dedent("""
+        [[listen]]
+        address = "127.0.0.1:0"
+        [[site]]
+        hosts = ["*"]
+        [[site]]
+        hosts = ["*"]
+    """))
+    out = run_check(config)
+    assert out.returncode == 2 and "site[1].hosts" in out.stderr and str(config) in out.stderr
+    serve = subprocess.run([sys.executable, "-m", "nestgate", "serve", "--config", str(config)],
+                           capture_output=True, text=True, timeout=60, env=_env())
+    assert serve.returncode == 2 and "site[1].hosts" in serve.stderr
+
+
+# ---------------------------------------------------------------- warnings
+
+
+def protected(hosts: list[str], **extra) -> dict:
+    return {**LISTEN, "auth": {"user": [{"name": "demo", "password": HASH}], "store": ":memory:"},
+            "site": [{"name": "private", "hosts": hosts, "protected": True,
+                      "route": [ret(prefix="/")]}], **extra}
+
+
+def test_sign_in_over_plain_http_on_a_real_name_is_warned_about():
+    config = parse_config(protected(["private.localhost", "private.test"]), "gw.toml")
+    [warning] = config_warnings(config)
+    assert warning.startswith("gw.toml: site[0] (private): protected, but reachable only over "
+                              "plain HTTP as 'private.test'")
+    assert "cookie_secure" in warning and "redirect_https" in warning
+
+
+@pytest.mark.parametrize("data", [
+    protected(["private.localhost", "localhost", "127.0.0.1"]),     # browsers keep it there
+    protected(["private.test"], auth={"user": [{"name": "demo", "password": HASH}],
+                                      "store": ":memory:", "cookie_secure": False}),
+    protected(["private.test"], client_ip={"trusted_proxies": ["10.0.0.1"]}),
+    protected(["private.test"], listen=[{"address": "127.0.0.1:0", "redirect_https": True}]),
+])
+def test_no_warning_where_the_cookie_comes_back(data):
+    assert config_warnings(parse_config(data, "gw.toml")) == []
+
+
+def test_notes_without_base_url_are_warned_about(tmp_path):
+    data = {**LISTEN, "site": [{"notes": {"dir": str(tmp_path)}}]}
+    [warning] = config_warnings(parse_config(data, "s.toml"))
+    assert warning.startswith("s.toml: site[0].base_url: the Atom feed at /notes/feed.xml")
+    data["site"][0]["base_url"] = "https://example.com"
+    assert config_warnings(parse_config(data, "s.toml")) == []
+
+
+PLAIN_SIGN_IN = f"""
+[[listen]]
+address = "127.0.0.1:0"
+[auth]
+[[auth.user]]
+name = "demo"
+password = "{HASH}"
+[[site]]
+hosts = ["private.localhost", "private.test"]
+protected = true
+[[site.route]]
+prefix = "/"
+type = "return"
+"""
+
+
+def test_check_prints_warnings_and_still_passes(tmp_path):
+    config = tmp_path / "nestgate.toml"
+    config.write_text(PLAIN_SIGN_IN)
+    out = run_check(config)
+    assert out.returncode == 0, out.stderr
+    assert "warning:" in out.stderr and "'private.test'" in out.stderr
+    assert out.stdout.strip().endswith("1 warning above)")
+
+
+def test_serve_prints_the_warnings_at_start(start_server):
+    server = start_server(PLAIN_SIGN_IN)
+    line = server.wait_for("warning:")
+    assert "site[0] (site0): protected, but reachable only over plain HTTP" in line
+
+
+# ---------------------------------------------------------------- shipped configs
+
+
+@pytest.mark.parametrize("name", ["site.toml", "home-server.toml"])
+def test_shipped_examples_pass_check_without_warnings(name):
+    out = run_check(REPO / "examples" / name)
+    assert out.returncode == 0, out.stderr
+    assert "warning" not in out.stderr, out.stderr
+
+
+def test_embedded_default_passes_check_without_warnings(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "nestgate", "check"], capture_output=True,
+                         text=True, timeout=60, env=_env(), cwd=tmp_path)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+def test_readme_minimal_config_passes_check(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("```toml\n", readme.index("A minimal `nestgate.toml`")) + len("```toml\n")
+    (tmp_path / "nestgate.toml").write_text(readme[start:readme.index("```", start)])
+    out = run_check(tmp_path / "nestgate.toml", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+
+
+def test_home_server_store_is_kept_out_of_the_repository(tmp_path):
+    example = tmp_path / "examples"
+    shutil.copytree(REPO / "examples", example)
+    from nestgate.config import read_config
+    store = read_config(example / "home-server.toml").auth.store
+    assert not store.startswith(str(example)), store
