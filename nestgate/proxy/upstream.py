@@ -54,8 +54,8 @@ _KIND_BY_LOWER.update({b"content-length": LENGTH, b"transfer-encoding": CHUNKED,
 # The same, keyed by names as upstreams spell them (they repeat): one lookup per header.
 _KINDS: dict[bytes, int] = {}
 _KINDS_LIMIT = 1024
-# Connection header values that name no other header.
-_PLAIN_CONNECTION = frozenset((b"keep-alive", b"close", b"Keep-Alive", b"Close"))
+# Connection header values, as usually spelt, that name no header to drop.
+PLAIN_CONNECTION = frozenset((b"keep-alive", b"close", b"Keep-Alive", b"Close"))
 
 # Response heads as read (status line and header lines, without the blank line) ->
 # what `_read_head` made of them. An upstream repeats its heads byte for byte (a
@@ -528,7 +528,7 @@ def _read_head(head: bytes, status: int, keep_alive: bool) -> tuple:
             tokens = value if tokens is None else tokens + b"," + value
         elif kind == UPGRADE:
             upgrade = value
-    if tokens is not None and tokens not in _PLAIN_CONNECTION:
+    if tokens is not None and tokens not in PLAIN_CONNECTION:
         names = {t.strip().lower() for t in tokens.split(b",")} - {b"close", b"keep-alive", b""}
         if names:
             kept = [line for line in kept if line.partition(b":")[0].lower() not in names]
