@@ -7,7 +7,9 @@ as further requests, and recorded, instead of being lost with a per-request
 parser. Every request is answered `200` with its own target as the body, so a
 client that gets someone else's answer can tell.
 
-`proxy_toml` is the config of a nestgate in front of it.
+A target `/head/N` is answered with a response head of exactly N bytes (blank line
+included), for the proxy's response-head limit. `proxy_toml` is the config of a
+nestgate in front of it.
 """
 
 from __future__ import annotations
@@ -49,8 +51,18 @@ class _Message:
         record, self.current = self.current, None
         self.upstream.record(record)
         target = record["target"].encode("latin-1")
+        if target.startswith(b"/head/"):
+            self.conn.sendall(_head_of(int(target[6:])))
+            return
         self.conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%b"
                           % (len(target), target))
+
+
+def _head_of(size: int) -> bytes:
+    """A 200 response whose head (status line to blank line) is `size` bytes."""
+    start = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-fill: "
+    end = b"\r\n\r\n"
+    return start + b"f" * (size - len(start) - len(end)) + end + b"ok"
 
 
 class RawUpstream:
