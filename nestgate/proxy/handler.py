@@ -3,6 +3,9 @@
 The request head is built from the headers as parsed (no re-parsing, no dicts):
 hop-by-hop headers are dropped, X-Forwarded-* set (a client's own Forwarded and
 X-Real-IP dropped with them unless it is a trusted proxy), the Host kept or replaced.
+The body's framing is always nestgate's own, written from what the engine parsed,
+and a Connection header that would make a field the proxy relies on hop-by-hop is
+refused (see `_hop_names`).
 Retries go to another target only when nothing was sent upstream yet (the
 connect failed) and only for idempotent methods. A kept-alive connection that
 turns out to be closed by the upstream before it answered a byte is replaced
@@ -19,7 +22,7 @@ from nestgate.errors import HandlerError
 from nestgate.handlers import Service
 from nestgate.http1 import Request
 from nestgate.proxy.balancer import Balancer
-from nestgate.proxy.upstream import Exchange, Target, give_back
+from nestgate.proxy.upstream import PLAIN_CONNECTION, Exchange, Target, give_back
 
 IDEMPOTENT = frozenset((b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"))
 
@@ -30,6 +33,18 @@ FORWARDED = frozenset((b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-h
 # Other headers that tell the upstream who the client is: believed from trusted
 # proxies only, as X-Forwarded-For is, whenever nestgate sets X-Forwarded-*.
 CLIENT_CLAIMS = frozenset((b"forwarded", b"x-real-ip"))
+# Fields a client's Connection header may not name (RFC 9110 7.6.1 lets a proxy
+# refuse such a message): the ones the upstream frames, routes or attributes the
+# request by. Obeying `Connection: content-length` while forwarding the body made
+# the body a second request on a pooled upstream connection, past every access list.
+NEVER_HOP_BY_HOP = frozenset((b"content-length", b"transfer-encoding", b"host")) \
+    | FORWARDED | CLIENT_CLAIMS
+# Connection options that name no field to drop.
+_PLAIN_OPTIONS = frozenset((b"close", b"keep-alive", b"upgrade", b""))
+_NO_NAMES: frozenset[bytes] = frozenset()
+# A connection option is a token (RFC 9110 7.6.1); anything else (":authority", a
+# name with a space in it) is malformed. Deleting token bytes leaves the bad ones.
+_TOKEN_BYTES = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _SCHEMES = {"http": b"http", "https": b"https"}
 _FORWARDED_LIMIT = 4096       # (client, scheme) pairs whose X-Forwarded-* lines are kept
 
@@ -64,6 +79,7 @@ class ProxyHandler(Service):
         self.forwarded = opts.forwarded
         drop = set(HOP_BY_HOP)
         drop.add(b"host")                       # written first, kept or the target's
+        drop.add(b"content-length")             # written last, from the parsed length
         if opts.forwarded:
             drop |= FORWARDED | CLIENT_CLAIMS
         self.drop = frozenset(drop)
@@ -131,7 +147,11 @@ class ProxyHandler(Service):
                 return False
         else:
             conn.reused = True
-        head = self._head(req, target)
+        try:
+            head = self._head(req, target)
+        except HandlerError:
+            target.idle.append(conn)            # unused; `handle` answers the refusal
+            return False
         ex = conn.spare
         if ex is None:
             ex = Exchange(conn, req)
@@ -196,6 +216,7 @@ class ProxyHandler(Service):
             picked = None
             if target is None:
                 break
+            head = self._head(req, target)      # a refused request never costs a connection
             conn = target.idle_connection()
             if conn is None:
                 attempts -= 1
@@ -216,7 +237,7 @@ class ProxyHandler(Service):
                     excluded.append(target)
                     continue
             try:
-                await self._exchange(req, target, conn, self._head(req, target))
+                await self._exchange(req, target, conn, head)
                 return
             except _Stale:
                 if not stale_retry:
@@ -226,7 +247,8 @@ class ProxyHandler(Service):
 
     def _head(self, req, target) -> bytes:
         """The request head for `target`: the headers as parsed, less the dropped ones,
-        then X-Forwarded-* (and the framing or upgrade lines the request needs)."""
+        then X-Forwarded-* and the framing (and upgrade) lines nestgate writes itself.
+        HandlerError(400) for a Connection header `_hop_names` refuses."""
         path = req.raw_target
         if self.strip and path.startswith(self.strip):
             path = path[len(self.strip):]
@@ -254,12 +276,14 @@ class ProxyHandler(Service):
             parts += (lines, host, b"\r\n\r\n")
             return b"".join(parts)
         conn = req.connection
-        upgrade = None
+        upgrade = length = None
         xff = proto = fhost = None
         if special is not None:
             conn_tokens = claims = None
             for name, value in special:
-                if name == b"connection":
+                if name == b"content-length":
+                    length = value
+                elif name == b"connection":
                     # A list header: the names on every field line count (RFC 9110 7.6.1).
                     conn_tokens = value if conn_tokens is None else conn_tokens + b"," + value
                 elif name == b"upgrade":
@@ -274,8 +298,7 @@ class ProxyHandler(Service):
                     claims = [(name, value)] if claims is None else claims + [(name, value)]
             if conn_tokens is not None:
                 # Headers the Connection header names are hop-by-hop too.
-                names = {t.strip().lower() for t in conn_tokens.split(b",")}
-                names -= {b"close", b"keep-alive", b"upgrade", b"host", b""}
+                names = _hop_names(req, conn_tokens)
                 if names:
                     del parts[6:]
                     for name, value in req.headers:
@@ -285,8 +308,7 @@ class ProxyHandler(Service):
                 xff = proto = fhost = None
             elif claims is not None:
                 for name, value in claims:          # a trusted proxy's word, as its X-F-F
-                    if conn_tokens is None or name not in names:
-                        parts += (name, b": ", value, b"\r\n")
+                    parts += (name, b": ", value, b"\r\n")
         if self.forwarded:
             parts += (b"x-forwarded-for: ",
                       b", ".join(xff) + b", " + conn.peer.encode() if xff
@@ -294,7 +316,12 @@ class ProxyHandler(Service):
                       b"\r\nx-forwarded-proto: ", proto or _SCHEMES[req.scheme], b"\r\n")
             if host:
                 parts += (b"x-forwarded-host: ", fhost or host, b"\r\n")
-        if req.body is not None and req.header(b"content-length") is None:
+        # The framing the engine read the body by, whatever the client's own lines said:
+        # its length as the number llhttp or h2 checked ("010" goes as 10), chunked
+        # when it has none (`_send_body` decides the same way); no body is length 0.
+        if length is not None:
+            parts.append(b"content-length: %d\r\n" % (int(length) if req.body is not None else 0))
+        elif req.body is not None:
             parts.append(b"transfer-encoding: chunked\r\n")
         if upgrade is not None and self.upgrades and getattr(req, "upgrade", False):
             parts += (b"connection: upgrade\r\nupgrade: ", upgrade, b"\r\n")
@@ -370,6 +397,19 @@ class ProxyHandler(Service):
         client.set_sink(pipe.from_client)
         conn.transport.resume_reading()
         await pipe.run()
+
+
+def _hop_names(req, tokens: bytes) -> frozenset[bytes] | set[bytes]:
+    """The fields a request's Connection options (`tokens`, its field lines joined by
+    commas) make hop-by-hop. HandlerError(400), and the client connection closed
+    after it, when an option is not a token or names a field in NEVER_HOP_BY_HOP."""
+    if tokens in PLAIN_CONNECTION:
+        return _NO_NAMES                        # the usual values, without splitting
+    names = {t.strip(b" \t").lower() for t in tokens.split(b",")}
+    if not names.isdisjoint(NEVER_HOP_BY_HOP) or b"".join(names).translate(None, _TOKEN_BYTES):
+        req.keep_alive = False
+        raise HandlerError(400, "Connection option refused")
+    return names - _PLAIN_OPTIONS
 
 
 class Pipe:

@@ -36,9 +36,11 @@ from nestgate.responses import SERVER_LINE, STATUS_LINES, status_line
 
 WRITE_HIGH_WATER = 64 * 1024
 PENDING_HIGH_WATER = 256 * 1024   # response bytes held for a non-HTTP/1.1 client
-# Bytes an upstream may send before its response head is complete (nginx answers 502
-# "upstream sent too big header" past proxy_buffer_size, 4-8 KiB; apps with large
-# cookies need more). httptools holds an unfinished header line, so this bounds it.
+# Bytes of response head an upstream may send, interim responses and the blank line
+# included; past it the answer is 502 (nginx answers so, "upstream sent too big
+# header", past proxy_buffer_size, 4-8 KiB; apps with large cookies need more).
+# Checked while a head arrives (httptools holds an unfinished header line, so this
+# bounds it) and again when it is complete, since a head can arrive in one read.
 UPSTREAM_HEAD_MAX = 64 * 1024
 
 # Response headers never forwarded: hop-by-hop ones, and those the engine writes itself.
@@ -54,8 +56,8 @@ _KIND_BY_LOWER.update({b"content-length": LENGTH, b"transfer-encoding": CHUNKED,
 # The same, keyed by names as upstreams spell them (they repeat): one lookup per header.
 _KINDS: dict[bytes, int] = {}
 _KINDS_LIMIT = 1024
-# Connection header values that name no other header.
-_PLAIN_CONNECTION = frozenset((b"keep-alive", b"close", b"Keep-Alive", b"Close"))
+# Connection header values, as usually spelt, that name no header to drop.
+PLAIN_CONNECTION = frozenset((b"keep-alive", b"close", b"Keep-Alive", b"Close"))
 
 # Response heads as read (status line and header lines, without the blank line) ->
 # what `_read_head` made of them. An upstream repeats its heads byte for byte (a
@@ -68,6 +70,10 @@ _HEAD_MEMO_MAX = 2048             # longer heads (large cookies) are read every 
 
 class UpstreamOverrun(Exception):
     """The upstream sent bytes after the response it owed."""
+
+
+class UpstreamHeadTooLarge(Exception):
+    """The upstream's response head is longer than UPSTREAM_HEAD_MAX."""
 
 
 # How an exchange ended badly: a status while nothing went to the client yet.
@@ -372,6 +378,8 @@ class Exchange:
         buf = self.head_buf
         start = self.head_start
         end = buf.find(b"\r\n\r\n", start)
+        if end + 4 > UPSTREAM_HEAD_MAX:
+            raise UpstreamHeadTooLarge       # before a byte of it went out: 502 (`_parse`)
         self.status = status
         if status < 200 and status != 101:
             self.head_start = end + 4           # interim (100, 103): not forwarded
@@ -528,7 +536,7 @@ def _read_head(head: bytes, status: int, keep_alive: bool) -> tuple:
             tokens = value if tokens is None else tokens + b"," + value
         elif kind == UPGRADE:
             upgrade = value
-    if tokens is not None and tokens not in _PLAIN_CONNECTION:
+    if tokens is not None and tokens not in PLAIN_CONNECTION:
         names = {t.strip().lower() for t in tokens.split(b",")} - {b"close", b"keep-alive", b""}
         if names:
             kept = [line for line in kept if line.partition(b":")[0].lower() not in names]

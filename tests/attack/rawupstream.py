@@ -1,0 +1,157 @@
+"""An upstream that shows what the proxy's bytes really say.
+
+`RawUpstream` is a plain socket server on 127.0.0.1:0 (a thread per connection).
+Each connection is read by one strict parser (httptools) for its whole life, as a
+real upstream reads it: bytes the proxy sends past the request it meant are read
+as further requests, and recorded, instead of being lost with a per-request
+parser. Every request is answered `200` with its own target as the body, so a
+client that gets someone else's answer can tell.
+
+A target `/head/N` is answered with a response head of exactly N bytes (blank line
+included), for the proxy's response-head limit. `proxy_toml` is the config of a
+nestgate in front of it.
+"""
+
+from __future__ import annotations
+
+import socket
+import textwrap
+import threading
+import time
+
+import httptools
+
+QUIET_S = 0.05          # no byte for this long: the proxy has sent all it will
+SETTLE_LIMIT_S = 3.0
+
+
+class _Message:
+    """httptools callbacks for one connection: each request, as it completes."""
+
+    def __init__(self, upstream: RawUpstream, conn: socket.socket, number: int) -> None:
+        self.upstream = upstream
+        self.conn = conn
+        self.number = number
+        self.current: dict | None = None
+
+    def on_message_begin(self) -> None:
+        self.current = {"conn": self.number, "target": "", "headers": [], "body": b""}
+
+    def on_url(self, url: bytes) -> None:
+        self.current["target"] += url.decode("latin-1")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.current["headers"].append((name.decode("latin-1").lower(),
+                                        value.decode("latin-1")))
+
+    def on_body(self, body: bytes) -> None:
+        self.current["body"] += body
+
+    def on_message_complete(self) -> None:
+        record, self.current = self.current, None
+        self.upstream.record(record)
+        target = record["target"].encode("latin-1")
+        if target.startswith(b"/head/"):
+            self.conn.sendall(_head_of(int(target[6:])))
+            return
+        self.conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%b"
+                          % (len(target), target))
+
+
+def _head_of(size: int) -> bytes:
+    """A 200 response whose head (status line to blank line) is `size` bytes."""
+    start = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-fill: "
+    end = b"\r\n\r\n"
+    return start + b"f" * (size - len(start) - len(end)) + end + b"ok"
+
+
+class RawUpstream:
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.requests: list[dict] = []
+        self.connections = 0
+        self.last_byte = time.monotonic()
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def record(self, request: dict) -> None:
+        with self._lock:
+            self.requests.append(request)
+
+    def take(self) -> list[dict]:
+        """The requests recorded since the last call, once the proxy has gone quiet.
+        Absence can only be shown by waiting: bytes the proxy wrote may still be in
+        flight when its answer reaches the client, so this waits until no byte has
+        come for QUIET_S (at most SETTLE_LIMIT_S)."""
+        deadline = time.monotonic() + SETTLE_LIMIT_S
+        while time.monotonic() < deadline and time.monotonic() - self.last_byte < QUIET_S:
+            time.sleep(QUIET_S / 2)
+        with self._lock:
+            taken, self.requests = self.requests, []
+        return taken
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.sock.close()
+        for thread in self._threads:
+            thread.join(2)
+
+    def _accept(self) -> None:
+        while not self._stopping:
+            try:
+                conn, _addr = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            thread = threading.Thread(target=self._serve, args=(conn, self.connections),
+                                      daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket, number: int) -> None:
+        conn.settimeout(0.1)
+        parser = httptools.HttpRequestParser(_Message(self, conn, number))
+        with conn:
+            while not self._stopping:
+                try:
+                    data = conn.recv(65536)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                self.last_byte = time.monotonic()
+                try:
+                    parser.feed_data(data)
+                except httptools.HttpParserUpgrade:
+                    return          # answered as a plain request; the rest is not HTTP
+                except (httptools.HttpParserError, OSError):
+                    return
+
+
+def proxy_toml(url: str, listeners: str = "", routes: str = "") -> str:
+    """One worker on 127.0.0.1:0 forwarding everything to `url`, with `listeners`
+    (TOML listen tables) and `routes` (more proxy routes, longest prefix wins)."""
+    return textwrap.dedent(f"""
+        [server]
+        workers = 1
+
+        [[listen]]
+        address = "127.0.0.1:0"
+        """) + textwrap.dedent(listeners) + textwrap.dedent(f"""
+        [[site]]
+        hosts = ["*"]
+
+        [[site.route]]
+        prefix = "/"
+        type = "proxy"
+        upstream = "{url}"
+        """) + textwrap.dedent(routes)
