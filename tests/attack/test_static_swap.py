@@ -17,26 +17,9 @@ from collections import Counter
 import pytest
 
 from nestgate.handlers.static import NotFound, StaticFiles
+from test_static import serve
 
 SWAP_SECONDS = 3.0
-
-SITE = """
-[server]
-workers = 1
-
-[[listen]]
-address = "127.0.0.1:0"
-
-[[site]]
-hosts = ["*"]
-
-[[site.route]]
-prefix = "/"
-type = "static"
-root = "{root}"
-listing = true
-cache_bytes = 0
-"""
 
 
 def _release(root, n: int) -> str:
@@ -89,7 +72,8 @@ def _hammer(port: int, stop: threading.Event, statuses: Counter) -> None:
 def test_no_500_while_symlinks_are_swapped(start_server, tmp_path):
     root = tmp_path / "public"
     root.mkdir()
-    server = start_server(SITE.format(root=root))
+    # Nothing cached: every request walks the path on disk, where the race is.
+    server = serve(start_server, root, "listing = true\ncache_bytes = 0")
     stop = threading.Event()
     swaps, statuses = Counter(), Counter()
     threads = [threading.Thread(target=_swap, args=(root, stop, swaps), daemon=True)]
