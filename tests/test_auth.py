@@ -160,6 +160,20 @@ def test_password_hashes_and_passwd_command():
     assert out.returncode == 0 and verify_password(out.stdout.strip(), "s3cret")
 
 
+@pytest.mark.parametrize("piped, code, printed", [("s3cret\n", 0, ""),
+                                                  ("\n", 1, "empty password"),
+                                                  ("", 1, "empty password")])
+def test_passwd_reads_a_pipe_without_a_prompt(piped, code, printed):
+    """`echo s3cret | nestgate passwd` (no --stdin): stdin is not a terminal."""
+    out = subprocess.run([sys.executable, "-m", "nestgate", "passwd"], input=piped,
+                         capture_output=True, text=True, env=_env(), cwd=REPO, timeout=30,
+                         start_new_session=True)       # no controlling terminal either
+    assert out.returncode == code and "Traceback" not in out.stderr, out.stderr
+    assert printed in out.stderr
+    if code == 0:
+        assert verify_password(out.stdout.strip(), piped.strip())
+
+
 def test_totp_rfc6238_vectors():
     secret = "GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ"        # "12345678901234567890"
     assert totp.now_code(secret, 59) == "287082"
