@@ -58,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         print(f"{config.source}: ok ({len(config.listeners)} listeners, "
               f"{len(config.sites)} sites)")
+        # Told, not failed: the usual holder of the address is the running nestgate
+        # this config is checked for, and its reload keeps its sockets.
+        from nestgate.supervisor import unavailable_addresses
+        for problem in unavailable_addresses(config):
+            print(f"nestgate: warning: {problem}: `serve` would fail on it now "
+                  "(a running nestgate's reload keeps its own sockets)", file=sys.stderr)
         return 0
     try:
         return Supervisor(config, args.config, args.listen, args.workers).run()
