@@ -17,6 +17,7 @@ from collections import Counter
 import pytest
 
 from nestgate.handlers.static import NotFound, StaticFiles
+from nestgate.routetypes import StaticOptions
 from test_static import serve
 
 SWAP_SECONDS = 3.0
@@ -97,10 +98,7 @@ def test_no_500_while_symlinks_are_swapped(start_server, tmp_path):
 # ------------------------------------------------------------ between the checks
 
 def _files(root) -> StaticFiles:
-    options = {"root": str(root), "index": "index.html", "listing": True,
-               "cache_bytes": 0, "cache_file_max": 1 << 20, "sendfile_min": 1 << 20,
-               "precompressed": True, "cache_control": "", "recheck": 1.0, "warm": False}
-    return StaticFiles(options, "/")
+    return StaticFiles(StaticOptions(str(root), listing=True, cache_bytes=0), "/")
 
 
 @pytest.mark.parametrize("error", [FileNotFoundError(2, "gone"), OSError(22, "not a link"),
