@@ -55,6 +55,7 @@ totp = "{TOTP_SECRET}"
 [[site]]
 hosts = ["private.test"]
 protected = true
+health = true                    # tests ask /api/v1/health which worker answers
 {site_extra}
 
 [[site.route]]

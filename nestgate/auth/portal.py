@@ -43,6 +43,7 @@ from nestgate.auth import totp
 from nestgate.auth.passwords import verify_password
 from nestgate.auth.store import token_hash
 from nestgate.clock import CLOCK
+from nestgate.handlers import settle
 from nestgate.routing import host_name
 
 LOGIN_PATH = "/__auth__/login"
@@ -86,7 +87,11 @@ def cookies(headers) -> dict[str, str]:
 
 
 async def answer_with(handler, request) -> None:
-    """Let `handler` answer `request`, whichever kind it is."""
+    """Let `handler` answer `request`, whichever kind it is: a route that chooses by
+    the client (GATED) or may have a ready answer (PEEK) is settled first, as the
+    engine settles it when no session check stands in between."""
+    handler = settle(handler, request.connection, request.path, request.method,
+                     request.headers)
     if handler.is_async:
         request.handler = handler
         await handler.handle(request)
