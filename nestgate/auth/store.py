@@ -94,10 +94,6 @@ class Store:
     def add_failure(self, ip: str) -> None:
         self.db.execute("INSERT INTO failures (ip, at) VALUES (?, ?)", (ip, time.time()))
 
-    def take_attempt(self, ip: str, window: float, limit: int) -> bool:
-        """`take_sign_in` for an address alone: True when the attempt may go ahead."""
-        return self.take_sign_in(ip, window, limit) == 0.0
-
     def take_sign_in(self, ip: str, window: float, limit: int, user: str = "",
                      delays: tuple[int, float, float] = (0, 0.0, 0.0),
                      trusted: bool = False) -> float:
