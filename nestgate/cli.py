@@ -60,7 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         return report_config_problems(exc)
     if args.command == "check":
-        warnings = config_warnings(config)
+        from nestgate.supervisor import unavailable_addresses
+        # An address that cannot be bound now is told, not failed: its usual holder is
+        # the running nestgate this config is checked for, whose reload keeps its sockets.
+        warnings = config_warnings(config) + [
+            f"{problem}: `serve` would fail on it now (a running nestgate's reload keeps "
+            "its own sockets)" for problem in unavailable_addresses(config)]
         for warning in warnings:
             print(f"nestgate: warning: {warning}", file=sys.stderr)
         print(f"{config.source}: ok ({len(config.listeners)} listeners, "

@@ -77,6 +77,7 @@ class Listener:
     https_port: int = 443
     http2: bool = True                      # TLS listeners offer h2 by ALPN
     proxy_protocol_from: tuple[str, ...] = ()   # peers that may send a PROXY header
+    key: str = ""                           # where it was set: "listen[0].address", "--listen"
 
     @property
     def tls(self) -> bool:
@@ -447,7 +448,8 @@ def _read_listener(s: _Section) -> Listener:
                         redirect_https=s.bool("redirect_https", False),
                         https_port=s.int("https_port", 443, 1, 65535),
                         http2=s.bool("http2", True),
-                        proxy_protocol_from=s.get("proxy_protocol_from", (), _cidr_list, ""))
+                        proxy_protocol_from=s.get("proxy_protocol_from", (), _cidr_list, ""),
+                        key=f"{s.file}: {s.key('address')}")
     if listener.tls and listener.redirect_https:
         s.fail("redirect_https", "false on a TLS listener (it would redirect to itself)")
     s.check_unknown()
@@ -481,6 +483,9 @@ def _proxies_root(routes) -> bool:
 
 def _read_site(s: _Section, index: int) -> Site:
     hosts = s.strings("hosts", ("*",))
+    if not hosts:
+        # An empty list would make a site no request can reach, silently.
+        s.fail("hosts", "at least one host name (\"*\" for every Host)", [])
     for h in hosts:
         if h != "*" and (not h or " " in h or "/" in h or h.count("*") > 1
                          or ("*" in h and not h.startswith("*."))):
@@ -736,7 +741,8 @@ def with_overrides(config: Config, listen: list[str] | None = None,
         if problems:
             raise ConfigError(problems)
         kept = tuple(l for l in config.listeners if l.tls)
-        listeners = tuple(Listener(h, p) for h, p in addresses) + kept
+        listeners = tuple(Listener(h, p, key=f"--listen {v!r}")
+                          for (h, p), v in zip(addresses, listen)) + kept
         names = [f"--listen {v!r}" for v in listen] + [f"TLS listener {l.host}:{l.port}"
                                                         for l in kept]
         clashes = [f"{names[j]}: expected an address {names[i]} does not already take"

@@ -281,7 +281,7 @@ class Supervisor:
         try:
             added = self.bind(config)
         except OSError as exc:
-            say(f"reload refused, the running config stays: cannot bind: {exc}")
+            say(f"reload refused, the running config stays: {exc}")
             return
         try:
             gen = self.start_generation(config)
@@ -365,7 +365,18 @@ class StateError(OSError):
     """Shared state that cannot be set up: the server cannot start (or reload)."""
 
 
-def _listen(listener) -> socket.socket:
+class BindError(OSError):
+    """A listener that cannot be bound, named where the config (or --listen) sets it."""
+
+    def __init__(self, listener, exc: OSError) -> None:
+        host = f"[{listener.host}]" if ":" in listener.host else listener.host
+        reason = exc.strerror or str(exc)
+        super().__init__(f"{listener.key or 'listener'}: cannot bind {host}:{listener.port} "
+                         f"({reason})")
+
+
+def _bound(listener) -> socket.socket:
+    """A socket bound to the listener's address (BindError naming it if it cannot be)."""
     family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -373,6 +384,18 @@ def _listen(listener) -> socket.socket:
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((listener.host, listener.port))
+    except OSError as exc:
+        sock.close()
+        raise BindError(listener, exc) from exc
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _listen(listener) -> socket.socket:
+    sock = _bound(listener)
+    try:
         sock.listen(1024)
         sock.setblocking(False)
     except BaseException:
@@ -380,6 +403,21 @@ def _listen(listener) -> socket.socket:
         raise
     say(f"listening on {listener.scheme}://{_address(sock)}")
     return sock
+
+
+def unavailable_addresses(config: Config) -> list[str]:
+    """For `check`: each listener whose address cannot be bound right now (taken by
+    another program, or by a running nestgate, whose reload keeps its own sockets;
+    a port below 1024 without the right to it). Port 0 always binds."""
+    problems = []
+    for listener in config.listeners:
+        if listener.port == 0:
+            continue
+        try:
+            _bound(listener).close()
+        except BindError as exc:
+            problems.append(str(exc))
+    return problems
 
 
 def _address(sock: socket.socket) -> str:

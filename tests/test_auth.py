@@ -20,7 +20,7 @@ from conftest import REPO, _env
 from nestgate.auth import totp
 from nestgate.auth.passwords import hash_password, verify_password
 from nestgate.auth.portal import safe_next
-from nestgate.auth.store import Store
+from nestgate.auth.store import ACCOUNT_MEMORY, Store, account_delay
 from test_access import ask, v1
 from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
 
@@ -55,6 +55,7 @@ totp = "{TOTP_SECRET}"
 [[site]]
 hosts = ["private.test"]
 protected = true
+health = true                    # tests ask /api/v1/health which worker answers
 {site_extra}
 
 [[site.route]]
@@ -158,6 +159,20 @@ def test_password_hashes_and_passwd_command():
                          input="s3cret\n", capture_output=True, text=True, env=_env(),
                          cwd=REPO, timeout=30)
     assert out.returncode == 0 and verify_password(out.stdout.strip(), "s3cret")
+
+
+@pytest.mark.parametrize("piped, code, printed", [("s3cret\n", 0, ""),
+                                                  ("\n", 1, "empty password"),
+                                                  ("", 1, "empty password")])
+def test_passwd_reads_a_pipe_without_a_prompt(piped, code, printed):
+    """`echo s3cret | nestgate passwd` (no --stdin): stdin is not a terminal."""
+    out = subprocess.run([sys.executable, "-m", "nestgate", "passwd"], input=piped,
+                         capture_output=True, text=True, env=_env(), cwd=REPO, timeout=30,
+                         start_new_session=True)       # no controlling terminal either
+    assert out.returncode == code and "Traceback" not in out.stderr, out.stderr
+    assert printed in out.stderr
+    if code == 0:
+        assert verify_password(out.stdout.strip(), piped.strip())
 
 
 def test_totp_rfc6238_vectors():
@@ -349,6 +364,53 @@ def test_totp_steps_recorded_once_across_store_handles(tmp_path):
     assert row.fetchone() == (102,)
     for s in (a, b, *stores):
         s.close()
+
+
+def test_account_delay_shared_by_store_handles(tmp_path, monkeypatch):
+    """Failures at one account through one worker's handle hold back attempts through
+    another's, whatever the address; the account's known address and its own session
+    pass; a success starts the count again."""
+    path = str(tmp_path / "state.db")
+    a, b = Store(path), Store(path)
+    clock = [1000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    delays = (2, 10.0, 40.0)                     # 2 free, then 10 s doubling up to 40 s
+
+    def attempt(store, ip, trusted=False):
+        return store.take_sign_in(ip, 60.0, 5, "demo", delays, trusted)
+    b.signed_in("demo", "2001:db8:1:2::5")       # a known /64
+    assert attempt(a, "192.0.2.1") == 0.0 and attempt(b, "192.0.2.2") == 0.0
+    assert attempt(a, "192.0.2.3") == 10.0       # the third waits, recording nothing
+    clock[0] += 4
+    assert attempt(b, "192.0.2.4") == 6.0
+    assert attempt(b, "192.0.2.4", trusted=True) == 0.0         # its own session
+    assert attempt(a, "2001:db8:1:2:aaaa::1") == 0.0            # the known /64
+    clock[0] += 19
+    assert attempt(a, "192.0.2.5") == 40.0 - 19                 # 4 failures: capped
+    clock[0] += 21
+    assert attempt(a, "192.0.2.5") == 0.0
+    assert a.account_wait("other", clock[0], delays) == 0.0     # each account its own
+    b.signed_in("demo", "192.0.2.5")
+    assert attempt(a, "192.0.2.6") == 0.0 and attempt(a, "192.0.2.7") == 0.0
+    clock[0] += ACCOUNT_MEMORY                   # a day of quiet: forgotten
+    assert attempt(b, "192.0.2.8") == 0.0
+    assert account_delay(60_000, delays) == 40.0
+    for s in (a, b):
+        s.close()
+
+
+def test_account_delay_config():
+    from nestgate.config import ConfigError, parse_config
+    user = {"name": "x", "password": PASSWORD_HASH}
+    cfg = parse_config({"listen": [{"address": "127.0.0.1:0"}],
+                        "auth": {"store": ":memory:", "user": [user]}}).auth
+    assert cfg.account_delays == (3, 1.0, 900.0)
+    with pytest.raises(ConfigError) as info:
+        parse_config({"listen": [{"address": "127.0.0.1:0"}],
+                      "auth": {"store": ":memory:", "user": [user], "account_delay": "0s",
+                               "account_delay_max": "1s", "account_failures": -1}})
+    shown = "\n".join(info.value.problems)
+    assert "auth.account_delay:" in shown and "auth.account_failures:" in shown
 
 
 PAGE_HEADERS = ("content-type", "cache-control", "x-frame-options", "referrer-policy",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -108,6 +109,27 @@ def test_check_accepts_a_good_file(tmp_path):
     path.write_text('[[listen]]\naddress = "127.0.0.1:8080"\n')
     result = run_check("--config", str(path))
     assert result.returncode == 0 and "ok" in result.stdout
+
+
+def test_check_says_when_a_listener_address_is_taken(tmp_path):
+    path = tmp_path / "nestgate.toml"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        path.write_text(f'[[listen]]\naddress = "127.0.0.1:0"\n'
+                        f'[[listen]]\naddress = "127.0.0.1:{port}"\n')
+        result = run_check("--config", str(path))
+    # Still valid (a running nestgate holds its own address while it is checked).
+    assert result.returncode == 0 and "ok" in result.stdout
+    assert f"{path}: listen[1].address: cannot bind 127.0.0.1:{port} " \
+        "(Address already in use)" in result.stderr
+    assert "listen[0]" not in result.stderr
+
+
+def test_a_site_without_hosts_is_refused():
+    problems = problems_of({"listen": [{"address": "127.0.0.1:0"}],
+                            "site": [{"hosts": ["*"]}, {"hosts": []}]})
+    assert problems == ["site.toml: site[1].hosts: expected at least one host name "
+                        "(\"*\" for every Host), got []"]
 
 
 def test_check_reads_nestgate_toml_from_the_working_directory(tmp_path):

@@ -174,6 +174,34 @@ def test_bad_slug_and_json(start_server, notes):
     assert status == 422 and body["field"] == "page"
 
 
+def test_slug_with_trailing_slashes_is_not_a_note(start_server, notes):
+    server = serve(start_server, notes)
+    port = server.port()
+    for path in ("/api/v1/notes/x/", "/api/v1/notes/x//", "/api/v1/notes/first/"):
+        status, _, body = call(port, "PUT", path, {"title": "t", "body": "x"})
+        assert status == 404, (path, body)
+        assert call(port, "GET", path)[0] == 404
+        assert call(port, "DELETE", path)[0] == 404
+    assert not (notes / "x.md").exists() and (notes / "first.md").exists()
+    assert call(port, "GET", "/api/v1/notes/first")[0] == 200
+
+
+def test_summary_is_limited(start_server, notes):
+    server = serve(start_server, notes, max_bytes="1MiB")
+    port = server.port()
+    status, _, body = call(port, "PUT", "/api/v1/notes/long",
+                           {"title": "t", "body": "x", "summary": "s" * 500_000})
+    assert status == 422 and body["field"] == "summary", body
+    note = "---\ntitle: T\nsummary: " + "s" * 1001 + "\n---\n\nx\n"
+    status, _, body = call(port, "PUT", "/api/v1/notes/long", note.encode(),
+                           headers={"Content-Type": "text/markdown"})
+    assert status == 422 and body["field"] == "summary", body
+    assert not (notes / "long.md").exists()
+    status, _, body = call(port, "PUT", "/api/v1/notes/long",
+                           {"title": "t", "body": "x", "summary": "s" * 1000})
+    assert status == 201 and len(body["summary"]) == 1000
+
+
 def test_oversize_body_is_413(start_server, notes):
     server = serve(start_server, notes, max_bytes="1KiB")
     status, _, body = call(server.port(), "PUT", "/api/v1/notes/big",

@@ -166,6 +166,19 @@ def test_listing_when_enabled(start_server, root):
     assert b"&lt;b&gt;.txt" in body and b"<b>" not in body
 
 
+def test_listing_hides_symlinks_that_lead_outside(start_server, root, tmp_path):
+    (tmp_path / "private-keys").mkdir()
+    (tmp_path / "secret-plans.txt").write_text("x")
+    (root / "empty" / "keys").symlink_to(tmp_path / "private-keys")
+    (root / "empty" / "plans.txt").symlink_to(tmp_path / "secret-plans.txt")
+    (root / "empty" / "css").symlink_to(root / "style.css")        # inside: listed
+    server = serve(start_server, root, 'listing = true')
+    status, _, body = get(server.port(), "/empty/")
+    assert status == 200 and b'href="css"' in body and b'href="a.txt"' in body
+    for hidden in (b"keys", b"plans"):
+        assert hidden not in body
+
+
 def test_change_and_delete_seen_soon(start_server, root):
     server = serve(start_server, root, recheck="100ms")
     port = server.port()

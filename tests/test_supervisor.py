@@ -282,9 +282,30 @@ def test_reload_that_cannot_bind_every_listener_keeps_none_of_them(start_server,
         mark = len(server.lines)
         server.signal(signal.SIGHUP)
         line = server.wait_for("listening on http://127.0.0.2:", start=mark)
-        assert "cannot bind" in server.wait_for("reload refused", start=mark)
+        refused = server.wait_for("reload refused", start=mark)
+        assert f"nestgate.toml: listen[1].address: cannot bind 127.0.0.1:" \
+            f"{taken.getsockname()[1]} (Address already in use)" in refused
     assert refuses("127.0.0.2", int(line.rsplit(":", 1)[1]))
     assert answers("127.0.0.1", server.port()) == b"one"
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_a_start_that_cannot_bind_names_the_address_and_the_key(tmp_path, flag):
+    path = tmp_path / "nestgate.toml"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        config = CONFIG.format(log=tmp_path / "a.log", body="x")
+        args = ["--listen", address] if flag else []
+        if not flag:
+            config = config.replace("127.0.0.1:0", address)
+        path.write_text(config)
+        result = subprocess.run([sys.executable, "-m", "nestgate", "serve", "--config",
+                                 str(path), *args], env=_env(), capture_output=True,
+                                text=True, timeout=30)
+    where = f"--listen '{address}'" if flag else f"{path}: listen[0].address"
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr == f"nestgate: cannot start: {where}: cannot bind {address} " \
+        "(Address already in use)\n"
 
 
 def supervisor_with_fake_workers(monkeypatch):

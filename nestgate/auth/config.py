@@ -26,7 +26,16 @@ class AuthConfig:
     ip_grant: float = 0.0                   # after sign-in, allow the visitor's IP this long
     max_failures: int = 5                   # failed sign-ins per IP ...
     failure_window: float = 60.0            # ... within this window -> 429
+    # Per account, whatever the address: after `account_failures` failures in a row,
+    # each attempt waits `account_delay` after the last, doubling up to the most.
+    account_failures: int = 3
+    account_delay: float = 1.0
+    account_delay_max: float = 900.0
     title: str = "Sign in"                  # shown on the sign-in page
+
+    @property
+    def account_delays(self) -> tuple[int, float, float]:
+        return self.account_failures, self.account_delay, self.account_delay_max
 
     def user(self, name: str) -> User | None:
         for user in self.users:
@@ -70,6 +79,9 @@ def read_auth(s) -> AuthConfig | None:
         ip_grant=s.duration("ip_grant", d.ip_grant),
         max_failures=s.int("max_failures", d.max_failures, 1, 10_000),
         failure_window=s.duration("failure_window", d.failure_window),
+        account_failures=s.int("account_failures", d.account_failures, 0, 10_000),
+        account_delay=s.positive_duration("account_delay", d.account_delay),
+        account_delay_max=s.positive_duration("account_delay_max", d.account_delay_max),
         title=s.str("title", d.title),
     )
     if not cfg.cookie_name or not all(c.isalnum() or c in "_-" for c in cfg.cookie_name):
@@ -80,6 +92,8 @@ def read_auth(s) -> AuthConfig | None:
         parent = os.path.dirname(cfg.store)
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
             s.fail("store", "a file in a writable directory", store)
+    if cfg.account_delay_max < cfg.account_delay:
+        s.fail("account_delay_max", "a duration at least account_delay")
     if cfg.session_ttl <= 0:
         s.fail("session_ttl", "a duration above zero")
     s.check_unknown()

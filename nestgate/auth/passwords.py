@@ -32,15 +32,23 @@ def passwd_main(argv: list[str]) -> int:
         prog="nestgate passwd",
         description="Print an argon2 hash of a password, for [[auth.user]] password = ...")
     parser.add_argument("--stdin", action="store_true",
-                        help="read the password from the first line of stdin (no prompt)")
+                        help="read the password from the first line of stdin (no prompt; "
+                        "the default when stdin is not a terminal)")
     parser.add_argument("--totp", metavar="USER",
                         help="also print a new TOTP secret and its otpauth:// URI for USER")
     args = parser.parse_args(argv)
-    if args.stdin:
+    # Piped in (`echo ... | nestgate passwd`): read the line, as --stdin does; getpass
+    # would prompt on a terminal it cannot find, then fail at the end of the input.
+    if args.stdin or not sys.stdin.isatty():
         password = sys.stdin.readline().rstrip("\r\n")
     else:
-        password = getpass.getpass("Password: ")
-        if getpass.getpass("Again: ") != password:
+        try:
+            password = getpass.getpass("Password: ")
+            again = getpass.getpass("Again: ")
+        except (EOFError, KeyboardInterrupt):
+            print("\nnestgate passwd: no password given", file=sys.stderr)
+            return 1
+        if again != password:
             print("nestgate passwd: the passwords differ", file=sys.stderr)
             return 1
     if not password:

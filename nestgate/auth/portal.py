@@ -13,6 +13,14 @@ site cannot end a session with an <img>. After sign-in the visitor goes back to
 `next`, which must be a path on this Host (never `//elsewhere` or a scheme): no
 open redirect.
 
+Guessing: every attempt counts as a failure of its client address and of the account
+named (a configured one) until it succeeds, checked and recorded in one transaction of
+the shared store. An address gets `max_failures` per `failure_window`; an account,
+whatever the addresses, `account_failures` in a row, then waits `account_delay` after
+each, doubling up to `account_delay_max`. The account's delay does not hold back an
+address it signed in from before, nor a request carrying its own live session: an
+outsider can slow the owner down only where the owner has never signed in.
+
 TOTP: a code is accepted once. The step it belongs to must be later than the last
 step the user signed in with, checked and recorded in one statement of the shared
 store, so a code seen over a shoulder or in a proxy log is worth nothing, on any
@@ -26,6 +34,7 @@ import hashlib
 import hmac
 import html
 import json
+import math
 import secrets
 import time
 from urllib.parse import parse_qs, quote
@@ -34,6 +43,7 @@ from nestgate.auth import totp
 from nestgate.auth.passwords import verify_password
 from nestgate.auth.store import token_hash
 from nestgate.clock import CLOCK
+from nestgate.handlers import settle
 from nestgate.routing import host_name
 
 LOGIN_PATH = "/__auth__/login"
@@ -77,7 +87,11 @@ def cookies(headers) -> dict[str, str]:
 
 
 async def answer_with(handler, request) -> None:
-    """Let `handler` answer `request`, whichever kind it is."""
+    """Let `handler` answer `request`, whichever kind it is: a route that chooses by
+    the client (GATED) or may have a ready answer (PEEK) is settled first, as the
+    engine settles it when no session check stands in between."""
+    handler = settle(handler, request.connection, request.path, request.method,
+                     request.headers)
     if handler.is_async:
         request.handler = handler
         await handler.handle(request)
@@ -113,6 +127,11 @@ class SignIn:
         if hit is not None and hit[1] > CLOCK.wall and CLOCK.now - hit[2] < RECHECK:
             return inner
         return SessionCheck(self, inner, hashed)
+
+    async def cookie_user(self, request) -> str | None:
+        """The user whose live session the request's cookie carries, if any."""
+        token = cookies(request.headers).get(self.cfg.cookie_name)
+        return await self.session_user(token_hash(token)) if token else None
 
     async def session_user(self, hashed: bytes) -> str | None:
         found = await self.state.run("session", hashed)
@@ -276,14 +295,19 @@ class LoginPage(_FormPath):
         signin = self.signin
         cfg, state, client = signin.cfg, signin.state, request.client
         next_url = safe_next(form.get("next"))
+        user = cfg.user(form.get("user", ""))
+        # Only the configured accounts are counted: a made-up name signs in nowhere,
+        # and counting it would let guessed names grow the store.
+        account = user.name if user else ""
+        trusted = bool(account) and await signin.cookie_user(request) == account
         # Counted before the password is checked: concurrent guesses cannot all pass.
-        if not await state.run("take_attempt", client, cfg.failure_window, cfg.max_failures):
-            await request.send(429, [(b"retry-after", b"%d" % int(cfg.failure_window)),
+        wait = await state.run("take_sign_in", client, cfg.failure_window, cfg.max_failures,
+                               account, cfg.account_delays, trusted)
+        if wait > 0:
+            await request.send(429, [(b"retry-after", b"%d" % math.ceil(wait)),
                                      (b"content-type", b"text/plain")],
                                b"too many failed sign-ins; try again later\n")
             return
-        user_name = form.get("user", "")
-        user = cfg.user(user_name)
         loop = asyncio.get_running_loop()
         ok = await loop.run_in_executor(None, verify_password,
                                         user.password if user else None,
@@ -309,7 +333,7 @@ class LoginPage(_FormPath):
         hashed = token_hash(token)
         expires = time.time() + cfg.session_ttl
         await state.run("create_session", hashed, user, expires, client)
-        await state.run("clear_failures", client)
+        await state.run("signed_in", user, client)
         signin._sessions[hashed] = (user, expires, CLOCK.now)
         if cfg.ip_grant > 0 and client:
             await state.run("add_allow", client, cfg.ip_grant, f"signed in: {user}")

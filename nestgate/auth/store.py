@@ -1,5 +1,6 @@
-"""The state every worker shares: sessions, failed sign-ins, the last TOTP step each
-user signed in with, dynamic allow entries.
+"""The state every worker shares: sessions, failed sign-ins (per address and per
+account), the addresses each user signed in from, the last TOTP step each user signed
+in with, dynamic allow entries.
 
 One SQLite file (WAL, so readers never wait for the writer) opened by each worker.
 The supervisor creates and migrates it once (`prepare_store`) before any worker
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import re
 import secrets
 import sqlite3
@@ -40,7 +42,13 @@ CREATE TABLE IF NOT EXISTS allow (
     id INTEGER PRIMARY KEY, cidr TEXT NOT NULL, expires REAL NOT NULL,
     comment TEXT NOT NULL DEFAULT '', created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS totp_used (user TEXT PRIMARY KEY, step INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS account_failures (
+    user TEXT PRIMARY KEY, failures INTEGER NOT NULL, last REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS known_addresses (
+    user TEXT NOT NULL, ip TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (user, ip));
 """
+ACCOUNT_MEMORY = 24 * 3600.0   # an account's failures are forgotten after a day of none
+KNOWN_FOR = 90 * 24 * 3600.0   # an address a user signed in from stays known this long
 
 
 SCHEMA_NAMES = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", _SCHEMA))
@@ -109,18 +117,55 @@ class Store:
     def add_failure(self, ip: str) -> None:
         self.db.execute("INSERT INTO failures (ip, at) VALUES (?, ?)", (ip, time.time()))
 
-    def take_attempt(self, ip: str, window: float, limit: int) -> bool:
-        """Count a sign-in attempt as a failure until it succeeds (`clear_failures`);
-        False, recording nothing, when `ip` already has `limit` in the window. One
-        transaction, so guesses sent together cannot all pass before any is counted."""
+    def take_sign_in(self, ip: str, window: float, limit: int, user: str = "",
+                     delays: tuple[int, float, float] = (0, 0.0, 0.0),
+                     trusted: bool = False) -> float:
+        """Count a sign-in attempt as a failure of `ip` and, when `user` is given, of
+        that account, until it succeeds (`signed_in`). 0.0 when it may go ahead; else
+        the seconds to wait, recording nothing: `ip` already has `limit` failures in
+        the window, or the account is within its delay (`account_wait`) and the
+        attempt is neither `trusted` (the account's own session) nor from an address
+        the account signed in from. One transaction, so guesses sent together cannot
+        all pass before any is counted."""
         self.db.execute("BEGIN IMMEDIATE")
         try:
             if self.failures(ip, window) >= limit:
-                return False
+                return window
+            if user:
+                now = time.time()
+                if not trusted and not self.known_address(user, ip, now):
+                    wait = self.account_wait(user, now, delays)
+                    if wait > 0:
+                        return wait
+                self.db.execute(
+                    "INSERT INTO account_failures (user, failures, last) VALUES (?, 1, ?) "
+                    "ON CONFLICT (user) DO UPDATE SET last = excluded.last, failures = "
+                    "CASE WHEN last > ? THEN failures + 1 ELSE 1 END",
+                    (user, now, now - ACCOUNT_MEMORY))
             self.add_failure(ip)
-            return True
+            return 0.0
         finally:
             self.db.execute("COMMIT")
+
+    def account_wait(self, user: str, now: float, delays: tuple[int, float, float]) -> float:
+        row = self.db.execute("SELECT failures, last FROM account_failures WHERE user = ? "
+                              "AND last > ?", (user, now - ACCOUNT_MEMORY)).fetchone()
+        return 0.0 if row is None else account_delay(row[0], delays) - (now - row[1])
+
+    def known_address(self, user: str, ip: str, now: float) -> bool:
+        return ip != "" and self.db.execute(
+            "SELECT 1 FROM known_addresses WHERE user = ? AND ip = ? AND at > ?",
+            (user, address_key(ip), now - KNOWN_FOR)).fetchone() is not None
+
+    def signed_in(self, user: str, ip: str) -> None:
+        """A sign-in succeeded: both counts start again, and `ip` is one of the user's
+        known addresses."""
+        with self.db:
+            self.clear_failures(ip)
+            self.db.execute("DELETE FROM account_failures WHERE user = ?", (user,))
+            if ip:
+                self.db.execute("INSERT OR REPLACE INTO known_addresses (user, ip, at) "
+                                "VALUES (?, ?, ?)", (user, address_key(ip), time.time()))
 
     def clear_failures(self, ip: str) -> None:
         self.db.execute("DELETE FROM failures WHERE ip = ?", (ip,))
@@ -156,6 +201,30 @@ class Store:
             self.db.execute("DELETE FROM sessions WHERE expires <= ?", (now,))
             self.db.execute("DELETE FROM allow WHERE expires <= ?", (now,))
             self.db.execute("DELETE FROM failures WHERE at <= ?", (now - keep_failures,))
+            self.db.execute("DELETE FROM account_failures WHERE last <= ?",
+                            (now - ACCOUNT_MEMORY,))
+            self.db.execute("DELETE FROM known_addresses WHERE at <= ?", (now - KNOWN_FOR,))
+
+
+def account_delay(failures: int, delays: tuple[int, float, float]) -> float:
+    """Seconds an account waits after its last failure, with `failures` in a row:
+    none for the first `free`, then `base`, doubling up to `most`."""
+    free, base, most = delays
+    if failures < free or base <= 0:
+        return 0.0
+    return min(most, base * 2.0 ** min(failures - free, 64))
+
+
+def address_key(ip: str) -> str:
+    """What a known address is remembered as: an IPv4 address, or the /64 of an IPv6
+    one (privacy addresses change within it every day)."""
+    try:
+        parsed = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    if parsed.version == 6:
+        return str(ipaddress.ip_network(f"{parsed}/64", strict=False))
+    return str(parsed)
 
 
 def prepare_store(path: str) -> None:

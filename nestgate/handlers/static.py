@@ -15,7 +15,9 @@ Path safety: hidden segments (".git") are refused; the path is resolved with
 `realpath` and must stay inside the resolved root; the file is opened with
 O_NOFOLLOW and, after opening, /proc/self/fd confirms what was opened is inside the
 root and is a regular file, so a directory swapped for a symlink between the check
-and the open cannot lead outside.
+and the open cannot lead outside. A name that vanishes or changes kind between two of
+these steps (a deploy renaming a symlink over, removing the old release) is a 404,
+never an error. A listing leaves out symlinks that lead outside the root.
 
 This module must not block the loop: every open/stat/read runs in the executor.
 """
@@ -468,7 +470,13 @@ class StaticFiles:
         return ("file", real, st)
 
     def _contained(self, path: str) -> str:
-        real = os.path.realpath(path)
+        # realpath lstat()s a name and then readlink()s it: a symlink renamed over, or
+        # a release directory removed, in between is ENOENT or EINVAL. Either way the
+        # name names nothing servable at this moment: 404, as a later request would get.
+        try:
+            real = os.path.realpath(path)
+        except OSError:
+            raise NotFound() from None
         if real != self.root and not real.startswith(self._root_slash):
             raise NotFound()
         return real
@@ -557,17 +565,28 @@ class StaticFiles:
         return tuple(sigs) == entry.signature and sigs[0] is not None
 
     def _listing(self, real: str, path: str) -> bytes:
-        names = []
-        with os.scandir(real) as entries:
-            for item in entries:
-                if item.name.startswith("."):
-                    continue
-                names.append(item.name + ("/" if item.is_dir() else ""))
-        names.sort()
+        try:
+            names = sorted(self._listed_names(real))
+        except OSError:                        # the directory went away after _locate
+            raise NotFound() from None
         title = html.escape(path)
         rows = "".join(f'<li><a href="{quote(n)}">{html.escape(n)}</a></li>' for n in names)
         return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>"
                 f"</head><body><h1>{title}</h1><ul>{rows}</ul></body></html>\n").encode()
+
+    def _listed_names(self, real: str):
+        """Names a listing shows: not hidden, and not a symlink leading out of the
+        root (its name alone tells what lies outside, and a click would be a 404)."""
+        with os.scandir(real) as entries:
+            for item in entries:
+                if item.name.startswith("."):
+                    continue
+                if item.is_symlink():
+                    try:
+                        self._contained(item.path)
+                    except NotFound:
+                        continue
+                yield item.name + ("/" if item.is_dir() else "")
 
     def warm(self) -> None:
         """Load small files into the cache before serving (runs before the loop serves)."""

@@ -8,8 +8,10 @@
 
 A body is JSON ({"title", "body", "date", "tags", "draft", "summary", "slug"}) or, with
 `Content-Type: text/markdown`, a note file as it would be on disk (front matter +
-Markdown). Bad input -> 422 naming the field; a body over `max_note_bytes` -> 413; no
-or a wrong token -> 401; a failed write -> 507 (disk full) or 500, the old note intact.
+Markdown). Bad input -> 422 naming the field (a summary over SUMMARY_MAX characters
+included); a path other than `{api}/{slug}` exactly (`{slug}/`) -> 404; a body over
+`max_note_bytes` -> 413; no or a wrong token -> 401; a failed write -> 507 (disk full)
+or 500, the old note intact.
 The token is compared in constant time and never logged. CORS: the configured origins,
 with preflight answered without a token (browsers send none).
 """
@@ -28,6 +30,7 @@ TOKEN_ENV = "NESTGATE_NOTES_TOKEN"
 JSON = "application/json"
 _FIELDS = {"slug", "title", "body", "date", "tags", "draft", "summary"}
 _MAX_PER_PAGE = 100
+SUMMARY_MAX = 1000             # characters
 
 
 class ApiError(Exception):
@@ -115,6 +118,10 @@ class NotesApi:
                 return answer
             raise ApiError(405, "method not allowed", headers=[("allow", self._allowed())])
         slug = request.params["slug"]
+        if request.path != self._location(slug):
+            # The route's pattern ignores trailing slashes ("x/", "x//"): only the one
+            # spelling is a note's address, so one note never answers at several.
+            raise ApiError(404, "not a note's address: no slash after the slug")
         if method in (b"GET", b"HEAD"):
             note = await loop.run_in_executor(None, self.store.read, slug) \
                 if SLUG.match(slug) else None
@@ -188,6 +195,10 @@ class NotesApi:
             raise ApiError(exc.status, str(exc)) from None
 
     def _validated(self, slug: str, meta: dict, body: str):
+        summary = meta.get("summary")
+        if isinstance(summary, str) and len(summary) > SUMMARY_MAX:
+            # Lists and the feed repeat every summary: a long one multiplies there.
+            raise ApiError(422, f"summary is at most {SUMMARY_MAX} characters", "summary")
         try:
             return make_note(slug, meta, body)
         except BadNote as exc:
