@@ -35,18 +35,17 @@ from urllib.parse import quote
 
 from nestgate.clock import CLOCK
 from nestgate.handlers import PEEK
-from nestgate.responses import (CLOSE, CONNECTION_ENDINGS, KEEP_ALIVE, KEEP_ALIVE_EXPLICIT,
-                                SERVER_LINE, STATUS_LINES, Prebuilt, header_block, html_page,
-                                status_line)
+from nestgate.responses import (CONNECTION_ENDINGS, SERVER_LINE, STATUS_LINES, Prebuilt,
+                                header_block, html_page, status_line)
 from nestgate.sendwatch import cut
 
 _READ_CHUNK = 256 * 1024
 _SENDFILE_CHUNK = 4 * 1024 * 1024
 _ENCODINGS = (("br", ".br"), ("gzip", ".gz"))   # preference order
-# Request headers that change the answer for a cached file; any other header is skipped
-# with one set lookup in `peek`.
-_CONDITIONAL = frozenset((b"if-none-match", b"if-modified-since", b"range", b"if-range",
-                          b"accept-encoding"))
+# Request headers that change the answer for a cached file, each with its slot in
+# `_conditional_headers`; any other header is skipped with one dict lookup in `peek`.
+_CONDITIONAL = {b"if-none-match": 0, b"if-modified-since": 1, b"range": 2, b"if-range": 3,
+                b"accept-encoding": 4}
 _ACCEPT_MEMO_MAX = 256
 
 _TYPES = {
@@ -100,22 +99,7 @@ class Bodiless:
 
 async def send_ready(request, response) -> None:
     """Answer an async request with a ready response (Prebuilt or Bodiless) in one write."""
-    send_prebuilt = getattr(request, "send_prebuilt", None)
-    if send_prebuilt is not None:
-        await send_prebuilt(response)
-        return
-    conn = request.connection
-    if conn.ctx.draining:
-        request.keep_alive = False
-    mode = CLOSE if not request.keep_alive else \
-        (KEEP_ALIVE if request.version == "1.1" else KEEP_ALIVE_EXPLICIT)
-    data = response.render(mode, request.head_only)
-    request.started = request.finished = True
-    request.status = response.status
-    request.sent = len(data)
-    conn.write(data)
-    if conn.write_paused:
-        await conn.drain()
+    await request.send_prebuilt(response)
 
 
 class NotFound(Exception):
@@ -704,10 +688,6 @@ def parse_range(value: bytes, size: int):
     if start >= size:
         return False
     return start, min(end, size - 1)
-
-
-_CONDITIONAL = {b"if-none-match": 0, b"if-modified-since": 1, b"range": 2, b"if-range": 3,
-                b"accept-encoding": 4}
 
 
 def _conditional_headers(headers) -> list:
