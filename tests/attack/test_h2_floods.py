@@ -4,6 +4,7 @@ soon, and another client is answered while it runs."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from h2raw import (
@@ -20,7 +21,8 @@ from hyperframe.frame import PriorityFrame
 from test_e2e_core import TEMPLATE, tls_block
 
 ENHANCE_YOUR_CALM = 0xB
-FLOOD_SECONDS = 6.0
+FLOOD_SECONDS = 3.0
+GOAWAY_WITHIN = 2.0
 
 
 def ping(_conn):
@@ -45,14 +47,19 @@ def priority(conn):
     return frames(PriorityFrame(stream, depends_on=0, stream_weight=16), 2000)
 
 
-def others_answered(port: int, cafile: str, tries: int = 3) -> int:
-    """Fresh clients asking for a page while the flood runs: how many got it."""
+def others_answered(port: int, cafile: str, until: float, tries: int = 3) -> int:
+    """Fresh clients asking for a page while the flood runs (before `until`): how
+    many got it in time."""
     answered = 0
     for _ in range(tries):
+        left = min(1.0, until - time.monotonic())
+        if left <= 0:
+            break
         try:
-            conn = RawH2(port, cafile, timeout=3)
+            conn = RawH2(port, cafile, timeout=left)
             stream = conn.request(get())
-            if conn.answers([stream], timeout=3)[stream].status == 200:
+            answer = conn.answers([stream], timeout=left)[stream]
+            if answer.status == 200 and time.monotonic() < until:
                 answered += 1
             conn.close()
         except OSError:
@@ -60,26 +67,41 @@ def others_answered(port: int, cafile: str, tries: int = 3) -> int:
     return answered
 
 
+def attack(port: int, cafile: str, make, seconds: float) -> list:
+    """Flood, and on each GOAWAY connect again and go on, for `seconds`: how long each
+    connection lasted (None: it never ended) and the GOAWAY code it got."""
+    ends, until = [], time.monotonic() + seconds
+    while time.monotonic() < until:
+        conn = RawH2(port, cafile)
+        took = flood(conn, make(conn), GOAWAY_WITHIN)
+        ends.append((took, conn.goaway and conn.goaway.error_code, conn.received))
+        conn.close()
+        if took is None:
+            break
+    return ends
+
+
 @pytest.mark.parametrize("make", [ping, settings, empty_data, window_update, priority])
 def test_a_frame_flood_ends_with_enhance_your_calm_and_others_are_served(
         make, start_server, certs):
     server = start_server(TEMPLATE.format(tls=tls_block(certs)))
     port = server.port("https")
-    attacker = RawH2(port, certs["ca"])
-    chunk = make(attacker)
     result = {}
-    thread = threading.Thread(
-        target=lambda: result.update(took=flood(attacker, chunk, FLOOD_SECONDS)))
+    thread = threading.Thread(target=lambda: result.update(
+        ends=attack(port, certs["ca"], make, FLOOD_SECONDS)))
     thread.start()
     try:
-        answered = others_answered(port, certs["ca"])
+        # While the attack goes on: one connection flooding for GOAWAY_WITHIN, or a
+        # stream of new ones each cut off at once.
+        answered = others_answered(port, certs["ca"], time.monotonic() + GOAWAY_WITHIN - 0.2)
     finally:
-        thread.join(FLOOD_SECONDS + 5)
-        attacker.close()
-    took = result.get("took")
-    print(f"{make.__name__}: GOAWAY after {took}, others answered {answered}/3, "
-          f"frames read {attacker.received}")
-    assert took is not None and took < 2.0, "no GOAWAY within the flood"
-    assert attacker.goaway is not None and attacker.goaway.error_code == ENHANCE_YOUR_CALM
+        thread.join(FLOOD_SECONDS + 10)
+    ends = result["ends"]
+    took = [t for t, _code, _n in ends if t is not None]
+    print(f"{make.__name__}: {len(ends)} connections, GOAWAY after "
+          f"{max(took) if took else None} s at most, codes {[c for _t, c, _n in ends][:20]}, "
+          f"others answered {answered}/3, frames read on the first {ends[0][2]}")
+    assert ends and all(t is not None for t, _c, _n in ends), "a flood went on"
+    assert all(code == ENHANCE_YOUR_CALM for _t, code, _n in ends)
     assert answered == 3
     assert "Traceback" not in "\n".join(server.lines)
