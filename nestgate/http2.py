@@ -14,7 +14,8 @@ consumes it, so a slow handler holds back the client instead of buffering; respo
 data waits for the client's window. A handler that reads its body from somewhere
 asks `room` first, so it reads nothing ahead of the window (ROOM_MIN past a small
 one) and a connection's streams together hold at most OUTPUT_BUDGET unsent; no
-frame is written while the transport is over its high-water mark.
+DATA frame of a streamed answer is written while the transport is over its
+high-water mark.
 
 Malformed requests (bad fields, missing or repeated pseudo-fields, connection-
 specific fields, a Host other than :authority) are checked here, not by h2, so they
