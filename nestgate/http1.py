@@ -277,6 +277,12 @@ class Request:
         if conn.write_paused:
             await conn.wait_writable()
 
+    async def room(self, wanted: int) -> int:
+        """How many body bytes to produce next, at most `wanted`, for a handler that
+        reads them from somewhere (a file): HTTP/1.1 has no window, `write` waits for
+        the socket, so all of them. HTTP/2 waits for the client's window."""
+        return wanted
+
     def push(self, data: bytes) -> bool:
         """`write` without waiting: True when the client's buffer is full and the caller
         should stop producing until `connection.wait_writable()` returns."""

@@ -11,15 +11,28 @@ task per stream. Streams are independent, so there is no pipelining queue.
 
 Flow control: request body data is acknowledged (window reopened) as the handler
 consumes it, so a slow handler holds back the client instead of buffering; response
-data waits for the client's window.
+data waits for the client's window. A handler that reads its body from somewhere
+asks `room` first, so it reads nothing ahead of the window (ROOM_MIN past a small
+one) and a connection's streams together hold at most OUTPUT_BUDGET unsent; no
+DATA frame of a streamed answer is written while the transport is over its
+high-water mark.
 
-Abuse: a stream costs work (a task, maybe an upstream request) before the client can
-cancel it, so streams the client resets before they were answered are counted and
-too many end the connection with GOAWAY(ENHANCE_YOUR_CALM) (rapid reset,
-CVE-2023-44487). A connection carries at most `keepalive_requests` streams; then a
-GOAWAY(NO_ERROR) names the last one and the streams in flight finish. The worker's
-tick resets a stream that waited `send_timeout` for the client's window, or
-`body_timeout` for request body data the handler is ready to take.
+Malformed requests (bad fields, missing or repeated pseudo-fields, connection-
+specific fields, a Host other than :authority) are checked here, not by h2, so they
+cost their stream a 400 and the connection goes on (RFC 9113 8.1.1).
+
+Abuse: `FrameGuard` reads the frame headers of every read before h2 parses it and
+ends the connection with GOAWAY(ENHANCE_YOUR_CALM) on a flood of frames that carry no
+request (PING, SETTINGS, WINDOW_UPDATE, PRIORITY, empty DATA) or a header block past
+`max_header_bytes`, each bound named below. A stream costs work (a task, maybe an
+upstream request) before the client can cancel it, so streams the client resets
+before they were answered are counted and too many end the connection with
+GOAWAY(ENHANCE_YOUR_CALM) (rapid reset, CVE-2023-44487). A connection carries at
+most `keepalive_requests` streams; then a GOAWAY(NO_ERROR) names the last one and the
+streams in flight finish. A fault while handling a read ends only its connection,
+with GOAWAY(INTERNAL_ERROR) and one log line. The worker's tick resets a stream that
+waited `send_timeout` for the client's window, or `body_timeout` for request body
+data the handler is ready to take.
 """
 
 from __future__ import annotations
@@ -27,6 +40,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import re
+import struct
 import time
 
 import h2.config
@@ -74,6 +89,49 @@ _STATUS = {s: str(s).encode() for s in range(100, 600)}
 # with `bytes.translate` leaves the bad ones; it is cheaper than a regular expression.
 _TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _VISIBLE = bytes(range(0x21, 0x7F))
+# Field names are lower-case tokens (RFC 9113 8.2.1); values hold no NUL, CR or LF and
+# neither begin nor end with whitespace (8.2.1). Any other field makes the request
+# malformed: 400 on its stream, never the whole connection (8.1.1).
+_NAME_CHARS = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+_BAD_VALUE = re.compile(rb"[\0\r\n]|\A[ \t]|[ \t]\Z").search
+_PSEUDO = {b":method": 1, b":scheme": 2, b":path": 4, b":authority": 8}   # bits
+
+# Frames a client may send that carry no request. Each costs us work, and PING and
+# SETTINGS an answer, so a flood of them alone can hold a worker: each kind has a
+# bound, passing it ends the connection with GOAWAY(ENHANCE_YOUR_CALM). The frame
+# headers are counted as bytes arrive, before they are parsed, so a flood in one read
+# is stopped before any of it is handled.
+# PING and SETTINGS (each acknowledged): Envoy lets a client leave at most 1000
+# control frames unread (max_outbound_control_frames); we allow that many at once,
+# then 100 a second over the connection's life. A browser sends a handful.
+CONTROL_FRAME_BURST = 1000
+CONTROL_FRAMES_PER_SECOND = 100
+# PRIORITY: Envoy's max_inbound_priority_frames_per_stream (100), per stream opened.
+PRIORITY_FRAMES_PER_STREAM = 100
+# WINDOW_UPDATE: Envoy's max_inbound_window_update_frames_per_data_frame_sent (10):
+# a client opens windows for what we send it, so at most 5 + 2 x (streams opened +
+# 10 x DATA frames sent) of them, as Envoy counts.
+WINDOW_UPDATES_PER_DATA_FRAME = 10
+# DATA, HEADERS and CONTINUATION frames with nothing in them and no END_STREAM move
+# nothing forward: Envoy's max_consecutive_inbound_frames_with_empty_payload (1).
+EMPTY_FRAMES_IN_A_ROW = 1
+# One header block (HEADERS and its CONTINUATION frames) is held whole until it ends:
+# it may take `max_header_bytes`, the SETTINGS_MAX_HEADER_LIST_SIZE we advertise (a
+# list within it never encodes larger: each field counts 32 bytes more there than its
+# literal costs), plus padding (256), a priority (5) and table-size updates.
+HEADER_BLOCK_SLACK = 256 + 5 + 16
+# Response body read ahead of the client's window (`H2Request.room`): a stream may
+# read a frame's worth past a small window, nothing at all with none, and all streams
+# of a connection together hold at most OUTPUT_BUDGET bytes not yet sent.
+ROOM_MIN = 16 * 1024
+OUTPUT_BUDGET = 1024 * 1024
+
+_PREFACE_BYTES = 24                # "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_FRAME_HEAD = struct.Struct(">IBI")   # length (24 bits) and type; flags; stream id
+_DATA, _HEADERS, _PRIORITY, _SETTINGS = 0x0, 0x1, 0x2, 0x4        # frame types
+_PING, _WINDOW_UPDATE, _CONTINUATION = 0x6, 0x8, 0x9
+_END_STREAM = _ACK = 0x1
+_END_HEADERS = 0x4
 
 
 class ALPNSwitch:
@@ -135,6 +193,105 @@ def h2_headers(response) -> list[tuple[bytes, bytes]]:
     return headers
 
 
+def _field_problem(headers, authority: bytes) -> str | None:
+    """Why a request's regular fields make it malformed (RFC 9113 8.2), or None."""
+    for name, value in headers:
+        if not name or name.translate(None, _NAME_CHARS):
+            return "field name is not a lower-case token"
+        if _BAD_VALUE(value):
+            return "field value with NUL, CR, LF or surrounding whitespace"
+        if name in _CONNECTION_HEADERS:
+            return "connection-specific field"                       # 8.2.2
+        if name == b"te" and value.lower() != b"trailers":
+            return "te other than trailers"                         # 8.2.2
+        if name == b"host" and authority and value.lower() != authority.lower():
+            return "host differs from :authority"                   # 8.3.1
+    return None
+
+
+class FrameGuard:
+    """Counts what a client's frames cost before they are parsed: bytes in, the
+    reason to end the connection out (or None). It reads only the 9-byte frame
+    headers, so it runs in front of any frame engine and costs a few operations per
+    frame; the payloads are left to the engine."""
+
+    __slots__ = ("skip", "partial", "born", "block_limit", "last_stream", "opened",
+                 "data_sent", "control", "priorities", "window_updates", "empty", "block")
+
+    def __init__(self, max_header_bytes: int, now: float) -> None:
+        self.skip = _PREFACE_BYTES     # payload bytes of the frame under way
+        self.partial = b""             # a frame header split between reads
+        self.born = now
+        self.block_limit = max_header_bytes + HEADER_BLOCK_SLACK
+        self.last_stream = self.opened = 0
+        self.data_sent = 0             # DATA frames we sent (the connection counts)
+        self.control = self.priorities = self.window_updates = self.empty = 0
+        self.block = 0                 # bytes of the header block under way
+
+    def feed(self, data: bytes, now: float) -> str | None:
+        if self.partial:
+            data, self.partial = self.partial + data, b""
+        pos, end = self.skip, len(data)
+        unpack = _FRAME_HEAD.unpack_from
+        while pos + 9 <= end:
+            head, flags, stream = unpack(data, pos)
+            length, kind = head >> 8, head & 0xFF
+            pos += 9 + length
+            if kind == _DATA:
+                why = self._payload(length, flags & _END_STREAM)
+            elif kind == _HEADERS or kind == _CONTINUATION:
+                why = self._header_frame(kind, flags, stream & 0x7FFFFFFF, length)
+            elif kind == _PING or kind == _SETTINGS:
+                why = None if flags & _ACK else self._control(now)
+            elif kind == _WINDOW_UPDATE:
+                self.window_updates += 1
+                why = "WINDOW_UPDATE flood" if self.window_updates > 5 + 2 * (
+                    self.opened + WINDOW_UPDATES_PER_DATA_FRAME * self.data_sent) else None
+            elif kind == _PRIORITY:
+                self.priorities += 1
+                why = "PRIORITY flood" if self.priorities > \
+                    PRIORITY_FRAMES_PER_STREAM * (1 + self.opened) else None
+            else:
+                continue
+            if why is not None:
+                return why
+        if pos >= end:
+            self.skip = pos - end
+        else:
+            self.skip, self.partial = 0, data[pos:]
+        return None
+
+    def _payload(self, length: int, ends: int) -> str | None:
+        if length:
+            self.empty = 0
+        elif not ends:
+            self.empty += 1
+            if self.empty > EMPTY_FRAMES_IN_A_ROW:
+                return "empty frame flood"
+        return None
+
+    def _header_frame(self, kind: int, flags: int, stream: int, length: int) -> str | None:
+        if kind == _HEADERS:
+            self.block = 0
+            if stream > self.last_stream:
+                self.last_stream = stream
+                self.opened += 1
+        self.block += length
+        if self.block > self.block_limit:
+            return "header block over max_header_bytes"
+        if flags & _END_HEADERS:
+            self.block = 0
+            return self._payload(length, 1)
+        return self._payload(length, flags & _END_STREAM and kind == _HEADERS)
+
+    def _control(self, now: float) -> str | None:
+        self.control += 1
+        if self.control > CONTROL_FRAME_BURST and self.control > \
+                CONTROL_FRAME_BURST + CONTROL_FRAMES_PER_SECOND * (now - self.born):
+            return "PING/SETTINGS flood"
+        return None
+
+
 class _StreamFlow:
     """What `Body` needs from its connection, for one stream."""
 
@@ -168,7 +325,7 @@ class _StreamFlow:
 class H2Request(Request):
     """A Request whose answer goes out as HEADERS and DATA frames on one stream."""
 
-    __slots__ = ("stream_id", "flow", "logged")
+    __slots__ = ("stream_id", "flow", "logged", "granted")
 
     def start(self, status: int, headers, content_length: int | None = None) -> None:
         pairs = [(n.encode("latin-1") if isinstance(n, str) else n,
@@ -212,6 +369,15 @@ class H2Request(Request):
             await conn.wait_sent(self.stream_id)
         else:
             await conn.send_data(self.stream_id, data)
+        if self.granted:
+            conn.release(self, len(data))
+
+    async def room(self, wanted: int) -> int:
+        # Nothing is read ahead of the client's window (beyond ROOM_MIN) nor past the
+        # connection's OUTPUT_BUDGET: a client that grants no window holds no data.
+        granted = await self.connection.room(self.stream_id, wanted)
+        self.granted += granted
+        return granted
 
     def push(self, data: bytes) -> bool:
         # Frames need the client's window: queue them (in order) and tell the caller
@@ -270,11 +436,15 @@ class HTTP2Connection:
         self._sent_waiters: dict[int, list[asyncio.Future]] = {}
         self._end_after: set[int] = set()
         self._writable: asyncio.Future | None = None
-        # Inbound headers are validated (strict parsing); outbound ones are built here
-        # from prebuilt responses or checked upstream headers, and h2's per-header
+        self._guard = FrameGuard(self.limits.max_header_bytes, CLOCK.now)
+        self._granted = 0                  # body bytes `room` let handlers hold unsent
+        self._budget: asyncio.Future | None = None   # woken when some are sent
+        # Inbound fields are validated in `_request`, where a malformed one costs its
+        # stream only (h2 would end the connection). Outbound ones are built here from
+        # prebuilt responses or checked upstream headers, and h2's per-header
         # validation of them would cost more than the rest of the request.
         config = h2.config.H2Configuration(client_side=False, header_encoding=None,
-                                           validate_inbound_headers=True,
+                                           validate_inbound_headers=False,
                                            validate_outbound_headers=False,
                                            normalize_outbound_headers=False)
         self.h2 = h2.connection.H2Connection(config=config)
@@ -309,6 +479,8 @@ class HTTP2Connection:
         for waiter in list(self._window_waiters.values()) + [self._writable]:
             if waiter is not None and not waiter.done():
                 waiter.set_exception(ConnectionResetError("client went away"))
+        if self._budget is not None and not self._budget.done():
+            self._budget.set_result(None)        # `room` sees the transport closed
 
     def pause_writing(self) -> None:
         # The client is not taking what we send: stop reading from it too, or the
@@ -335,8 +507,7 @@ class HTTP2Connection:
             if self.transport is None or self.transport.is_closing():
                 raise ConnectionResetError("client went away")
             if self.write_paused:
-                self._writable = self.loop.create_future()
-                await self._writable
+                await self._until_writable()
             else:
                 await self.wait_sent(next(iter(self.outboxes)))
 
@@ -348,12 +519,31 @@ class HTTP2Connection:
     # ------------------------------------------------------------ events
     def data_received(self, data: bytes) -> None:
         self._stalled = 0.0            # keepalive_timeout counts idle time only
+        why = self._guard.feed(data, CLOCK.now)
+        if why is not None:
+            self._calm(why)
+            return
         try:
             events = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError:
             self.flush()              # h2 has queued GOAWAY with the error code
             self.transport.close()
             return
+        except Exception as exc:
+            self._fault(exc)
+            return
+        try:
+            self._handle(events)
+        except Exception as exc:
+            self._fault(exc)
+
+    def _fault(self, exc: Exception) -> None:
+        # A fault of ours costs only this connection, ended with a GOAWAY, and leaves
+        # one line in the log rather than a traceback per connection.
+        log.error("HTTP/2 connection from %s ended by an internal error: %r", self.peer, exc)
+        self._end(h2.errors.ErrorCodes.INTERNAL_ERROR)
+
+    def _handle(self, events) -> None:
         # h2 handles every frame of `data` before we see an event: a GOAWAY behind
         # requests in the same read has closed the connection for sending already,
         # so those requests cannot be answered (h2 would raise) and are dropped.
@@ -367,7 +557,10 @@ class HTTP2Connection:
                 if event.stream_id in refused:
                     self._reset(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
                 elif answerable:
-                    self._request(event)
+                    try:
+                        self._request(event)
+                    except h2.exceptions.StreamClosedError:
+                        pass           # reset (or closed by h2) in this same read
             elif kind is h2.events.DataReceived:
                 self._data(event)
             elif kind is h2.events.StreamEnded:
@@ -379,7 +572,7 @@ class HTTP2Connection:
                 self._window_opened(event.stream_id)
             elif kind is h2.events.StreamReset:
                 if self._client_reset(event.stream_id):
-                    self._calm()
+                    self._calm(f"reset {self._wasted} of {self._opened} streams")
                     return
             elif kind is h2.events.ConnectionTerminated:
                 self.transport.close()
@@ -413,11 +606,14 @@ class HTTP2Connection:
         wasted = self._wasted
         return wasted >= RESET_CAP or (wasted > RESET_ALLOWANCE and 2 * wasted > self._opened)
 
-    def _calm(self) -> None:
-        log.warning("HTTP/2 client %s reset %d of %d streams: connection closed",
-                    self.peer, self._wasted, self._opened)
+    def _calm(self, why: str) -> None:
+        log.warning("HTTP/2 client %s: %s: connection closed", self.peer, why)
+        self._end(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+
+    def _end(self, code) -> None:
+        """GOAWAY(`code`), then close: the streams in flight are dropped."""
         try:
-            self.h2.close_connection(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+            self.h2.close_connection(code)
         except h2.exceptions.ProtocolError:
             pass
         self.flush()
@@ -434,22 +630,28 @@ class HTTP2Connection:
         self._opened += 1
         if self._opened >= self.limits.keepalive_requests and self._last_stream == _NO_GOAWAY:
             self._goaway_after(stream_id)
-        method = raw_target = authority = b""
+        method = raw_target = authority = host = b""
         headers = []
-        size = 0
+        size = found = 0
+        bad = None
         for name, value in event.headers:
             size += len(name) + len(value)
             if name[:1] == b":":
-                if name == b":method":
+                # A request's pseudo-fields, each once, before the others (8.3).
+                bit = _PSEUDO.get(name, 0)
+                if not bit or bit & found or headers:
+                    bad = f"pseudo-field {name[:20]!r} unknown, repeated or late"
+                found |= bit
+                if bit == 1:
                     method = value
-                elif name == b":path":
+                elif bit == 4:
                     raw_target = value
-                elif name == b":authority":
+                elif bit == 8:
                     authority = value
             else:
                 headers.append((name, value))
-                if name == b"host" and not authority:
-                    authority = value
+                if name == b"host":
+                    host = value
         if self.xff_trusted:
             # Per request: streams of one connection may carry different clients, and
             # each client decides whether its requests are logged (the proxy's own
@@ -461,6 +663,11 @@ class HTTP2Connection:
             self.logging = ctx.access_log is not None and ctx.should_log(self.client)
         try:
             # Malformed (RFC 9113 8.1.1): 400 on this stream, the connection goes on.
+            bad = bad or _field_problem(headers, authority) or \
+                (None if found & 7 == 7 else ":method, :scheme or :path missing")
+            authority = authority or host
+            if bad is not None:
+                raise RequestError(400, bad)
             if not method or method.translate(None, _TCHAR):
                 raise RequestError(400, ":method is not a token")
             if raw_target[:1] != b"/":
@@ -497,6 +704,7 @@ class HTTP2Connection:
         req = H2Request(self, handler, route, method, raw_target, qmark, "2", headers,
                         authority, True, t0)
         req.stream_id = stream_id
+        req.granted = 0
         req.flow = _StreamFlow(self, stream_id)
         req.logged = self.logging
         if event.stream_ended is None:
@@ -523,6 +731,7 @@ class HTTP2Connection:
                              end_stream=not body)
         if body and fits:
             self.h2.send_data(stream_id, body, end_stream=True)
+            self._guard.data_sent += 1
         elif body:
             self.loop.create_task(self._send_rest(stream_id, body))
         if self.logging:
@@ -534,8 +743,8 @@ class HTTP2Connection:
         self._sending.add(stream_id)
         try:
             await self.send_data(stream_id, body, end=True)
-        except (ConnectionResetError, h2.exceptions.StreamClosedError):
-            pass
+        except (ConnectionResetError, h2.exceptions.ProtocolError):
+            pass                           # the stream or the connection ended under us
         finally:
             self._sending.discard(stream_id)
         self._idle()
@@ -582,10 +791,11 @@ class HTTP2Connection:
             elif not self.transport.is_closing():
                 try:
                     await req.send_prebuilt(ERRORS.get(status) or ERRORS[500])
-                except (ConnectionResetError, h2.exceptions.StreamClosedError):
+                except (ConnectionResetError, h2.exceptions.ProtocolError):
                     pass
         finally:
             self._streams.pop(req.stream_id, None)
+            self.release(req, req.granted)
         if req.logged:
             self.ctx.access_log.record(req.client, req.method, req.host, req.path, req.status,
                                        req.sent, req._t0, req.headers, req.route)
@@ -608,23 +818,65 @@ class HTTP2Connection:
     async def send_data(self, stream_id: int, data: bytes, end: bool = False) -> None:
         view = memoryview(data)
         while view or end:
+            if self.write_paused:          # before writing: the transport holds one frame
+                await self._until_writable()   # past its high-water mark, at most
             window = min(self.h2.local_flow_control_window(stream_id),
                          self.h2.max_outbound_frame_size)
             if window <= 0 and view:
-                waiter = self._window_waiters[stream_id] = self.loop.create_future()
-                try:
-                    await waiter
-                finally:
-                    self._window_waiters.pop(stream_id, None)
+                await self._wait_window(stream_id)
                 continue
             chunk, view = view[:window], view[window:]
             self.h2.send_data(stream_id, bytes(chunk), end_stream=end and not view)
+            self._guard.data_sent += 1
             self.flush()
             if end and not view:
                 break
+
+    async def room(self, stream_id: int, wanted: int) -> int:
+        """How many body bytes the stream's handler may produce now, at most `wanted`:
+        waits until the client can take some and the connection's OUTPUT_BUDGET allows."""
+        while True:
+            if self.transport.is_closing():
+                raise ConnectionResetError("client went away")
+            budget = OUTPUT_BUDGET - self._granted
             if self.write_paused:
-                self._writable = self.loop.create_future()
-                await self._writable
+                await self._until_writable()
+            elif budget <= 0:
+                if self._budget is None or self._budget.done():
+                    self._budget = self.loop.create_future()
+                await asyncio.shield(self._budget)
+            else:
+                window = self.h2.local_flow_control_window(stream_id)
+                if window > 0:
+                    granted = min(wanted, max(window, ROOM_MIN), budget)
+                    self._granted += granted
+                    return granted
+                await self._wait_window(stream_id)
+
+    def release(self, req: H2Request, sent: int) -> None:
+        """`sent` bytes that `room` granted to `req` are out (or will never be)."""
+        sent = min(sent, req.granted)
+        if sent:
+            req.granted -= sent
+            self._granted -= sent
+            if self._budget is not None and not self._budget.done():
+                self._budget.set_result(None)
+
+    async def _wait_window(self, stream_id: int) -> None:
+        """Until the client opens the stream's window (the tick's `_watch_windows`
+        resets the stream if that takes `send_timeout`)."""
+        waiter = self._window_waiters[stream_id] = self.loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._window_waiters.pop(stream_id, None)
+
+    async def _until_writable(self) -> None:
+        # One future for every sender waiting on the transport; shielded, so that a
+        # sender cancelled while waiting (its stream reset) does not cancel it for all.
+        if self._writable is None or self._writable.done():
+            self._writable = self.loop.create_future()
+        await asyncio.shield(self._writable)
 
     def queue_data(self, stream_id: int, data: bytes) -> None:
         """Send `data` after what is already queued on the stream, as windows allow."""
@@ -644,7 +896,7 @@ class HTTP2Connection:
             if stream_id in self._end_after:
                 self._end_after.discard(stream_id)
                 self.end_stream(stream_id)
-        except (ConnectionResetError, h2.exceptions.StreamClosedError):
+        except (ConnectionResetError, h2.exceptions.ProtocolError):
             self.outboxes.pop(stream_id, None)
             self._end_after.discard(stream_id)
         finally:

@@ -326,3 +326,21 @@ def test_requests_behind_a_trusted_loopback_proxy_are_logged_by_their_client():
     assert pump.exchange(b"GET", b"/hello", headers=[(b"x-forwarded-for", b"127.0.0.1")]) \
         == (200, b"hello\n")
     assert log.clients == [("203.0.113.5", "/hello", 200), ("203.0.113.5", "/echo", 200)]
+
+
+def test_the_frame_guard_reads_frame_headers_split_across_reads():
+    import random
+    from nestgate.http2 import CONTROL_FRAME_BURST, FrameGuard
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + hyperframe.frame.SettingsFrame(0).serialize()
+    ping = hyperframe.frame.PingFrame(0, opaque_data=b"12345678").serialize()
+    data = preface + hyperframe.frame.DataFrame(1, b"x" * 300).serialize() \
+        + ping * (CONTROL_FRAME_BURST - 1)              # with the SETTINGS: all allowed
+    assert FrameGuard(8192, 0.0).feed(data, 0.0) is None
+    assert FrameGuard(8192, 0.0).feed(data + ping, 0.0) == "PING/SETTINGS flood"
+    rng = random.Random(7)
+    guard, pos, why = FrameGuard(8192, 0.0), 0, None
+    while pos <= len(data) and why is None:
+        step_ = rng.randint(1, 40)
+        why = guard.feed((data + ping)[pos:pos + step_], 0.0)
+        pos += step_
+    assert why == "PING/SETTINGS flood" and pos >= len(data) + 1

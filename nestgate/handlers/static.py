@@ -386,8 +386,8 @@ class StaticFiles:
     async def _send_reads(self, request, fd: int, offset: int, length: int) -> None:
         loop = self.loop
         while length > 0:
-            chunk = await loop.run_in_executor(None, os.pread, fd, min(_READ_CHUNK, length),
-                                               offset)
+            size = await request.room(min(_READ_CHUNK, length))
+            chunk = await loop.run_in_executor(None, os.pread, fd, size, offset)
             if not chunk:
                 raise ConnectionAbortedError("file shrank while being sent")
             await request.write(chunk)
