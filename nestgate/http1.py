@@ -380,7 +380,7 @@ class HTTP1Connection(asyncio.Protocol):
         self.decisions = None          # access decisions for this peer (nestgate.access)
         self.xff_trusted = False      # the peer may tell us the client in X-Forwarded-For
         self._sink = None              # after an upgrade: where client bytes go
-        self._upgrade_tail = b""
+        self._upgrade_tail = None      # after an accepted upgrade: the bytes that followed
         self.logging = False
         self._timing = False           # requests are timed: they may be logged
         self.write_paused = False
@@ -530,7 +530,7 @@ class HTTP1Connection(asyncio.Protocol):
     def become_tunnel(self, head: bytes) -> bytes:
         self.state = IDLE
         self.write(head)
-        tail, self._upgrade_tail = self._upgrade_tail, b""
+        tail, self._upgrade_tail = self._upgrade_tail or b"", None
         return tail
 
     def set_sink(self, sink) -> None:
@@ -565,26 +565,6 @@ class HTTP1Connection(asyncio.Protocol):
             return
         if len(data) > FEED_SLICE:
             return self._feed_all(data)
-        self._feed(data, data, 0)
-        if self.write_paused or len(self._queue) > PIPELINE_HIGH:
-            if not self._closing:
-                self._hold(b"")
-
-    def _feed_all(self, data) -> None:
-        """Parse `data` a slice at a time, stopping when answers pile up."""
-        view = memoryview(data)
-        size = len(view)
-        for start in range(0, size, FEED_SLICE):
-            end = start + FEED_SLICE
-            self._feed(view[start:end], view, start)
-            if self._closing:
-                return
-            if self._must_wait():
-                self._hold(view[end:] if end < size else b"")
-                return
-
-    def _feed(self, data, whole, offset: int) -> None:
-        """Parse `data`, which begins `offset` bytes into `whole` (the kept input)."""
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -605,7 +585,7 @@ class HTTP1Connection(asyncio.Protocol):
                     and getattr(req.handler, "upgrades", False)):
                 # Hold the client's next bytes until the handler knows the answer.
                 req.keep_alive = False
-                self._upgrade_tail = bytes(whole[offset + exc.args[0]:])
+                self._upgrade_tail = bytes(data[exc.args[0]:])
                 self.transport.pause_reading()
                 return
             self._close_when_idle()
@@ -614,6 +594,23 @@ class HTTP1Connection(asyncio.Protocol):
             return
         if self.state:
             self._unfinished(len(data))
+        if self.write_paused or len(self._queue) > PIPELINE_HIGH:
+            if not self._closing:
+                self._hold(b"")
+
+    def _feed_all(self, data) -> None:
+        """Parse `data` a slice at a time, stopping when answers pile up."""
+        view = memoryview(data)
+        for start in range(0, len(view), FEED_SLICE):
+            end = start + FEED_SLICE
+            self.data_received(view[start:end])
+            if self._closing:
+                if self._upgrade_tail is not None:     # the tunnel's first bytes
+                    self._upgrade_tail += bytes(view[end:])
+                return
+            if self._held is not None or self._body_paused:
+                self._hold(view[end:])
+                return
 
     def _unfinished(self, size: int) -> None:
         """A read ended inside a request. httptools holds a header or trailer line
