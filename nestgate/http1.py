@@ -18,6 +18,14 @@ requests are parsed and queued (as ready bytes or as waiting `Request`s) and
 run when the one ahead finishes. A request that breaks the protocol or a limit
 queues its error response and the connection closes after it.
 
+A client that pipelines and does not read must not make the worker hold its input:
+reading stops (the unparsed rest of a read is kept, at most one read) while the
+transport holds more than WRITE_HIGH_WATER unsent bytes or more than PIPELINE_HIGH
+answers are queued, and starts again once both are low. Ready answers are queued,
+not written, while the transport is above its mark. The client's socket then fills
+and `send_timeout` counts. Once a request is the last one (`keepalive_requests`,
+`Connection: close`, a drain), nothing after it is parsed: the rest is dropped.
+
 Timeouts cost nothing per request: the worker's tick (a few times a second) asks
 each connection how long it has made no progress in its current state, and
   * reading a request head: `header_timeout`, counted from the first byte and not
@@ -74,6 +82,13 @@ def _learn_spelling(name: bytes) -> tuple[bytes, int | None]:
 
 BODY_HIGH_WATER = 256 * 1024      # pause reading when this much body waits unread
 WRITE_HIGH_WATER = 64 * 1024
+# Pipelining backpressure: reading stops while more than PIPELINE_HIGH answers wait in
+# the queue (or the transport is above WRITE_HIGH_WATER) and starts again at
+# PIPELINE_LOW. A read bigger than FEED_SLICE is parsed a slice at a time, so one read
+# full of tiny requests cannot queue more than a slice's worth before the check.
+PIPELINE_HIGH = 16
+PIPELINE_LOW = 4
+FEED_SLICE = 16 * 1024
 DRAIN_IDLE_GRACE = 1.0            # seconds an idle connection may still send one request
 
 
@@ -343,6 +358,10 @@ class Request:
             self.sent += 5
 
 
+class _AfterLast(Exception):
+    """Raised from `on_url` to stop parsing after the request that ends the connection."""
+
+
 class HTTP1Connection(asyncio.Protocol):
     """One client connection. `ctx` is the listener's `ServerContext`."""
 
@@ -367,12 +386,15 @@ class HTTP1Connection(asyncio.Protocol):
         self.decisions = None          # access decisions for this peer (nestgate.access)
         self.xff_trusted = False      # the peer may tell us the client in X-Forwarded-For
         self._sink = None              # after an upgrade: where client bytes go
-        self._upgrade_tail = b""
+        self._upgrade_tail = None      # after an accepted upgrade: the bytes that followed
         self.logging = False
         self._timing = False           # requests are timed: they may be logged
         self.write_paused = False
         self._drain_waiter: asyncio.Future | None = None
         self._body_paused = False
+        self._held = None              # unparsed input kept while reading is stopped
+        self._release_due = False      # a call to parse `_held` is scheduled
+        self._last_seen = False        # the request that ends the connection is parsed
         self._closing = False        # no more requests are read
         self._requests = 0
         # reading side
@@ -449,6 +471,10 @@ class HTTP1Connection(asyncio.Protocol):
         self.write_paused = False
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_result(None)
+        if self._active is None and self._queue:
+            self._run_queue()             # ready answers that waited for room
+        elif self._held is not None:
+            self._release()
 
     async def wait_writable(self) -> None:
         """Wait until the client's socket buffer is below the high-water mark."""
@@ -471,13 +497,46 @@ class HTTP1Connection(asyncio.Protocol):
     def resume_reading_for_body(self) -> None:
         if self._body_paused:
             self._body_paused = False
-            if not self._closing_transport():
+            if self._held is not None:
+                self._release()
+            elif not self._closing_transport():
                 self.transport.resume_reading()
+
+    def _must_wait(self) -> bool:
+        """Reading stops: answers or body bytes wait for the client or a handler."""
+        return self.write_paused or self._body_paused or len(self._queue) > PIPELINE_HIGH
+
+    def _hold(self, rest) -> None:
+        """Stop reading; `rest` (the unparsed part of a read) is parsed on release."""
+        self._held = rest
+        if not self._closing_transport():
+            self.transport.pause_reading()
+
+    def _release(self) -> None:
+        """Read again once the queue is short and nothing else waits. The kept input
+        is parsed from a fresh call: this may run inside a parser callback."""
+        if self._held is None or self._release_due or self._closing \
+                or self.write_paused or self._body_paused or len(self._queue) > PIPELINE_LOW:
+            return
+        self._release_due = True
+        self.loop.call_soon(self._read_held)
+
+    def _read_held(self) -> None:
+        self._release_due = False
+        held, self._held = self._held, None
+        if held is None or self._closing or self._closing_transport():
+            return
+        if self._must_wait():                  # filled up again meanwhile
+            self._held = held
+            return
+        self.transport.resume_reading()
+        if held:
+            self._feed_all(held)
 
     def become_tunnel(self, head: bytes) -> bytes:
         self.state = IDLE
         self.write(head)
-        tail, self._upgrade_tail = self._upgrade_tail, b""
+        tail, self._upgrade_tail = self._upgrade_tail or b"", None
         return tail
 
     def set_sink(self, sink) -> None:
@@ -507,10 +566,18 @@ class HTTP1Connection(asyncio.Protocol):
             if self._sink is not None:
                 self._sink(data)
             return
+        if self._held is not None:       # came after reading stopped: keep the order
+            self._held = bytes(self._held) + data
+            return
+        if len(data) > FEED_SLICE:
+            return self._feed_all(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
+            if isinstance(cause, _AfterLast):
+                self._closing = True         # answered up to the last; drop the rest
+                return
             status = cause.status if isinstance(cause, RequestError) else 500
             if status == 500:
                 log.exception("request callback failed", exc_info=cause)
@@ -524,7 +591,7 @@ class HTTP1Connection(asyncio.Protocol):
                     and getattr(req.handler, "upgrades", False)):
                 # Hold the client's next bytes until the handler knows the answer.
                 req.keep_alive = False
-                self._upgrade_tail = data[exc.args[0]:]
+                self._upgrade_tail = bytes(data[exc.args[0]:])
                 self.transport.pause_reading()
                 return
             self._close_when_idle()
@@ -533,6 +600,23 @@ class HTTP1Connection(asyncio.Protocol):
             return
         if self.state:
             self._unfinished(len(data))
+        if self.write_paused or len(self._queue) > PIPELINE_HIGH:
+            if not self._closing:
+                self._hold(b"")
+
+    def _feed_all(self, data) -> None:
+        """Parse `data` a slice at a time, stopping when answers pile up."""
+        view = memoryview(data)
+        for start in range(0, len(view), FEED_SLICE):
+            end = start + FEED_SLICE
+            self.data_received(view[start:end])
+            if self._closing:
+                if self._upgrade_tail is not None:     # the tunnel's first bytes
+                    self._upgrade_tail += bytes(view[end:])
+                return
+            if self._held is not None or self._body_paused:
+                self._hold(view[end:])
+                return
 
     def _unfinished(self, size: int) -> None:
         """A read ended inside a request. httptools holds a header or trailer line
@@ -566,6 +650,8 @@ class HTTP1Connection(asyncio.Protocol):
     # _unusual) is put back by on_headers_complete only when it was set.
     def on_url(self, url: bytes) -> None:
         if self.state == IDLE:
+            if self._last_seen:
+                raise _AfterLast()
             self.state = HEAD
             self._headers = []
             self._header_bytes = 0
@@ -681,6 +767,8 @@ class HTTP1Connection(asyncio.Protocol):
         self._requests += 1
         if keep_alive and self._requests >= self._keepalive_requests:
             keep_alive = False               # (drain() makes this every request's case)
+        if not keep_alive:
+            self._last_seen = True           # nothing after this request is parsed
 
         site = self._known_site(host) or self.ctx.router.site_for(host)
         url = self._url
@@ -721,7 +809,7 @@ class HTTP1Connection(asyncio.Protocol):
             kind = handler.is_async
 
         if not kind and not has_body and keep_alive and not self.logging \
-                and self._active is None and not self._queue:
+                and self._active is None and not self._queue and not self.write_paused:
             # The common case, answered from here: a ready response, nothing ahead of it.
             handler.write_to(self.transport, KEEP_ALIVE_EXPLICIT, method == b"HEAD")
             return
@@ -797,7 +885,7 @@ class HTTP1Connection(asyncio.Protocol):
 
     def _answer_sync(self, response, mode, method, path, host, label) -> None:
         head_only = method == b"HEAD"
-        if self._active is None and not self._queue:
+        if self._active is None and not self._queue and not self.write_paused:
             if mode == CLOSE or self.ctx.draining:
                 self._closing = True
                 response.write_to(self.transport, CLOSE, head_only)
@@ -898,11 +986,11 @@ class HTTP1Connection(asyncio.Protocol):
             self._run_queue()
 
     def _run_queue(self) -> None:
-        while self._queue:
+        while self._queue and not self.write_paused:
             item = self._queue.popleft()
             if isinstance(item, Request):
                 self._start(item)
-                return
+                break
             response, mode, head_only = item
             if self.ctx.draining:
                 mode = CLOSE
@@ -912,6 +1000,8 @@ class HTTP1Connection(asyncio.Protocol):
                 self._queue.clear()
                 self.transport.close()
                 return
+        if self._held is not None:
+            self._release()
 
     def _fail(self, status: int) -> None:
         """A protocol error or limit: answer `status` after what is ahead, then close."""

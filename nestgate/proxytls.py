@@ -1,12 +1,21 @@
-"""PROXY protocol on TLS listeners: the header arrives in clear, then the handshake.
+"""The TLS handshake as a stage of its own, and PROXY headers before it.
 
-Load balancers (HAProxy `send-proxy`, AWS NLB) write the PROXY header before the
-client's first TLS byte, so such a listener's server accepts in clear and each
-connection starts as a `ProxyThenTLS`. It reads the header under the plain
-listener's rules (`clientip.take_proxy_header`: only trusted peers may send one,
-optional for them), upgrades the same connection with `loop.start_tls`, and hands
-the TLS transport to the listener's usual protocol (the ALPN switch or HTTP/1.1)
-with the client the header named.
+Every TLS listener's server accepts in clear and each connection starts as a
+`TLSHandshake`: it is counted among the worker's connections from the accept (so
+`max_connections` covers connections that are still handshaking, and one past the
+limit is closed at once), the worker's tick closes it once it has taken
+`header_timeout` (nginx bounds its handshake by `client_header_timeout`), and it
+upgrades the connection with `loop.start_tls`, then hands the TLS transport to the
+listener's usual protocol (the ALPN switch or HTTP/1.1). Left to the event loop, a
+handshake would have uvloop's own deadline (60 s) and be counted nowhere until it
+ended.
+
+Load balancers (HAProxy `send-proxy`, AWS NLB) write a PROXY header before the
+client's first TLS byte. On a listener that takes them the connection starts as a
+`ProxyThenTLS`, which first reads the header under the plain listener's rules
+(`clientip.take_proxy_header`: only trusted peers may send one, optional for them)
+and hands over with the client the header named. The header and the handshake share
+`header_timeout`.
 
 Bytes read after the header are the start of the ClientHello, and `start_tls` takes
 no bytes already read. They are replayed into the TLS protocol it installs from a
@@ -14,10 +23,8 @@ callback scheduled before its own (that protocol's `connection_made`, then the
 transport's `resume_reading`), so they are the first bytes it sees and the socket
 is read again only after them.
 
-Until the hand-over the connection sits in the worker's set, and the tick closes
-it once the header and the handshake together pass `header_timeout`. Nothing is
-ever answered here: with no TLS yet there is no one to say 400 to, so a refused
-header or a failed handshake closes the connection.
+Nothing is ever answered here: with no TLS yet there is no one to say 400 or 503 to,
+so a refused header, a connection past the limit or a failed handshake is closed.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import asyncio
 from nestgate.clientip import ProxyHeaderError, take_proxy_header
 
 
-class ProxyThenTLS(asyncio.Protocol):
+class TLSHandshake(asyncio.Protocol):
     """One connection until its TLS handshake is done. Also the protocol `start_tls`
     reports to until the hand-over, keeping any application data that comes early."""
 
@@ -37,39 +44,45 @@ class ProxyThenTLS(asyncio.Protocol):
         self.protocol_factory = protocol_factory   # the listener's usual TLS protocol
         self.transport = None          # TCP; the worker aborts it at the end of a stop
         self.peer = ""
-        self.source = None             # the client the PROXY header named
-        self._header = b""             # what has come so far; None once the header is read
+        self.source = None             # the client a PROXY header named
+        self._hello = None             # ClientHello bytes read in clear, until start_tls
         self._early = b""              # application data before the hand-over
         self._age = 0.0
         self._task = None              # kept here: the loop holds its tasks weakly
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.peer = self.ctx.client_address(transport.get_extra_info("peername"))
-        self.ctx.connections.add(self)
+        ctx = self.ctx
+        self.peer = ctx.client_address(transport.get_extra_info("peername"))
+        if len(ctx.connections) >= ctx.limits.max_connections:
+            transport.close()          # overload; no TLS yet to say 503 with
+            return
+        ctx.connections.add(self)
+        self.accepted()
+
+    def accepted(self) -> None:
+        """The connection is counted: the handshake begins."""
+        self.handshake(b"")
+
+    def handshake(self, hello: bytes) -> None:
+        """Upgrade to TLS; `hello` is the start of the ClientHello, already read."""
+        self._hello = hello
+        # The rest is for the TLS protocol. (uvloop starts reading after
+        # connection_made even so: what comes until start_tls is kept in `_hello`.)
+        self.transport.pause_reading()
+        self._task = self.ctx.loop.create_task(self._start_tls())
 
     def data_received(self, data: bytes) -> None:
-        if self._header is None:       # from the TLS transport (asyncio sends it early)
+        if self._hello is not None:    # the ClientHello, before start_tls took over
+            self._hello += data
+        else:                          # from the TLS transport (asyncio hands it early)
             self._early += data
-            return
-        buf = self._header + data
-        try:
-            parsed = take_proxy_header(buf, self.peer, self.ctx.proxy_protocol_from)
-        except ProxyHeaderError:
-            self.transport.close()
-            return
-        if parsed is None:
-            self._header = buf
-            return
-        consumed, self.source = parsed
-        self._header = None
-        self.transport.pause_reading()      # the rest is for the TLS protocol
-        self._task = self.ctx.loop.create_task(self._start_tls(buf[consumed:]))
 
-    async def _start_tls(self, hello: bytes) -> None:
+    async def _start_tls(self) -> None:
         loop, tcp = self.ctx.loop, self.transport
         tls = None
-        if not tcp.is_closing():        # not gone since the header came
+        hello, self._hello = self._hello, None
+        if not tcp.is_closing():        # not gone since the accept or the header
             if hello:
                 loop.call_soon(_replay, tcp, hello)
             try:
@@ -93,11 +106,12 @@ class ProxyThenTLS(asyncio.Protocol):
         self._early = b""
 
     def connection_lost(self, exc) -> None:
-        # The TCP connection while reading the header, or the TLS one before the hand-over.
+        # The TCP connection before the handshake, or the TLS one before the hand-over.
         self.ctx.connections.discard(self)
 
     def tick(self, elapsed: float) -> None:
-        """The worker's tick: the header and the handshake share `header_timeout`."""
+        """The worker's tick: the handshake (and any PROXY header) takes at most
+        `header_timeout` from the accept."""
         self._age += elapsed
         transport = self.transport
         if self._age >= self.ctx.limits.header_timeout and transport is not None \
@@ -105,8 +119,33 @@ class ProxyThenTLS(asyncio.Protocol):
             transport.abort()
 
     def drain(self) -> None:
-        """Graceful stop: nothing to do. The header and handshake end within
-        `header_timeout`, and the protocol handed over to sees the drain itself."""
+        """Graceful stop: nothing to do. The handshake ends within `header_timeout`,
+        and the protocol handed over to sees the drain itself."""
+
+
+class ProxyThenTLS(TLSHandshake):
+    """A `TLSHandshake` that first reads a PROXY header in clear."""
+
+    _header = b""                      # what has come so far; None once the header is read
+
+    def accepted(self) -> None:
+        pass                           # the handshake begins once the header is read
+
+    def data_received(self, data: bytes) -> None:
+        if self._header is None:       # from the TLS transport
+            return TLSHandshake.data_received(self, data)
+        buf = self._header + data
+        try:
+            parsed = take_proxy_header(buf, self.peer, self.ctx.proxy_protocol_from)
+        except ProxyHeaderError:
+            self.transport.close()
+            return
+        if parsed is None:
+            self._header = buf
+            return
+        consumed, self.source = parsed
+        self._header = None
+        self.handshake(buf[consumed:])
 
 
 def _replay(transport, data: bytes) -> None:

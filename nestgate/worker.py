@@ -20,7 +20,7 @@ from nestgate.clock import CLOCK
 from nestgate.clientip import parse_networks
 from nestgate.http1 import HTTP1Connection, ProxyProtocolConnection
 from nestgate.http2 import ALPNSwitch
-from nestgate.proxytls import ProxyThenTLS
+from nestgate.proxytls import ProxyThenTLS, TLSHandshake
 from nestgate.site import build_router, https_redirect_router
 
 _PR_SET_PDEATHSIG = 1
@@ -61,18 +61,20 @@ class ServerContext:
 
 
 def protocol_factory(ctx, listener, sslcontext):
-    """(the protocol each new connection on `listener` starts with, the TLS context
-    its server accepts with). On TLS listeners that offer h2, ALPN decides between
-    HTTP/2 and HTTP/1.1 after the handshake. A TLS listener taking PROXY headers
-    accepts in clear: the header comes before the handshake (nestgate.proxytls)."""
+    """The protocol each new connection on `listener` starts with. Every server
+    accepts in clear: on a TLS listener the handshake is a stage of the connection
+    (nestgate.proxytls), counted toward `max_connections` and bounded by
+    `header_timeout`, after a PROXY header where the listener takes them. On TLS
+    listeners that offer h2, ALPN then decides between HTTP/2 and HTTP/1.1."""
     def http1():
         return HTTP1Connection(ctx)
     usual = (lambda: ALPNSwitch(ctx, http1)) if listener.tls and listener.http2 else http1
-    if not listener.proxy_protocol_from:
-        return usual, sslcontext
     if sslcontext is not None:
-        return (lambda: ProxyThenTLS(ctx, sslcontext, usual)), None
-    return (lambda: ProxyProtocolConnection(ctx)), None
+        stage = ProxyThenTLS if listener.proxy_protocol_from else TLSHandshake
+        return lambda: stage(ctx, sslcontext, usual)
+    if listener.proxy_protocol_from:
+        return lambda: ProxyProtocolConnection(ctx)
+    return usual
 
 
 class Worker:
@@ -96,8 +98,8 @@ class Worker:
         for listener, sock in self.sockets:
             ctx = ServerContext(self, listener, router)
             contexts.append(ctx)
-            factory, ssl = protocol_factory(ctx, listener, self.ssl_contexts.get(listener))
-            server = await self.loop.create_server(factory, sock=sock, ssl=ssl, backlog=1024)
+            factory = protocol_factory(ctx, listener, self.ssl_contexts.get(listener))
+            server = await self.loop.create_server(factory, sock=sock, backlog=1024)
             servers.append(server)
         self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         self.loop.add_signal_handler(signal.SIGUSR1, self.access_log.reopen)
