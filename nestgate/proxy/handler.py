@@ -341,6 +341,10 @@ class ProxyHandler(Service):
         ex = Exchange.on(conn, req)
         target.active += 1
         try:
+            if not ex.h1:
+                # Room for the first part of the body before the upstream is asked: a
+                # client that grants no window never gets anything read for it.
+                await ex.take_room()
             conn.transport.write(head)
             if req.body is not None:
                 await self._send_body(req, conn, ex)

@@ -35,7 +35,11 @@ from nestgate.http1 import Request
 from nestgate.responses import SERVER_LINE, STATUS_LINES, status_line
 
 WRITE_HIGH_WATER = 64 * 1024
-PENDING_HIGH_WATER = 256 * 1024   # response bytes held for a non-HTTP/1.1 client
+# Response body bytes a non-HTTP/1.1 client's exchange asks room for at a time: the
+# upstream is read only while the client's protocol (HTTP/2's flow-control window and
+# per-connection output budget) has room, so a client that grants no window holds at
+# most this plus one socket read per stream.
+CLIENT_ROOM = 64 * 1024
 # Bytes of response head an upstream may send, interim responses and the blank line
 # included; past it the answer is 502 (nginx answers so, "upstream sent too big
 # header", past proxy_buffer_size, 4-8 KiB; apps with large cookies need more).
@@ -147,7 +151,7 @@ class Exchange:
                  "complete", "error", "waiter", "paused", "last", "t0", "sent_all",
                  "upgrade_value", "upgrade_tail", "received", "out", "head_buf", "head_start",
                  "last_head", "last_known", "owed", "keep_alive",
-                 "reusable", "fast", "target", "h1", "pending", "pending_size", "cancel",
+                 "reusable", "fast", "target", "h1", "pending", "credit", "cancel",
                  "client")
 
     @classmethod
@@ -173,7 +177,6 @@ class Exchange:
         self.upgrade_tail: bytes | None = None
         self.out: list[bytes] = []    # bytes for the client, written once per upstream read
         self.pending: list[bytes] = []          # not h1: body chunks the handler writes
-        self.pending_size = 0
         self.head_buf = b""           # the response head's bytes while it arrives
         self.head_start = 0           # where it begins in them (after interim responses)
         self.last_head: bytes | None = None     # the last remembered head on this
@@ -194,6 +197,7 @@ class Exchange:
         self.last = self.t0 = CLOCK.now
         self.sent_all = False         # the whole request went upstream
         self.upgrade_value = b""
+        self.credit = 0               # not h1: body bytes the client's protocol has room for
         self.received = False
         self.reusable = False         # ended cleanly: the handler gives the connection back
         self.fast = None              # the handler, when no coroutine waits (see `settle`)
@@ -345,6 +349,17 @@ class Exchange:
             if not self.conn.closed:
                 self.conn.transport.resume_reading()
 
+    async def take_room(self) -> None:
+        """Not HTTP/1.1: wait until the client's protocol has room for more of the body
+        (its flow-control window, its connection's output budget), then read on."""
+        while self.credit <= 0:
+            self.credit += await self.req.room(CLIENT_ROOM)
+        self.last = CLOCK.now
+        if self.paused:
+            self.paused = False
+            if not self.conn.closed:
+                self.conn.transport.resume_reading()
+
     def _settle(self) -> None:
         handler, self.fast = self.fast, None
         handler.settled(self)
@@ -416,8 +431,10 @@ class Exchange:
                 self.out.append(data)
         else:
             self.pending.append(chunk)
-            self.pending_size += len(chunk)
-            if self.pending_size > PENDING_HIGH_WATER and not self.paused:
+            self.credit -= len(chunk)
+            if self.credit <= 0 and not self.paused:
+                # Past the room the client's protocol granted: read no further until
+                # `wait` has written these and been granted more.
                 self.paused = True
                 self.conn.transport.pause_reading()
             self._wake()
@@ -469,14 +486,12 @@ class Exchange:
         while True:
             if self.pending and not self.error:
                 # Not HTTP/1.1: the body goes through the protocol's own `write`.
-                chunks, self.pending, self.pending_size = self.pending, [], 0
+                chunks, self.pending = self.pending, []
                 for chunk in chunks:
                     await self.req.write(chunk)
                 self.last = CLOCK.now
-                if self.paused:
-                    self.paused = False
-                    if not self.conn.closed:
-                        self.conn.transport.resume_reading()
+                if self.paused and not self.complete:
+                    await self.take_room()
                 continue
             if self.complete or self.error or self.upgrade_tail is not None:
                 return

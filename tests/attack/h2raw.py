@@ -49,6 +49,9 @@ class Stream:
         return self.ended or self.reset is not None
 
 
+TCP_CLOSE, TCP_CLOSE_WAIT = 7, 8      # tcp_info.tcpi_state (linux/tcp_states.h)
+
+
 class RawH2:
     """One TLS connection speaking HTTP/2 frame by frame."""
 
@@ -156,6 +159,13 @@ class RawH2:
         self.wait(lambda: all(self.streams[s].done for s in stream_ids), timeout)
         return {s: self.streams[s] for s in stream_ids}
 
+    def ended_by_server(self) -> bool:
+        """Whether the server has closed or reset the connection, read from the kernel's
+        TCP state without reading: reading would drain what the server has sent and let
+        it go on."""
+        state = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+        return state in (TCP_CLOSE, TCP_CLOSE_WAIT)
+
     def close(self) -> None:
         try:
             self.sock.close()
@@ -219,3 +229,25 @@ __all__ = [
     "frames",
     "get",
 ]
+
+
+def open_streams(conns: list[RawH2], count: int, path: bytes) -> list[list[int]]:
+    """`count` GET streams for `path` on each connection, sent in one write each."""
+    streams = []
+    for conn in conns:
+        ids = [conn.new_stream() for _ in range(count)]
+        conn.send(*(conn.headers_frame(s, get(path)) for s in ids))
+        streams.append(ids)
+    return streams
+
+
+def wait_all_reset(conns: list[RawH2], streams: list[list[int]], timeout: float,
+                   code: int) -> tuple[int, float]:
+    """Wait until every stream has been reset; how many with `code`, and how long it took."""
+    start = time.monotonic()
+    for conn, ids in zip(conns, streams):
+        conn.wait(lambda conn=conn, ids=ids: all(conn.streams[s].reset is not None for s in ids),
+                  timeout=timeout)
+    matching = sum(1 for conn, ids in zip(conns, streams) for s in ids
+                   if conn.streams[s].reset == code)
+    return matching, time.monotonic() - start

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import time
 
-from h2raw import SETTINGS_INITIAL_WINDOW_SIZE, RawH2, WindowUpdateFrame, get
+from h2raw import (
+    SETTINGS_INITIAL_WINDOW_SIZE,
+    RawH2,
+    WindowUpdateFrame,
+    get,
+    open_streams,
+    wait_all_reset,
+)
 from test_static import SITE
 
 CONNECTIONS, STREAMS = 8, 100
@@ -33,11 +40,7 @@ def test_zero_window_streams_hold_no_file_data_and_time_out(start_server, certs,
     base = server.worker_rss_kib()
     conns = [RawH2(port, certs["ca"], settings={SETTINGS_INITIAL_WINDOW_SIZE: 0})
              for _ in range(CONNECTIONS)]
-    streams = []
-    for conn in conns:
-        ids = [conn.new_stream() for _ in range(STREAMS)]
-        conn.send(*(conn.headers_frame(s, get(b"/big.bin")) for s in ids))
-        streams.append(ids)
+    streams = open_streams(conns, STREAMS, b"/big.bin")
     for conn, ids in zip(conns, streams):
         conn.wait(lambda conn=conn, ids=ids: all(conn.streams[s].status for s in ids), timeout=10)
     peak, until = base, time.monotonic() + 1.5
@@ -51,14 +54,8 @@ def test_zero_window_streams_hold_no_file_data_and_time_out(start_server, certs,
           f"(+{(peak - base) / 1024:.1f} MiB)")
     assert answered == CONNECTIONS * STREAMS
     assert peak - base < RSS_GROWTH_BOUND_KIB
-    start = time.monotonic()
-    for conn, ids in zip(conns, streams):
-        conn.wait(lambda conn=conn, ids=ids: all(conn.streams[s].reset is not None for s in ids),
-                  timeout=SEND_TIMEOUT_S + 5)
-    cancelled = sum(1 for conn, ids in zip(conns, streams) for s in ids
-                    if conn.streams[s].reset == CANCEL)
-    print(f"zero window: {cancelled} streams reset (CANCEL) "
-          f"{time.monotonic() - start:.1f} s later")
+    cancelled, took = wait_all_reset(conns, streams, SEND_TIMEOUT_S + 5, CANCEL)
+    print(f"zero window: {cancelled} streams reset (CANCEL) {took:.1f} s later")
     assert cancelled == CONNECTIONS * STREAMS
     for conn in conns:
         conn.close()
