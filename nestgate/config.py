@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from nestgate.tls import certificate_problem
 from nestgate.access import _cidr_list, read_access
+from nestgate.admin.config import AdminConfig, read_admin
 from nestgate.auth.config import read_auth
 from nestgate.routetypes import ROUTE_TYPES
 from nestgate.units import parse_duration, parse_size
@@ -191,6 +192,7 @@ class Config:
     sites: tuple[Site, ...]
     trusted_proxies: tuple[str, ...] = ()   # X-Forwarded-For is walked through these
     auth: Any = None                        # nestgate.auth.config.AuthConfig
+    admin: AdminConfig = AdminConfig()      # the operator's listener (nestgate.admin)
 
     @property
     def worker_count(self) -> int:
@@ -607,6 +609,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     trusted = client_ip.get("trusted_proxies", (), _cidr_list, "")
     client_ip.check_unknown()
     auth = read_auth(top.table("auth"))
+    admin = read_admin(top.table("admin"), parse_address)
     top.check_unknown()
     if not listeners:
         problems.append(f"{file}: listen: expected at least one [[listen]] table")
@@ -620,9 +623,27 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     if any(site.protected for site in sites) and (auth is None or not auth.users):
         problems.append(f"{file}: auth: expected an [auth] table with at least one "
                         "[[auth.user]] when a site is protected")
+    if admin.enabled:
+        problems += _admin_clashes(admin, listeners, file)
     if problems:
         raise ConfigError(problems)
-    return Config(file, server, limits, log, listeners, sites, trusted, auth)
+    return Config(file, server, limits, log, listeners, sites, trusted, auth, admin)
+
+
+def _admin_clashes(admin, listeners, file: str) -> list[str]:
+    """The admin listener never shares a port with the sites'."""
+    if admin.port == 0:
+        return []
+    problems = []
+    for index, listener in enumerate(listeners):
+        if listener.port == admin.port and (
+                listener.host == admin.host or "0.0.0.0" in (listener.host, admin.host)
+                or "::" in (listener.host, admin.host)):
+            problems.append(f"{file}: {admin.key.rpartition(': ')[2]}: expected an address "
+                            f"that listen[{index}].address does not take (the admin "
+                            f"listener never shares a port with the sites), got "
+                            f"'{admin.host}:{admin.port}'")
+    return problems
 
 
 def bind_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

@@ -443,9 +443,15 @@ class HTTP1Connection(asyncio.Protocol):
             self.drain()
         ctx.connections.add(self)
 
+    @property
+    def served(self) -> int:
+        """Requests read on this connection so far (for the worker's figures)."""
+        return self._requests
+
     def connection_lost(self, exc) -> None:
         self._closing = True
         self.ctx.connections.discard(self)
+        self.ctx.requests_done += self._requests
         if self._body is not None:
             self._body.abort()
         if self._active is not None:

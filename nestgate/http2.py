@@ -471,8 +471,14 @@ class HTTP2Connection:
     # After connection_made: the client is the one a PROXY header named (nestgate.proxytls).
     set_client = HTTP1Connection.set_client
 
+    @property
+    def served(self) -> int:
+        """Streams opened on this connection so far (for the worker's figures)."""
+        return self._opened
+
     def connection_lost(self, exc) -> None:
         self.ctx.connections.discard(self)
+        self.ctx.requests_done += self._opened
         for req in list(self._streams.values()):
             self._abandon(req)
         self._streams.clear()

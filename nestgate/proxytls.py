@@ -38,6 +38,8 @@ class TLSHandshake(asyncio.Protocol):
     """One connection until its TLS handshake is done. Also the protocol `start_tls`
     reports to until the hand-over, keeping any application data that comes early."""
 
+    served = 0                         # no request yet (for the worker's figures)
+
     def __init__(self, ctx, sslcontext, protocol_factory) -> None:
         self.ctx = ctx
         self.sslcontext = sslcontext

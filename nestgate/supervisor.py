@@ -26,6 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from nestgate.admin.keeper import AdminKeeper
 from nestgate.config import Config, ConfigError, config_warnings, read_config, with_overrides
 from nestgate.tls import server_context
 
@@ -53,6 +54,8 @@ class Slot:
     restart_at: float = 0.0
     last_pid: int = 0
     failed_starts: int = 0                  # exits before its worker reported ready
+    restarts: int = 0
+    figures: int = -1                       # its row of the admin's worker table
 
 
 @dataclass
@@ -86,6 +89,7 @@ class Supervisor:
         self.ready_r, self.ready_w = os.pipe()
         os.set_blocking(self.ready_r, False)
         self._first = config
+        self.admin = AdminKeeper()
 
     # ----------------------------------------------------------- listeners
     @staticmethod
@@ -155,23 +159,22 @@ class Supervisor:
 
     def fork(self, gen: Generation, slot: Slot) -> None:
         from nestgate.worker import run_worker
+        if slot.figures < 0:
+            slot.figures = self.admin.table.claim()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
         try:
             pid = os.fork()
             if pid == 0:
-                os.close(self.ready_r)
-                signal.set_wakeup_fd(-1)
-                for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
-                    signal.signal(sig, signal.SIG_DFL)
-                for sig in (signal.SIGINT, signal.SIGHUP):      # the supervisor decides
-                    signal.signal(sig, signal.SIG_IGN)
+                self._as_child()
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 mine = self.sockets_for(gen.config)
                 # A copy of a listener this worker does not serve would keep it accepting
                 # after the supervisor closes it.
                 for sock in set(self.sockets.values()) - {sock for _l, sock in mine}:
                     sock.close()
-                run_worker(gen.config, mine, gen.ssl_contexts, self.ready_w)
+                self.admin.close_in_worker()
+                run_worker(gen.config, mine, gen.ssl_contexts, self.ready_w,
+                           figures=(self.admin.table, slot.figures, gen.number))
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         slot.pid = pid
@@ -204,6 +207,8 @@ class Supervisor:
             say(f"ready ({len(gen.slots)} workers)")
         else:
             say(f"reloaded ({len(gen.slots)} workers on the new config)")
+            self.admin.reload_result(True, f"generation {gen.number} serving")
+            self.admin.config_changed(gen.config, say)
 
     def stop_generation(self, gen: Generation) -> None:
         gen.stopping = True
@@ -222,6 +227,7 @@ class Supervisor:
                 return
             gen, slot = self.by_pid.pop(pid, (None, None))
             if gen is None:
+                self.admin.exited(pid, self.stopping, say, _describe(status))
                 continue
             was_ready = pid in gen.ready
             gen.ready.discard(pid)
@@ -251,6 +257,7 @@ class Supervisor:
             for slot in gen.slots:
                 if not slot.pid and slot.restart_at and now >= slot.restart_at:
                     slot.restart_at = 0.0
+                    slot.restarts += 1
                     self.fork(gen, slot)
                     say(f"worker {slot.pid} started (replacing {slot.last_pid})")
 
@@ -265,6 +272,8 @@ class Supervisor:
                     _kill(slot.pid, signal.SIGKILL)
             if not alive:
                 self.generations.remove(gen)
+                for slot in gen.slots:
+                    self.admin.table.release(slot.figures)
                 if not self.stopping:
                     say(f"previous workers finished (generation {gen.number})")
 
@@ -273,25 +282,30 @@ class Supervisor:
         try:
             config = load(self.config_path, self.listen, self.workers)
         except ConfigError as exc:
-            say("reload refused, the running config stays:\n  " + "\n  ".join(exc.problems))
+            self._refused("\n  " + "\n  ".join(exc.problems))
             return
         except Exception as exc:  # noqa: BLE001 - whatever breaks, the running config serves on
-            say(f"reload refused, the running config stays: cannot load the config: {exc!r}")
+            self._refused(f" cannot load the config: {exc!r}")
             return
         try:
             added = self.bind(config)
         except OSError as exc:
-            say(f"reload refused, the running config stays: {exc}")
+            self._refused(f" {exc}")
             return
         try:
             gen = self.start_generation(config)
             say(f"reloading: generation {gen.number} starting")
         except Exception as exc:  # noqa: BLE001 - e.g. a certificate that changed since load
             self.close_sockets(added)
-            say(f"reload refused, the running config stays: cannot start: {exc!r}")
+            self._refused(f" cannot start: {exc!r}")
+
+    def _refused(self, reason: str) -> None:
+        say("reload refused, the running config stays:" + reason)
+        self.admin.reload_result(False, "refused, the running config stays:" + reason)
 
     def stop(self) -> None:
         self.stopping = True
+        self.admin.stop()
         for gen in self.generations:
             if not gen.stopping:
                 self.stop_generation(gen)
@@ -305,6 +319,7 @@ class Supervisor:
     # ----------------------------------------------------------- main loop
     def run(self) -> int:
         self.bind(self._first)
+        self.admin.bind(self._first, _bound, say)
         for warning in config_warnings(self._first):
             say(f"warning: {warning}")
         wake_r, wake_w = os.pipe()
@@ -315,6 +330,7 @@ class Supervisor:
                     signal.SIGCHLD):
             signal.signal(sig, self._note_signal)
         self.start_generation(self._first)
+        self._fork_admin()
         while True:
             try:
                 readable, _, _ = select.select([wake_r, self.ready_r], [], [], 0.1)
@@ -338,13 +354,39 @@ class Supervisor:
                     self.forward(signal.SIGUSR1)
             self.reap()
             self.restart_due()
+            if not self.stopping:
+                self.admin.restart_due(self._fork_admin)
             self.forget_finished()
-            if self.stopping and not self.by_pid:
+            self.admin.report(self)
+            if self.stopping and not self.by_pid and not self.admin.pid:
                 break
         for sock in self.sockets.values():
             sock.close()
         say("stopped")
         return self.exit_code
+
+    def _fork_admin(self) -> None:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+        try:
+            self.admin.fork(self.ready_w, self._close_in_admin)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def _as_child(self) -> None:
+        """In a forked worker or admin process: not the supervisor's pipe, and the
+        default signal handling (SIGINT and SIGHUP are the supervisor's to decide)."""
+        os.close(self.ready_r)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        for sig in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+
+    def _close_in_admin(self) -> None:
+        """In the forked admin process: none of the sites' sockets."""
+        self._as_child()
+        for sock in self.sockets.values():
+            sock.close()
 
     def _note_signal(self, sig, _frame) -> None:
         self.pending_signals.append(sig)

@@ -19,11 +19,12 @@ from nestgate.accesslog import AccessLog, should_log
 from nestgate.clock import CLOCK
 from nestgate.clientip import parse_networks
 from nestgate.http1 import HTTP1Connection, ProxyProtocolConnection
-from nestgate.http2 import ALPNSwitch
+from nestgate.http2 import ALPNSwitch, HTTP2Connection
 from nestgate.proxytls import ProxyThenTLS, TLSHandshake
 from nestgate.site import build_router, https_redirect_router
 
 _PR_SET_PDEATHSIG = 1
+PUBLISH_INTERVAL = 0.5       # seconds between writes of a worker's figures
 
 
 class ServerContext:
@@ -39,6 +40,7 @@ class ServerContext:
         self.access_log = worker.access_log
         self.scheme = listener.scheme
         self.draining = False            # set by the worker on graceful stop
+        self.requests_done = 0           # by the connections that have closed
         self.router = https_redirect_router(listener, worker.config) \
             if listener.redirect_https else router
         self._log_loopback = worker.config.log.log_loopback
@@ -78,8 +80,12 @@ def protocol_factory(ctx, listener, sslcontext):
 
 
 class Worker:
-    def __init__(self, config, sockets, ssl_contexts, ready_fd: int) -> None:
+    def __init__(self, config, sockets, ssl_contexts, ready_fd: int, *,
+                 figures=None, router=None, log_requests: bool = True) -> None:
         self.config = config
+        self.figures = figures           # (WorkerTable, slot, generation) or None
+        self.router = router             # the admin process brings its own
+        self.log_requests = log_requests
         self.sockets = sockets
         self.ssl_contexts = ssl_contexts
         self.ready_fd = ready_fd
@@ -88,13 +94,17 @@ class Worker:
         self.access_log = None
         self.loop = None
         self._stop = None
+        self.contexts: list[ServerContext] = []
+        self.started = 0.0
 
     async def serve(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self.access_log = AccessLog(self.config.log)
-        router = build_router(self.config)
-        servers, contexts = [], []
+        if self.log_requests:
+            self.access_log = AccessLog(self.config.log)
+        router = self.router or build_router(self.config)
+        self.started = CLOCK.wall
+        servers, contexts = [], self.contexts
         for listener, sock in self.sockets:
             ctx = ServerContext(self, listener, router)
             contexts.append(ctx)
@@ -102,11 +112,13 @@ class Worker:
             server = await self.loop.create_server(factory, sock=sock, backlog=1024)
             servers.append(server)
         self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
-        self.loop.add_signal_handler(signal.SIGUSR1, self.access_log.reopen)
+        if self.access_log is not None:
+            self.loop.add_signal_handler(signal.SIGUSR1, self.access_log.reopen)
         tick = asyncio.create_task(self._tick())
         services = router.services
         for service in services:            # proxy health checks, the shared store
             service.start()
+        self.publish()
         os.write(self.ready_fd, b"%d\n" % os.getpid())
         await self._stop.wait()
 
@@ -132,14 +144,15 @@ class Worker:
         tick.cancel()
         for service in services:
             service.stop()
-        self.access_log.close()
+        if self.access_log is not None:
+            self.access_log.close()
 
     async def _tick(self) -> None:
         limits = self.config.limits
         shortest = min(limits.header_timeout, limits.body_timeout, limits.keepalive_timeout,
                        limits.send_timeout, self.config.log.flush_interval)
         interval = max(0.05, min(1.0, shortest / 4))
-        last_flush = last_tick = CLOCK.now
+        last_flush = last_tick = last_publish = CLOCK.now
         while True:
             await asyncio.sleep(interval)
             CLOCK.tick()
@@ -147,13 +160,39 @@ class Worker:
             elapsed, last_tick = now - last_tick, now
             for conn in list(self.connections):
                 conn.tick(elapsed)
-            if now - last_flush >= self.config.log.flush_interval:
+            if now - last_flush >= self.config.log.flush_interval \
+                    and self.access_log is not None:
                 last_flush = now
                 self.access_log.flush()
+            if now - last_publish >= PUBLISH_INTERVAL:
+                last_publish = now
+                self.publish()
+
+    def publish(self) -> None:
+        """Write this worker's figures into its slot of the shared table (see
+        nestgate.admin.stats): once a tick, never per request."""
+        if self.figures is None:
+            return
+        table, slot, generation = self.figures
+        requests = sum(ctx.requests_done for ctx in self.contexts)
+        http1 = http2 = tls = handshakes = 0
+        for conn in self.connections:
+            requests += conn.served
+            if isinstance(conn, HTTP2Connection):
+                http2 += 1
+            elif isinstance(conn, TLSHandshake):
+                handshakes += 1
+                continue
+            else:
+                http1 += 1
+            if conn.ctx.scheme == "https":
+                tls += 1
+        table.write(slot, os.getpid(), generation, self.started, requests, http1, http2,
+                    tls, handshakes, CLOCK.wall)
 
 
-def run_worker(config, sockets, ssl_contexts, ready_fd: int) -> None:
-    """Entry point in the forked child; never returns."""
+def run_worker(config, sockets, ssl_contexts, ready_fd: int, **options) -> None:
+    """Entry point in the forked child; never returns. `options` go to `Worker`."""
     code = 0
     try:
         _die_with_parent()
@@ -161,7 +200,7 @@ def run_worker(config, sockets, ssl_contexts, ready_fd: int) -> None:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         CLOCK.tick()
-        uvloop.run(Worker(config, sockets, ssl_contexts, ready_fd).serve())
+        uvloop.run(Worker(config, sockets, ssl_contexts, ready_fd, **options).serve())
     except BaseException as exc:  # noqa: BLE001 - report and leave with an error code
         print(f"nestgate: worker {os.getpid()} failed: {exc!r}", file=sys.stderr)
         code = 1

@@ -21,6 +21,7 @@ import trustme
 
 REPO = Path(__file__).resolve().parent.parent
 _LISTEN = re.compile(r"listening on (https?)://(\S+):(\d+)")
+_ADMIN = re.compile(r"admin API on http://\S+:(\d+) ")
 
 
 class Server:
@@ -78,6 +79,13 @@ class Server:
     def port(self, scheme: str = "http") -> int:
         return next(p for s, _h, p in self.urls if s == scheme)
 
+    def admin_port(self) -> int:
+        for line in self.lines:
+            m = _ADMIN.search(line)
+            if m:
+                return int(m.group(1))
+        raise LookupError("no admin listener in the server's output")
+
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
@@ -90,9 +98,16 @@ class Server:
             self.proc.kill()
             return self.proc.wait()
 
-    def worker_pids(self) -> list[int]:
+    def children(self) -> list[int]:
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
         return [int(p) for p in children.split()]
+
+    def worker_pids(self) -> list[int]:
+        """The supervisor's children but the admin process (named by its title)."""
+        return [pid for pid in self.children() if not _is_admin(pid)]
+
+    def admin_pid(self) -> int:
+        return next(pid for pid in self.children() if _is_admin(pid))
 
     def worker_rss_kib(self) -> int:
         """Resident memory of the (first) worker, from /proc, in KiB."""
@@ -107,9 +122,19 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def _is_admin(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "nestgate-admin"
+    except OSError:
+        return False
+
+
 def _env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # The admin listener is on by default at 127.0.0.1:7998; tests run many servers
+    # at once, each with its own on a free port ("admin API on ..." names it).
+    env.setdefault("NESTGATE_ADMIN", "127.0.0.1:0")
     return env
 
 

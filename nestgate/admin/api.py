@@ -1,0 +1,206 @@
+"""The admin listener's endpoints, and the token gate in front of them.
+
+    GET /v1/health   liveness: 200 while the admin process answers (no token needed)
+    GET /v1/ready    200 when the current generation's workers all listen, else 503
+    GET /v1/status   version, uptime, config file and hash, generations, each worker's
+                     figures (pid, uptime, open connections, requests served), listeners,
+                     recent reloads
+
+Every answer is JSON; an error is `{"error": {"code", "message", "details"}}`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+
+from nestgate import __version__
+from nestgate.clock import CLOCK
+from nestgate.handlers import GATED
+from nestgate.responses import Prebuilt
+from nestgate.routing import Router, SiteRoutes
+
+# Failed token checks per client before it is refused for a while (429), and how long
+# the window and the refusal last: a token of 16+ random characters is not guessed, but
+# a client that keeps trying is noise in the log and is slowed like a sign-in.
+MAX_FAILURES = 5
+FAILURE_WINDOW = 60.0
+_MEMO_LIMIT = 4096            # clients remembered for back-off (bounded: then cleared)
+LOOPBACK = ("127.", "::1")
+
+
+def error(status: int, code: str, message: str, details=None, headers=()) -> Prebuilt:
+    body = {"error": {"code": code, "message": message, "details": details or {}}}
+    return Prebuilt(status, _json(body), "application/json",
+                    [("cache-control", "no-store"), *headers])
+
+
+def _json(value) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=False).encode() + b"\n"
+
+
+NOT_FOUND = error(404, "not_found", "no such endpoint on the admin listener")
+METHOD = error(405, "method_not_allowed", "this endpoint answers GET and HEAD",
+               headers=[("allow", "GET, HEAD")])
+NO_TOKEN = error(401, "unauthorized", "send Authorization: Bearer <token>",
+                 headers=[("www-authenticate", 'Bearer realm="nestgate-admin"')])
+LOCAL_ONLY = error(403, "forbidden", "without an admin token only loopback clients are "
+                   "answered; set [admin] token to reach it from elsewhere")
+
+
+class TokenGate:
+    """In front of every endpoint but liveness. With a token: `Authorization: Bearer`
+    compared in constant time, and a client that fails MAX_FAILURES times within
+    FAILURE_WINDOW is refused (429) until the window has passed. Without a token:
+    loopback clients only."""
+
+    is_async = GATED
+    __slots__ = ("inner", "token", "failures")
+
+    def __init__(self, inner, token: bytes, failures: dict) -> None:
+        self.inner = inner
+        self.token = token
+        self.failures = failures            # shared by the gates: client -> [times]
+
+    def admit(self, conn, headers):
+        client = conn.client
+        if not self.token:
+            return self.inner if client.startswith(LOOPBACK) else LOCAL_ONLY
+        now = time.monotonic()
+        recent = self.failures.get(client)
+        if recent:
+            recent[:] = [t for t in recent if now - t < FAILURE_WINDOW]
+            if len(recent) >= MAX_FAILURES:
+                wait = int(FAILURE_WINDOW - (now - recent[0])) + 1
+                return error(429, "too_many_attempts", "too many failed token checks",
+                             {"retry_after_s": wait}, [("retry-after", str(wait))])
+        given = b""
+        for name, value in headers:
+            if name == b"authorization":
+                given = value
+                break
+        scheme, _, credential = given.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self.token):
+            return self.inner
+        if len(self.failures) >= _MEMO_LIMIT:
+            self.failures.clear()
+        self.failures.setdefault(client, []).append(now)
+        return NO_TOKEN
+
+
+class Endpoint:
+    """A GET endpoint answering JSON made by `produce()` -> (status, value)."""
+
+    is_async = True
+    __slots__ = ("produce",)
+
+    def __init__(self, produce) -> None:
+        self.produce = produce
+
+    async def handle(self, request) -> None:
+        if request.method not in (b"GET", b"HEAD"):
+            await request.send_prebuilt(METHOD)
+            return
+        status, value = self.produce()
+        body = _json(value)
+        request.start(status, [("content-type", "application/json"),
+                               ("cache-control", "no-store")], len(body))
+        if request.method == b"GET":
+            await request.write(body)
+        request.end()
+
+
+class AdminState:
+    """What the admin process knows: the supervisor's latest report and the workers'
+    shared table."""
+
+    def __init__(self, table) -> None:
+        self.table = table
+        self.report: dict = {}
+
+    # ------------------------------------------------------------ answers
+    def health(self):
+        return 200, {"status": "ok"}
+
+    def ready(self):
+        reasons = self.not_ready()
+        if reasons:
+            return 503, {"ready": False, "reasons": reasons}
+        return 200, {"ready": True, "generation": self.report.get("generation")}
+
+    def not_ready(self) -> list[str]:
+        report = self.report
+        if not report:
+            return ["no report from the supervisor yet"]
+        if report.get("stopping"):
+            return ["stopping"]
+        current = report.get("generation")
+        if current is None:
+            return ["no generation of workers has started serving yet"]
+        generation = next((g for g in report["generations"] if g["number"] == current), None)
+        reasons = []
+        if generation is None:
+            return [f"generation {current} is gone"]
+        for worker in generation["workers"]:
+            if not worker["pid"]:
+                reasons.append(f"worker slot {worker['slot']} is restarting")
+            elif not worker["ready"]:
+                reasons.append(f"worker {worker['pid']} is starting")
+        for listener in report.get("listeners", ()):
+            if not listener.get("bound"):
+                reasons.append(f"listener {listener['address']} is not bound")
+        return reasons
+
+    def status(self):
+        report = self.report
+        now = CLOCK.wall
+        figures = {f.pid: f for f in self.table.read()}
+        generations = []
+        for gen in report.get("generations", ()):
+            workers = []
+            for worker in gen["workers"]:
+                shown = {"pid": worker["pid"], "ready": worker["ready"],
+                         "restarts": worker["restarts"]}
+                fig = figures.get(worker["pid"])
+                if fig is not None and fig.generation == gen["number"]:
+                    shown.update(
+                        uptime_s=round(now - fig.started, 1),
+                        requests=fig.requests,
+                        connections={"http1": fig.http1, "http2": fig.http2,
+                                      "tls": fig.tls, "tls_handshakes": fig.handshakes},
+                        figures_age_s=round(max(0.0, now - fig.updated), 1))
+                workers.append(shown)
+            generations.append({"number": gen["number"], "ready": gen["ready"],
+                                "stopping": gen["stopping"], "workers": workers})
+        started = report.get("started", now)
+        return 200, {
+            "version": __version__,
+            "pid": report.get("pid"),
+            "uptime_s": round(now - started, 1),
+            "config": report.get("config", {}),
+            "generation": report.get("generation"),
+            "generations": generations,
+            "listeners": report.get("listeners", []),
+            "worker_restarts": report.get("restarts", 0),
+            "reloads": report.get("reloads", []),
+        }
+
+
+def admin_router(state: AdminState, token: str) -> Router:
+    """The admin listener's only site, for every Host: a request on it never reaches
+    a site's routes, and a site's Host gets the admin's 404."""
+    failures: dict = {}
+    secret = token.encode()
+
+    def guard(handler, access=None, sign_in: bool = True):
+        # `sign_in=False` is the open endpoint (liveness); everything else is gated.
+        return handler if not sign_in else TokenGate(handler, secret, failures)
+
+    site = SiteRoutes("admin", NOT_FOUND, guard)
+    site.add_exact("/v1/health", Endpoint(state.health), sign_in=False)
+    site.add_exact("/v1/ready", Endpoint(state.ready))
+    site.add_exact("/v1/status", Endpoint(state.status))
+    router = Router(site)
+    router.add_site(["*"], site)
+    return router

@@ -1,0 +1,165 @@
+"""The supervisor's side of the admin listener: binds it, forks the admin process and
+restarts it when it dies, and sends it a report of the supervisor's state on every
+change and once a second (one JSON datagram; when the admin process is busy the report
+is dropped, the next one replaces it)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import time
+from collections import deque
+
+from nestgate.admin.process import admin_listener, run_admin
+from nestgate.admin.stats import WorkerTable
+
+REPORT_EVERY = 1.0           # seconds between reports when nothing changes
+RESTART_DELAY = 0.5          # an admin process that died is started again after this
+RELOADS_KEPT = 10            # recent reload results in /v1/status
+
+
+class AdminKeeper:
+    def __init__(self) -> None:
+        self.table = WorkerTable()
+        self.config = None              # the config the admin process runs with
+        self.sock: socket.socket | None = None
+        self.pid = 0
+        self.restart_at = 0.0
+        self.reports_out, self.reports_in = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.reports_out.setblocking(False)
+        self.reloads: deque = deque(maxlen=RELOADS_KEPT)
+        self.started = time.time()
+        self.config_hash = ""
+        self._last_report = b""
+        self._last_sent = 0.0
+
+    # ------------------------------------------------------------ listener
+    def bind(self, config, bound, say) -> None:
+        """Bind the admin address of the first config (`bound` is the supervisor's
+        binder, which names the config key when the address is taken)."""
+        self.config = config
+        self.config_hash = _file_hash(config.source)
+        admin = config.admin
+        if not admin.enabled:
+            return
+        self.sock = bound(admin_listener(admin))
+        self.sock.listen(128)
+        self.sock.setblocking(False)
+        host, port = self.sock.getsockname()[:2]
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        access = "bearer token required" if admin.token else \
+            "no token set: loopback clients only"
+        say(f"admin API on http://{shown} ({access})")
+
+    def config_changed(self, config, say) -> None:
+        """A reload is serving: the admin process runs with the new config's token."""
+        old, self.config = self.config, config
+        self.config_hash = _file_hash(config.source)
+        if self.sock is None:
+            return
+        if (config.admin.host, config.admin.port, config.admin.enabled) != \
+                (old.admin.host, old.admin.port, old.admin.enabled):
+            say("warning: [admin] address or enabled changed: it takes effect at restart")
+        if config.admin.token != old.admin.token and self.pid:
+            _signal(self.pid, signal.SIGTERM)      # restarted with the new token
+
+    # ------------------------------------------------------------ the process
+    def fork(self, ready_w: int, close_in_child) -> None:
+        if self.sock is None:
+            return
+        pid = os.fork()
+        if pid == 0:
+            close_in_child()
+            self.reports_out.close()
+            run_admin(self.config, self.sock, self.reports_in, self.table, ready_w)
+        self.pid = pid
+
+    def close_in_worker(self) -> None:
+        """In a forked worker: the admin's sockets are not its own."""
+        if self.sock is not None:
+            self.sock.close()
+        self.reports_in.close()
+        self.reports_out.close()
+
+    def exited(self, pid: int, stopping: bool, say, describe) -> bool:
+        """Whether `pid` was the admin process (then restarted soon unless stopping)."""
+        if pid != self.pid or not pid:
+            return False
+        self.pid = 0
+        if not stopping:
+            self.restart_at = time.monotonic() + RESTART_DELAY
+            say(f"admin process {pid} exited ({describe}); restarting")
+        return True
+
+    def restart_due(self, fork) -> None:
+        """`fork` is the supervisor's, which blocks its signals across the fork."""
+        if self.restart_at and time.monotonic() >= self.restart_at:
+            self.restart_at = 0.0
+            fork()
+
+    def stop(self) -> None:
+        if self.pid:
+            _signal(self.pid, signal.SIGTERM)
+        if self.sock is not None:
+            self.sock.close()
+
+    # ------------------------------------------------------------ reports
+    def reload_result(self, ok: bool, message: str) -> None:
+        self.reloads.append({"at": round(time.time(), 3), "ok": ok, "message": message})
+
+    def report(self, supervisor) -> None:
+        if self.sock is None:
+            return
+        current = max((g.number for g in supervisor.generations if g.was_ready
+                       and not g.stopping), default=None)
+        state = {
+            "pid": os.getpid(),
+            "started": self.started,
+            "stopping": supervisor.stopping,
+            "config": {"file": self.config.source, "sha256": self.config_hash},
+            "generation": current,
+            "generations": [{
+                "number": g.number, "ready": g.was_ready, "stopping": g.stopping,
+                "workers": [{"slot": s.index, "pid": s.pid, "ready": s.pid in g.ready,
+                             "restarts": s.restarts} for s in g.slots],
+            } for g in supervisor.generations],
+            "listeners": [{"address": _shown(sock), "bound": sock.fileno() >= 0}
+                          for sock in supervisor.sockets.values()],
+            "restarts": sum(s.restarts for g in supervisor.generations for s in g.slots),
+            "reloads": list(self.reloads),
+        }
+        data = json.dumps(state, separators=(",", ":")).encode()
+        now = time.monotonic()
+        if data == self._last_report and now - self._last_sent < REPORT_EVERY:
+            return
+        try:
+            self.reports_out.send(data)
+        except (BlockingIOError, InterruptedError, OSError):
+            return                       # the admin process is busy or restarting
+        self._last_report, self._last_sent = data, now
+
+
+def _shown(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getsockname()[:2]
+    except OSError:
+        return "closed"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _file_hash(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return ""
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,67 @@
+"""The admin process: forked and kept running by the supervisor, like a worker but
+serving only the admin listener. It learns the supervisor's state from reports (one
+JSON datagram each, sent on every change and once a second) and the workers' figures
+from the shared table; it never touches their sockets or their requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from dataclasses import replace
+
+from nestgate.admin.api import AdminState, admin_router
+from nestgate.config import Listener
+from nestgate.worker import run_worker
+
+REPORT_MAX = 1 << 20         # bytes of one report datagram
+
+
+def admin_listener(admin) -> Listener:
+    return Listener(admin.host, admin.port, key=admin.key)
+
+
+def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_fd: int):
+    """Entry point in the forked child; never returns."""
+    _name_process("nestgate-admin")
+    state = AdminState(table)
+
+    class Reports:
+        """Read by the worker loop as a service: the latest report replaces the last."""
+
+        def start(self) -> None:
+            loop = asyncio.get_running_loop()
+            reports.setblocking(False)
+            loop.add_reader(reports.fileno(), self.read)
+
+        def read(self) -> None:
+            while True:
+                try:
+                    data = reports.recv(REPORT_MAX)
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError:
+                    return
+                try:
+                    state.report = json.loads(data)
+                except ValueError:
+                    continue
+
+        def stop(self) -> None:
+            asyncio.get_running_loop().remove_reader(reports.fileno())
+
+    router = admin_router(state, config.admin.token)
+    router.services.append(Reports())
+    # The admin's own requests are not the sites' traffic: they go to no request log,
+    # and X-Forwarded-For is never believed on it.
+    run_worker(replace(config, trusted_proxies=()), [(admin_listener(config.admin), sock)],
+               {}, ready_fd, router=router, log_requests=False)
+
+
+def _name_process(name: str) -> None:
+    """The name `ps` and `top` show (the kernel keeps 15 characters)."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name)
+    except OSError:
+        pass

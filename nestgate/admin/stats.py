@@ -1,0 +1,82 @@
+"""Figures each worker publishes for the admin process, without a syscall, lock or
+allocation on the request path.
+
+The supervisor maps one shared, anonymous memory table before it forks anything; each
+worker is given a slot and, once per tick of its clock, writes its figures there with
+one `pack_into`. The admin process reads every slot when asked. A reader may see a slot
+half-written: the figures are counters and gauges read by people and scrapers, and the
+next read is whole; a slot whose pid is 0 is free.
+
+Requests are counted without a per-request step: each connection already counts its
+requests (for `keepalive_requests`); a closed connection adds its count to its
+listener's total, and the tick adds the open connections' counts to that.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+
+# pid, generation, started (wall clock), requests served, open connections: HTTP/1.1,
+# HTTP/2, of those over TLS, TLS handshakes under way; updated (wall clock)
+_SLOT = struct.Struct("<qqdqqqqqd")
+SLOTS = 256                  # workers of every live generation, and room for restarts
+
+
+@dataclass(frozen=True)
+class WorkerFigures:
+    slot: int
+    pid: int
+    generation: int
+    started: float
+    requests: int
+    http1: int
+    http2: int
+    tls: int
+    handshakes: int
+    updated: float
+
+    @property
+    def connections(self) -> int:
+        return self.http1 + self.http2 + self.handshakes
+
+
+class WorkerTable:
+    """The shared table; made by the supervisor, inherited across fork."""
+
+    def __init__(self, slots: int = SLOTS) -> None:
+        self.slots = slots
+        self.memory = mmap.mmap(-1, _SLOT.size * slots)   # MAP_SHARED | MAP_ANONYMOUS
+        self.taken: set[int] = set()                        # the supervisor's book
+
+    # ---------------------------------------------------------- the supervisor
+    def claim(self) -> int:
+        """A free slot for a new worker (-1 when none: it then publishes nothing)."""
+        for slot in range(self.slots):
+            if slot not in self.taken:
+                self.taken.add(slot)
+                self.write(slot, 0, 0, 0.0, 0, 0, 0, 0, 0, 0.0)
+                return slot
+        return -1
+
+    def release(self, slot: int) -> None:
+        if slot in self.taken:
+            self.taken.discard(slot)
+            self.write(slot, 0, 0, 0.0, 0, 0, 0, 0, 0, 0.0)
+
+    # ---------------------------------------------------------- a worker
+    def write(self, slot: int, pid: int, generation: int, started: float, requests: int,
+              http1: int, http2: int, tls: int, handshakes: int, updated: float) -> None:
+        if slot >= 0:
+            _SLOT.pack_into(self.memory, slot * _SLOT.size, pid, generation, started,
+                            requests, http1, http2, tls, handshakes, updated)
+
+    # ---------------------------------------------------------- the admin process
+    def read(self) -> list[WorkerFigures]:
+        figures = []
+        for slot in range(self.slots):
+            values = _SLOT.unpack_from(self.memory, slot * _SLOT.size)
+            if values[0]:
+                figures.append(WorkerFigures(slot, *values))
+        return figures

@@ -1,0 +1,241 @@
+"""The admin listener on a real `nestgate serve` with two workers: liveness, readiness,
+status with the workers' figures, the token gate and its back-off, the separation from
+the sites, reload results, and the admin process kept running by the supervisor."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import _env
+
+TOKEN = "4f1c9e0b7a2d4c6e8f0a1b2c3d4e5f60"
+
+CONFIG = """
+[server]
+workers = 2
+
+[[listen]]
+address = "127.0.0.1:0"
+
+{admin}
+
+[[site]]
+hosts = ["*"]
+
+[[site.route]]
+path = "/"
+type = "return"
+body = "{body}"
+"""
+
+
+def admin_get(port: int, path: str, token: str | None = None, host: str = "localhost"):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    headers = {"Host": host}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    conn.request("GET", path, headers=headers)
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    return resp.status, dict(resp.getheaders()), json.loads(body) if body else None
+
+
+def site_get(port: int, path: str = "/") -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    status, body = resp.status, resp.read()
+    conn.close()
+    return status, body
+
+
+def poll(produce, check, timeout: float = 10):
+    deadline = time.monotonic() + timeout
+    value = produce()
+    while not check(value) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        value = produce()
+    return value
+
+
+def test_health_ready_and_status_count_the_requests_served(start_server):
+    server = start_server(CONFIG.format(admin="", body="hello"))
+    admin = server.admin_port()
+    assert admin_get(admin, "/v1/health")[:1] == (200,)
+    status, _headers, ready = poll(lambda: admin_get(admin, "/v1/ready"), lambda r: r[0] == 200)
+    assert status == 200 and ready == {"ready": True, "generation": 1}
+
+    sent = 37
+    for _ in range(sent):
+        assert site_get(server.port()) == (200, b"hello")
+
+    def served():
+        answer = admin_get(admin, "/v1/status")[2]
+        workers = answer["generations"][0]["workers"]
+        return answer, sum(w.get("requests", 0) for w in workers)
+
+    answer, total = poll(served, lambda v: v[1] >= sent)
+    assert total == sent                       # exactly the requests sent, no more
+    workers = answer["generations"][0]["workers"]
+    assert sorted(w["pid"] for w in workers) == sorted(server.worker_pids())
+    assert all(w["ready"] and w["uptime_s"] >= 0 for w in workers)
+    assert answer["generation"] == 1 and answer["pid"] == server.proc.pid
+    assert answer["config"]["file"] == str(server.config_path)
+    assert len(answer["config"]["sha256"]) == 64
+    assert answer["listeners"] == [{"address": f"127.0.0.1:{server.port()}", "bound": True}]
+
+
+def test_open_connections_are_reported_by_protocol(start_server):
+    server = start_server(CONFIG.format(admin="", body="hello"))
+    admin = server.admin_port()
+    held = [http.client.HTTPConnection("127.0.0.1", server.port(), timeout=5)
+            for _ in range(3)]
+    for conn in held:
+        conn.request("GET", "/")
+        conn.getresponse().read()
+
+    def open_h1():
+        workers = admin_get(admin, "/v1/status")[2]["generations"][0]["workers"]
+        return sum(w["connections"]["http1"] for w in workers if "connections" in w)
+
+    assert poll(open_h1, lambda n: n == 3) == 3
+    for conn in held:
+        conn.close()
+    assert poll(open_h1, lambda n: n == 0) == 0
+
+
+def test_without_a_token_only_loopback_is_answered_and_sites_never_reach_it(start_server):
+    server = start_server(CONFIG.format(admin="", body="site page"))
+    admin = server.admin_port()
+    assert "no token set: loopback clients only" in server.wait_for("admin API on")
+    # A site's Host on the admin port: the admin's own 404, never the site.
+    status, _h, body = admin_get(admin, "/", host="example.com")
+    assert status == 404 and body["error"]["code"] == "not_found"
+    # The admin's paths on a site's port: the site's answer, never the admin's.
+    status, body = site_get(server.port(), "/v1/status")
+    assert status == 404 and b"generations" not in body
+
+
+def test_a_token_is_required_and_guessing_is_slowed(start_server):
+    server = start_server(CONFIG.format(admin=f'[admin]\ntoken = "{TOKEN}"', body="x"))
+    admin = server.admin_port()
+    assert "bearer token required" in server.wait_for("admin API on")
+    assert admin_get(admin, "/v1/health")[0] == 200            # liveness needs no token
+    status, headers, body = admin_get(admin, "/v1/status")
+    assert status == 401 and headers["www-authenticate"].startswith("Bearer")
+    assert body["error"]["code"] == "unauthorized"
+    assert admin_get(admin, "/v1/status", TOKEN)[0] == 200
+    assert admin_get(admin, "/v1/status", TOKEN[:-1] + "1")[0] == 401
+    assert admin_get(admin, "/v1/status", "Basic " + TOKEN)[0] == 401
+    for _ in range(2):              # the 4th and 5th failure (MAX_FAILURES)
+        assert admin_get(admin, "/v1/ready", "wrong-token-guess-0000")[0] == 401
+    status, headers, body = admin_get(admin, "/v1/status", "another-guess-00000000")
+    assert status == 429 and int(headers["retry-after"]) > 0
+    # Refused for a while, even with the right token: the guesser cannot tell.
+    assert admin_get(admin, "/v1/status", TOKEN)[0] == 429
+    assert admin_get(admin, "/v1/health")[0] == 200
+
+
+def test_the_token_can_come_from_the_environment(tmp_path):
+    config = tmp_path / "nestgate.toml"
+    config.write_text(CONFIG.format(admin="", body="x"))
+    env = _env() | {"NESTGATE_ADMIN_TOKEN": TOKEN}
+    from conftest import Server
+    server = Server(config, env=env)
+    try:
+        admin = server.admin_port()
+        assert admin_get(admin, "/v1/status")[0] == 401
+        assert admin_get(admin, "/v1/status", TOKEN)[0] == 200
+    finally:
+        server.stop()
+
+
+def test_reload_results_are_reported(start_server):
+    server = start_server(CONFIG.format(admin="", body="one"))
+    admin = server.admin_port()
+    server.config_path.write_text(CONFIG.format(admin="", body="two") + "\nbogus = 1\n")
+    mark = len(server.lines)
+    server.signal(signal.SIGHUP)
+    server.wait_for("reload refused", start=mark)
+    reloads = poll(lambda: admin_get(admin, "/v1/status")[2]["reloads"], bool)
+    assert reloads[-1]["ok"] is False and "bogus" in reloads[-1]["message"]
+    assert site_get(server.port()) == (200, b"one")
+
+    server.config_path.write_text(CONFIG.format(admin="", body="two"))
+    mark = len(server.lines)
+    server.signal(signal.SIGHUP)
+    server.wait_for("reloaded", start=mark)
+    answer = poll(lambda: admin_get(admin, "/v1/status")[2],
+                  lambda a: a["generation"] == 2 and len(a["reloads"]) == 2)
+    assert answer["reloads"][-1] == {**answer["reloads"][-1], "ok": True,
+                                     "message": "generation 2 serving"}
+    assert admin_get(admin, "/v1/ready")[2] == {"ready": True, "generation": 2}
+    assert site_get(server.port()) == (200, b"two")
+
+
+def test_a_killed_admin_process_is_started_again(start_server):
+    server = start_server(CONFIG.format(admin="", body="x"))
+    admin = server.admin_port()
+    victim = server.admin_pid()
+    mark = len(server.lines)
+    os.kill(victim, signal.SIGKILL)
+    server.wait_for(f"admin process {victim} exited", start=mark)
+    status = poll(lambda: _status_or_none(admin), lambda s: s == 200)
+    assert status == 200 and server.admin_pid() != victim
+    assert site_get(server.port()) == (200, b"x")          # the sites never noticed
+
+
+def _status_or_none(port: int):
+    try:
+        return admin_get(port, "/v1/health")[0]
+    except OSError:
+        return None
+
+
+def test_admin_config_problems_name_the_key(tmp_path):
+    cases = {
+        '[admin]\ntoken = "short"': "admin.token: expected a token of at least 16",
+        '[admin]\naddress = "127.0.0.1:8"\nbogus = 1': "admin.bogus: unknown key",
+        '[admin]\naddress = "nowhere"': "admin.address: expected HOST:PORT",
+    }
+    for admin, expected in cases.items():
+        config = tmp_path / "nestgate.toml"
+        config.write_text(CONFIG.format(admin=admin, body="x"))
+        result = subprocess.run([sys.executable, "-m", "nestgate", "check", "--config",
+                                 str(config)], capture_output=True, text=True, env=_env(),
+                                timeout=30)
+        assert result.returncode != 0 and expected in result.stdout + result.stderr, \
+            (admin, result.stdout, result.stderr)
+
+
+def test_the_admin_port_cannot_be_a_sites_port(tmp_path):
+    config = tmp_path / "nestgate.toml"
+    config.write_text(CONFIG.format(admin='[admin]\naddress = "127.0.0.1:18181"', body="x")
+                      .replace("127.0.0.1:0", "127.0.0.1:18181"))
+    env = _env()
+    env.pop("NESTGATE_ADMIN")
+    result = subprocess.run([sys.executable, "-m", "nestgate", "check", "--config",
+                             str(config)], capture_output=True, text=True, env=env, timeout=30)
+    assert result.returncode != 0
+    assert "admin.address: expected an address that listen[0].address does not take" \
+        in result.stdout + result.stderr
+
+
+def test_off_turns_the_admin_listener_off(tmp_path):
+    config = tmp_path / "nestgate.toml"
+    config.write_text(CONFIG.format(admin="[admin]\nenabled = false", body="x"))
+    from conftest import Server
+    server = Server(config)
+    try:
+        assert site_get(server.port()) == (200, b"x")
+        assert not any("admin API" in line for line in server.lines)
+        assert len(server.children()) == 2
+    finally:
+        server.stop()
