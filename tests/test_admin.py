@@ -239,3 +239,50 @@ def test_off_turns_the_admin_listener_off(tmp_path):
         assert len(server.children()) == 2
     finally:
         server.stop()
+
+
+def scrape(port: int, token: str | None = None) -> tuple[int, str, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
+    resp = conn.getresponse()
+    text = resp.read().decode()
+    conn.close()
+    from prometheus_client.parser import text_string_to_metric_families
+    samples = {}
+    if resp.status == 200:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return resp.status, resp.getheader("content-type"), samples
+
+
+def test_metrics_count_the_requests_and_only_grow(start_server):
+    server = start_server(CONFIG.format(admin=f'[admin]\ntoken = "{TOKEN}"', body="x"))
+    admin = server.admin_port()
+    assert scrape(admin)[0] == 401
+    for _ in range(20):
+        site_get(server.port())
+
+    def served(samples):
+        return sum(v for _l, v in samples.get("nestgate_requests_served_total", []))
+
+    status, content_type, first = poll(lambda: scrape(admin, TOKEN),
+                                       lambda r: served(r[2]) >= 20)
+    assert status == 200 and content_type == "text/plain; version=0.0.4; charset=utf-8"
+    assert served(first) == 20
+    assert first["nestgate_build_info"][0][0]["version"]
+    assert first["nestgate_generation"] == [({}, 1.0)]
+    assert ({"state": "ready"}, 2.0) in first["nestgate_workers"]
+    roles = sorted(l["process"] for l, _v in first["nestgate_process_resident_memory_bytes"])
+    assert roles == ["admin", "supervisor", "worker", "worker"]
+    assert all(v > 1_000_000 for _l, v in first["nestgate_process_resident_memory_bytes"])
+
+    for _ in range(15):
+        site_get(server.port())
+    _s, _c, second = poll(lambda: scrape(admin, TOKEN), lambda r: served(r[2]) >= 35)
+    assert served(second) == 35
+    for name in ("nestgate_requests_served_total", "nestgate_process_cpu_seconds_total"):
+        before = {tuple(sorted(l.items())): v for l, v in first[name]}
+        after = {tuple(sorted(l.items())): v for l, v in second[name]}
+        assert before.keys() == after.keys()
+        assert all(after[k] >= before[k] for k in before), name

@@ -2,6 +2,7 @@
 
     GET /v1/health   liveness: 200 while the admin process answers (no token needed)
     GET /v1/ready    200 when the current generation's workers all listen, else 503
+    GET /metrics     the Prometheus text exposition (nestgate.admin.metrics)
     GET /v1/status   version, uptime, config file and hash, generations, each worker's
                      figures (pid, uptime, open connections, requests served), listeners,
                      recent reloads
@@ -16,6 +17,7 @@ import json
 import time
 
 from nestgate import __version__
+from nestgate.admin import metrics
 from nestgate.clock import CLOCK
 from nestgate.handlers import GATED
 from nestgate.responses import Prebuilt
@@ -90,21 +92,23 @@ class TokenGate:
 
 
 class Endpoint:
-    """A GET endpoint answering JSON made by `produce()` -> (status, value)."""
+    """A GET endpoint answering what `produce()` -> (status, value) makes: JSON, or
+    bytes as they are in `content_type`."""
 
     is_async = True
-    __slots__ = ("produce",)
+    __slots__ = ("produce", "content_type")
 
-    def __init__(self, produce) -> None:
+    def __init__(self, produce, content_type: str = "application/json") -> None:
         self.produce = produce
+        self.content_type = content_type
 
     async def handle(self, request) -> None:
         if request.method not in (b"GET", b"HEAD"):
             await request.send_prebuilt(METHOD)
             return
         status, value = self.produce()
-        body = _json(value)
-        request.start(status, [("content-type", "application/json"),
+        body = value if isinstance(value, bytes) else _json(value)
+        request.start(status, [("content-type", self.content_type),
                                ("cache-control", "no-store")], len(body))
         if request.method == b"GET":
             await request.write(body)
@@ -151,6 +155,9 @@ class AdminState:
             if not listener.get("bound"):
                 reasons.append(f"listener {listener['address']} is not bound")
         return reasons
+
+    def metrics(self):
+        return 200, metrics.render(self)
 
     def status(self):
         report = self.report
@@ -201,6 +208,7 @@ def admin_router(state: AdminState, token: str) -> Router:
     site.add_exact("/v1/health", Endpoint(state.health), sign_in=False)
     site.add_exact("/v1/ready", Endpoint(state.ready))
     site.add_exact("/v1/status", Endpoint(state.status))
+    site.add_exact("/metrics", Endpoint(state.metrics, metrics.CONTENT_TYPE))
     router = Router(site)
     router.add_site(["*"], site)
     return router

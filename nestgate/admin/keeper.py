@@ -31,6 +31,7 @@ class AdminKeeper:
         self.reports_out, self.reports_in = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.reports_out.setblocking(False)
         self.reloads: deque = deque(maxlen=RELOADS_KEPT)
+        self.reload_counts = {"ok": 0, "refused": 0}
         self.started = time.time()
         self.config_hash = ""
         self._last_report = b""
@@ -109,6 +110,7 @@ class AdminKeeper:
     # ------------------------------------------------------------ reports
     def reload_result(self, ok: bool, message: str) -> None:
         self.reloads.append({"at": round(time.time(), 3), "ok": ok, "message": message})
+        self.reload_counts["ok" if ok else "refused"] += 1
 
     def report(self, supervisor) -> None:
         if self.sock is None:
@@ -130,6 +132,7 @@ class AdminKeeper:
                           for sock in supervisor.sockets.values()],
             "restarts": sum(s.restarts for g in supervisor.generations for s in g.slots),
             "reloads": list(self.reloads),
+            "reload_counts": self.reload_counts,
         }
         data = json.dumps(state, separators=(",", ":")).encode()
         now = time.monotonic()

@@ -1,0 +1,100 @@
+"""`GET /metrics`: the Prometheus text exposition (format 0.0.4), every name prefixed
+`nestgate_`. Made when scraped from what the admin process already has (the supervisor's
+report, the workers' shared table) and from /proc for each process's CPU and memory:
+nothing is counted on the request path for it."""
+
+from __future__ import annotations
+
+import os
+
+from nestgate import __version__
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class Exposition:
+    """Families written in order, each with its HELP and TYPE once."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str, samples) -> None:
+        self.lines.append(f"# HELP nestgate_{name} {help_text}")
+        self.lines.append(f"# TYPE nestgate_{name} {kind}")
+        suffix = "_total" if kind == "counter" else ""
+        for labels, value in samples:
+            shown = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
+            self.lines.append(f"nestgate_{name}{suffix}{{{shown}}} {_number(value)}"
+                              if shown else f"nestgate_{name}{suffix} {_number(value)}")
+
+    def text(self) -> bytes:
+        return ("\n".join(self.lines) + "\n").encode()
+
+
+def render(state) -> bytes:
+    report = state.report
+    out = Exposition()
+    out.family("build_info", "gauge", "The running version; always 1.",
+               [({"version": __version__}, 1)])
+    out.family("start_time_seconds", "gauge", "When the supervisor started (Unix time).",
+               [({}, report.get("started", 0))])
+    out.family("generation", "gauge", "The number of the generation of workers serving.",
+               [({}, report.get("generation") or 0)])
+    current = [g for g in report.get("generations", ()) if g["number"] == report.get("generation")]
+    workers = [w for g in current for w in g["workers"]]
+    out.family("workers", "gauge", "Workers of the serving generation, by state.",
+               [({"state": "ready"}, sum(1 for w in workers if w["ready"])),
+                ({"state": "starting"}, sum(1 for w in workers if w["pid"] and not w["ready"])),
+                ({"state": "restarting"}, sum(1 for w in workers if not w["pid"]))])
+    out.family("worker_restarts", "counter", "Workers started again after they exited.",
+               [({}, report.get("restarts", 0))])
+    reloads = report.get("reload_counts", {})
+    out.family("reloads", "counter", "Reloads (SIGHUP), by result.",
+               [({"result": "ok"}, reloads.get("ok", 0)),
+                ({"result": "refused"}, reloads.get("refused", 0))])
+
+    figures = state.table.read()
+    out.family("requests_served", "counter",
+               "Requests (HTTP/1.1) and streams (HTTP/2) read by each running worker.",
+               [({"pid": f.pid, "generation": f.generation}, f.requests) for f in figures])
+    out.family("open_connections", "gauge",
+               "Open client connections of every running worker, by protocol.",
+               [({"protocol": "http1"}, sum(f.http1 for f in figures)),
+                ({"protocol": "http2"}, sum(f.http2 for f in figures)),
+                ({"protocol": "tls"}, sum(f.tls for f in figures)),
+                ({"protocol": "tls_handshake"}, sum(f.handshakes for f in figures))])
+
+    processes = [("supervisor", report.get("pid")), ("admin", os.getpid())] + \
+        [("worker", f.pid) for f in figures]
+    usage = [(role, pid, _usage(pid)) for role, pid in processes if pid]
+    out.family("process_cpu_seconds", "counter", "CPU time (user and system) by process.",
+               [({"process": role, "pid": pid}, cpu) for role, pid, (cpu, _rss) in usage
+                if cpu is not None])
+    out.family("process_resident_memory_bytes", "gauge", "Resident memory by process.",
+               [({"process": role, "pid": pid}, rss) for role, pid, (_cpu, rss) in usage
+                if rss is not None])
+    return out.text()
+
+
+def _usage(pid: int) -> tuple[float | None, int | None]:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            resident = int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None, None
+    # After the command name: state is field 3, utime 14 and stime 15 (1-based).
+    return (int(fields[11]) + int(fields[12])) / _TICKS, resident * _PAGE
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    return str(int(value))
