@@ -1,4 +1,4 @@
-"""The command line: nestgate serve | check | allow | passwd | bench."""
+"""The command line: nestgate serve | check | allow | passwd | ctl | bench."""
 
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["allow"]:
         from nestgate.allowcli import allow_main
         return allow_main(argv[1:])
+    if argv[:1] == ["ctl"]:
+        from nestgate.admin.ctl import ctl_main
+        return ctl_main(argv[1:])
 
     parser = argparse.ArgumentParser(prog="nestgate", description="The front door of a "
                                      "self-hosted server.")
@@ -51,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(see `nestgate passwd -h`)")
     commands.add_parser("allow", help="add, list or remove dynamic allow entries "
                         "(see `nestgate allow -h`)")
+    commands.add_parser("ctl", help="ask the running server's admin API: status, ready, "
+                        "metrics (see `nestgate ctl -h`)")
     args = parser.parse_args(argv)
 
     from nestgate.config import ConfigError, config_warnings

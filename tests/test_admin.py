@@ -286,3 +286,42 @@ def test_metrics_count_the_requests_and_only_grow(start_server):
         after = {tuple(sorted(l.items())): v for l, v in second[name]}
         assert before.keys() == after.keys()
         assert all(after[k] >= before[k] for k in before), name
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ctl(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nestgate", "ctl", *args], capture_output=True,
+                          text=True, env=env or _env(), timeout=30)
+
+
+def test_ctl_reads_the_address_and_token_from_the_config(tmp_path):
+    from conftest import Server
+    config = tmp_path / "nestgate.toml"
+    config.write_text(CONFIG.format(admin=f'[admin]\ntoken = "{TOKEN}"', body="x"))
+    env = _env() | {"NESTGATE_ADMIN": f"127.0.0.1:{free_port()}"}
+    server = Server(config, env=env)
+    try:
+        poll(lambda: ctl("ready", "--config", str(config), env=env), lambda r: r.returncode == 0)
+        result = ctl("status", "--config", str(config), env=env)
+        assert result.returncode == 0, result.stderr
+        assert "generation 1 (serving):" in result.stdout
+        assert result.stdout.count(" ready ") == 2
+        result = ctl("status", "--json", "--config", str(config), env=env)
+        assert json.loads(result.stdout)["pid"] == server.proc.pid
+        result = ctl("ready", "--config", str(config), env=env)
+        assert (result.returncode, result.stdout) == (0, "ready\n")
+        result = ctl("metrics", "--config", str(config), env=env)
+        assert result.returncode == 0 and "# TYPE nestgate_requests_served counter" in result.stdout
+        result = ctl("status", "--config", str(config), "--token", "not-the-token-000000",
+                     env=env)
+        assert result.returncode == 1 and "401" in result.stderr
+    finally:
+        server.stop()
+    result = ctl("status", "--config", str(config), env=env)
+    assert result.returncode == 3 and "cannot reach the admin listener" in result.stderr
