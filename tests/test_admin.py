@@ -325,3 +325,79 @@ def test_ctl_reads_the_address_and_token_from_the_config(tmp_path):
         server.stop()
     result = ctl("status", "--config", str(config), env=env)
     assert result.returncode == 3 and "cannot reach the admin listener" in result.stderr
+
+
+ALLOW_CONFIG = """
+[server]
+workers = 2
+
+[[listen]]
+address = "127.0.0.1:0"
+
+[admin]
+token = "{token}"
+audit_log = "audit.log"
+
+[auth]
+store = "state.db"
+
+[[site]]
+hosts = ["*"]
+allow = ["10.0.0.0/8"]
+
+[[site.route]]
+path = "/"
+type = "return"
+body = "inside"
+"""
+
+
+def admin_call(port: int, method: str, path: str, body=None, token: str = TOKEN):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    data = json.dumps(body).encode() if body is not None else None
+    conn.request(method, path, body=data, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    raw = resp.read()
+    conn.close()
+    return resp.status, json.loads(raw) if raw else None
+
+
+def test_allow_entries_added_through_the_api_open_every_worker(start_server, tmp_path):
+    server = start_server(ALLOW_CONFIG.format(token=TOKEN))
+    admin = server.admin_port()
+    assert site_get(server.port())[0] == 403
+    status, added = admin_call(admin, "POST", "/v1/allow",
+                               {"cidr": "127.0.0.1", "ttl": "10m", "comment": "laptop"})
+    assert status == 201 and added["cidr"] == "127.0.0.1" and added["ttl"] == 600.0
+    # Every worker lets the address in within a second or two (connections spread).
+    opened = poll(lambda: [site_get(server.port())[0] for _ in range(8)],
+                  lambda statuses: set(statuses) == {200}, timeout=5)
+    assert set(opened) == {200}
+    status, listed = admin_call(admin, "GET", "/v1/allow")
+    assert status == 200 and [e["id"] for e in listed["entries"]] == [added["id"]]
+    assert listed["entries"][0]["comment"] == "laptop"
+
+    assert admin_call(admin, "DELETE", f"/v1/allow/{added['id']}") == (204, None)
+    assert admin_call(admin, "DELETE", f"/v1/allow/{added['id']}")[0] == 404
+    closed = poll(lambda: [site_get(server.port())[0] for _ in range(8)],
+                  lambda statuses: set(statuses) == {403}, timeout=5)
+    assert set(closed) == {403}
+
+    audit = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
+    assert [(r["action"], r["who"], r["client"]) for r in audit] == [
+        ("allow.add", "token", "127.0.0.1"), ("allow.remove", "token", "127.0.0.1")]
+    assert TOKEN not in (tmp_path / "audit.log").read_text()
+
+
+def test_allow_entries_are_checked_before_they_are_stored(start_server):
+    server = start_server(ALLOW_CONFIG.format(token=TOKEN))
+    admin = server.admin_port()
+    for body, expected in [({"cidr": "300.1.1.1"}, "cidr"), ({"cidr": "10.0.0.1", "ttl": "-1h"},
+                           "ttl"), ({"cidr": "10.0.0.1", "extra": 1}, "unknown field"),
+                           (["10.0.0.1"], "JSON object")]:
+        status, answer = admin_call(admin, "POST", "/v1/allow", body)
+        assert status == 422 and expected in answer["error"]["message"], (body, answer)
+    assert admin_call(admin, "GET", "/v1/allow")[1] == {"entries": []}
+    assert admin_call(admin, "POST", "/v1/allow", {"cidr": "10.0.0.1"}, token="wrong-0000000000")[0] == 401
+    assert admin_call(admin, "PUT", "/v1/allow", {"cidr": "10.0.0.1"})[0] == 405

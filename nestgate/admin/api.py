@@ -3,6 +3,7 @@
     GET /v1/health   liveness: 200 while the admin process answers (no token needed)
     GET /v1/ready    200 when the current generation's workers all listen, else 503
     GET /metrics     the Prometheus text exposition (nestgate.admin.metrics)
+    /v1/allow        the dynamic allow-list (nestgate.admin.allowlist)
     GET /v1/status   version, uptime, config file and hash, generations, each worker's
                      figures (pid, uptime, open connections, requests served), listeners,
                      recent reloads
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 import hmac
 import json
+import sys
 import time
 
 from nestgate import __version__
 from nestgate.admin import metrics
+from nestgate.admin.allowlist import AllowList
 from nestgate.clock import CLOCK
 from nestgate.handlers import GATED
 from nestgate.responses import Prebuilt
@@ -107,21 +110,51 @@ class Endpoint:
             await request.send_prebuilt(METHOD)
             return
         status, value = self.produce()
-        body = value if isinstance(value, bytes) else _json(value)
+        if not isinstance(value, bytes):
+            await reply(request, status, value)
+            return
         request.start(status, [("content-type", self.content_type),
-                               ("cache-control", "no-store")], len(body))
+                               ("cache-control", "no-store")], len(value))
         if request.method == b"GET":
-            await request.write(body)
+            await request.write(value)
         request.end()
+
+
+async def reply(request, status: int, value) -> None:
+    body = _json(value)
+    request.start(status, [("content-type", "application/json"),
+                           ("cache-control", "no-store")], len(body))
+    if request.method != b"HEAD":
+        await request.write(body)
+    request.end()
 
 
 class AdminState:
     """What the admin process knows: the supervisor's latest report and the workers'
-    shared table."""
+    shared table; and where it writes the audit of changes made through it."""
 
-    def __init__(self, table) -> None:
+    def __init__(self, table, audit_log: str = "-", token_set: bool = False) -> None:
         self.table = table
         self.report: dict = {}
+        self.audit_log = audit_log
+        self.token_set = token_set
+
+    def audit(self, request, action: str, details: dict) -> None:
+        """One JSON line per change: when, who (the token, or a loopback client when
+        there is none), from where, what."""
+        record = {"time": round(time.time(), 3), "who": "token" if self.token_set else
+                  "loopback", "client": request.client, "action": action, **details}
+        line = json.dumps(record, separators=(",", ":"), ensure_ascii=True) + "\n"
+        if self.audit_log in ("-", ""):
+            sys.stderr.write("nestgate: audit " + line)
+            sys.stderr.flush()
+            return
+        try:
+            with open(self.audit_log, "a", encoding="ascii") as f:
+                f.write(line)
+        except OSError as exc:
+            sys.stderr.write(f"nestgate: audit log {self.audit_log}: {exc.strerror}; "
+                             "the record: " + line)
 
     # ------------------------------------------------------------ answers
     def health(self):
@@ -194,7 +227,7 @@ class AdminState:
         }
 
 
-def admin_router(state: AdminState, token: str) -> Router:
+def admin_router(state: AdminState, token: str, store_path: str = "") -> Router:
     """The admin listener's only site, for every Host: a request on it never reaches
     a site's routes, and a site's Host gets the admin's 404."""
     failures: dict = {}
@@ -209,6 +242,9 @@ def admin_router(state: AdminState, token: str) -> Router:
     site.add_exact("/v1/ready", Endpoint(state.ready))
     site.add_exact("/v1/status", Endpoint(state.status))
     site.add_exact("/metrics", Endpoint(state.metrics, metrics.CONTENT_TYPE))
+    allow = AllowList(store_path, state.audit, error, reply)
+    site.add_exact("/v1/allow", allow)
+    site.add_exact("/v1/allow/{id}", allow)
     router = Router(site)
     router.add_site(["*"], site)
     return router

@@ -4,6 +4,7 @@
     enabled = true                 # false: no admin listener
     address = "127.0.0.1:7998"     # fn-knock's port; NESTGATE_ADMIN overrides it (or "off")
     token = "..."                  # or token_file = "admin.token", or NESTGATE_ADMIN_TOKEN
+    audit_log = "admin-audit.log"  # the changes made through the API; "-" (stderr) default
 
 Without a token the listener answers loopback clients only; with one, every endpoint
 but liveness needs `Authorization: Bearer <token>`.
@@ -27,6 +28,7 @@ class AdminConfig:
     host: str = DEFAULT_ADDRESS[0]
     port: int = DEFAULT_ADDRESS[1]
     token: str = ""
+    audit_log: str = "-"              # a file for the API's changes; "-" is stderr
     key: str = "admin.address"        # where the address was set, for bind errors
 
     @property
@@ -66,5 +68,12 @@ def read_admin(s, parse_address) -> AdminConfig:
                "(`openssl rand -hex 32` makes one)", "a shorter one")
     if token and any(c.isspace() for c in token):
         s.fail("token", "a token without spaces", "one with spaces")
+    audit_log = s.str("audit_log", d.audit_log)
+    if audit_log not in ("-", ""):
+        audit_log = str((s.base / audit_log).resolve())
+        parent = Path(audit_log).parent
+        if Path(audit_log).is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
+            s.fail("audit_log", "a file in a writable directory, or \"-\" for stderr",
+                   audit_log)
     s.check_unknown()
-    return AdminConfig(enabled, host, port, token, key)
+    return AdminConfig(enabled, host, port, token, audit_log or "-", key)

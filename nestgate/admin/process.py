@@ -24,7 +24,7 @@ def admin_listener(admin) -> Listener:
 def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_fd: int):
     """Entry point in the forked child; never returns."""
     _name_process("nestgate-admin")
-    state = AdminState(table)
+    state = AdminState(table, config.admin.audit_log, bool(config.admin.token))
 
     class Reports:
         """Read by the worker loop as a service: the latest report replaces the last."""
@@ -50,7 +50,9 @@ def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_
         def stop(self) -> None:
             asyncio.get_running_loop().remove_reader(reports.fileno())
 
-    router = admin_router(state, config.admin.token)
+    store = config.auth.store if config.auth is not None and \
+        config.auth.store != ":memory:" else ""
+    router = admin_router(state, config.admin.token, store)
     router.services.append(Reports())
     # The admin's own requests are not the sites' traffic: they go to no request log,
     # and X-Forwarded-For is never believed on it.
