@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("allow", help="add, list or remove dynamic allow entries "
                         "(see `nestgate allow -h`)")
     commands.add_parser("ctl", help="ask the running server's admin API: status, ready, "
-                        "metrics (see `nestgate ctl -h`)")
+                        "metrics, reload (see `nestgate ctl -h`)")
     args = parser.parse_args(argv)
 
     from nestgate.config import ConfigError, config_warnings

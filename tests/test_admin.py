@@ -318,6 +318,18 @@ def test_ctl_reads_the_address_and_token_from_the_config(tmp_path):
         assert (result.returncode, result.stdout) == (0, "ready\n")
         result = ctl("metrics", "--config", str(config), env=env)
         assert result.returncode == 0 and "# TYPE nestgate_requests_served counter" in result.stdout
+        config.write_text(config.read_text().replace('body = "x"', 'body = "y"\nbogus = 1'))
+        # A broken file is refused before the server is asked (ctl reads it for the
+        # address and token): the same problems, exit 2; the server is not touched.
+        result = ctl("reload", "--config", str(config), env=env)
+        assert result.returncode == 2 and "site[0].route[0].bogus: unknown key" in result.stderr
+        result = ctl("reload", "--address", f"127.0.0.1:{server.admin_port()}", "--token",
+                     TOKEN, env=env)
+        assert result.returncode == 1 and "site[0].route[0].bogus: unknown key" in result.stderr
+        config.write_text(config.read_text().replace("\nbogus = 1", ""))
+        result = ctl("reload", "--config", str(config), env=env)
+        assert (result.returncode, result.stdout) == (0, "reloaded: generation 2 serving\n")
+        assert site_get(server.port()) == (200, b"y")
         result = ctl("status", "--config", str(config), "--token", "not-the-token-000000",
                      env=env)
         assert result.returncode == 1 and "401" in result.stderr
@@ -401,3 +413,107 @@ def test_allow_entries_are_checked_before_they_are_stored(start_server):
     assert admin_call(admin, "GET", "/v1/allow")[1] == {"entries": []}
     assert admin_call(admin, "POST", "/v1/allow", {"cidr": "10.0.0.1"}, token="wrong-0000000000")[0] == 401
     assert admin_call(admin, "PUT", "/v1/allow", {"cidr": "10.0.0.1"})[0] == 405
+
+
+RELOAD_CONFIG = """
+[server]
+workers = 2
+
+[[listen]]
+address = "127.0.0.1:0"
+
+[admin]
+token = "{token}"
+
+[auth]
+store = "state.db"
+[[auth.user]]
+name = "ops"
+password = "$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA"
+
+[[site]]
+name = "main"
+hosts = ["*"]
+
+[[site.route]]
+path = "/"
+type = "return"
+body = "main"
+{extra}
+"""
+
+SECOND_SITE = """
+[[site]]
+name = "blog"
+hosts = ["blog.localhost"]
+
+[[site.route]]
+path = "/"
+type = "return"
+body = "blog"
+"""
+
+
+def post_raw(port: int, path: str, body: bytes = b"", token: str = TOKEN):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=70)
+    conn.request("POST", path, body=body, headers={"Authorization": f"Bearer {token}"})
+    resp = conn.getresponse()
+    raw = resp.read()
+    conn.close()
+    return resp.status, json.loads(raw)
+
+
+def host_get(port: int, host: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/", headers={"Host": host})
+    resp = conn.getresponse()
+    answer = resp.status, resp.read()
+    conn.close()
+    return answer
+
+
+def test_config_is_shown_with_its_secrets_redacted(start_server):
+    server = start_server(RELOAD_CONFIG.format(token=TOKEN, extra=""))
+    status, _h, config = admin_get(server.admin_port(), "/v1/config", TOKEN)
+    assert status == 200
+    assert config["admin"]["token"] == "<redacted>"
+    assert config["auth"]["users"][0] == {**config["auth"]["users"][0], "name": "ops",
+                                          "password": "<redacted>", "totp": ""}
+    assert [s["name"] for s in config["sites"]] == ["main"]
+    assert TOKEN not in json.dumps(config) and "argon2" not in json.dumps(config)
+
+
+def test_validate_lists_the_problems_check_would(start_server):
+    server = start_server(RELOAD_CONFIG.format(token=TOKEN, extra=""))
+    admin = server.admin_port()
+    good = RELOAD_CONFIG.format(token=TOKEN, extra=SECOND_SITE).encode()
+    assert post_raw(admin, "/v1/config/validate", good) == (200, {"ok": True, "problems": []})
+    status, answer = post_raw(admin, "/v1/config/validate",
+                              good.replace(b"workers = 2", b"workers = -1\nbogus = 1"))
+    assert status == 422 and answer["error"]["code"] == "invalid_config"
+    keys = {p["key"] for p in answer["error"]["details"]["problems"]}
+    assert keys == {"server.workers", "server.bogus"}
+    assert all(p["file"] == "<body>" for p in answer["error"]["details"]["problems"])
+    status, answer = post_raw(admin, "/v1/config/validate", b"[server\nworkers = 2")
+    assert status == 422 and "not valid TOML" in answer["error"]["details"]["problems"][0]["message"]
+
+
+def test_reload_through_the_api_waits_for_the_new_workers_and_names_the_changes(start_server):
+    server = start_server(RELOAD_CONFIG.format(token=TOKEN, extra=""))
+    admin = server.admin_port()
+    assert host_get(server.port(), "blog.localhost") == (200, b"main")
+    server.config_path.write_text(RELOAD_CONFIG.format(token=TOKEN, extra=SECOND_SITE))
+    status, answer = post_raw(admin, "/v1/config/reload")
+    assert status == 200, answer
+    assert answer["generation"] == 2
+    assert answer["changed"]["sites"] == {"added": ["blog"], "removed": []}
+    assert answer["changed"]["routes"] == {"added": ["blog /"], "removed": []}
+    # Served by every worker as soon as the answer came: new connections, both workers.
+    assert {host_get(server.port(), "blog.localhost") for _ in range(10)} == {(200, b"blog")}
+
+    server.config_path.write_text(RELOAD_CONFIG.format(token=TOKEN, extra=SECOND_SITE)
+                                  .replace('name = "blog"', 'name = "blog"\nbogus = 1'))
+    status, answer = post_raw(admin, "/v1/config/reload")
+    assert status == 422 and answer["error"]["code"] == "reload_refused"
+    assert [p["key"] for p in answer["error"]["details"]["problems"]] == ["site[1].bogus"]
+    assert host_get(server.port(), "blog.localhost") == (200, b"blog")   # still serving

@@ -4,6 +4,7 @@
     GET /v1/ready    200 when the current generation's workers all listen, else 503
     GET /metrics     the Prometheus text exposition (nestgate.admin.metrics)
     /v1/allow        the dynamic allow-list (nestgate.admin.allowlist)
+    /v1/config       the config, its validation and reload (nestgate.admin.configapi)
     GET /v1/status   version, uptime, config file and hash, generations, each worker's
                      figures (pid, uptime, open connections, requests served), listeners,
                      recent reloads
@@ -21,6 +22,7 @@ import time
 from nestgate import __version__
 from nestgate.admin import metrics
 from nestgate.admin.allowlist import AllowList
+from nestgate.admin.configapi import ConfigAPI
 from nestgate.clock import CLOCK
 from nestgate.handlers import GATED
 from nestgate.responses import Prebuilt
@@ -227,11 +229,11 @@ class AdminState:
         }
 
 
-def admin_router(state: AdminState, token: str, store_path: str = "") -> Router:
+def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     """The admin listener's only site, for every Host: a request on it never reaches
     a site's routes, and a site's Host gets the admin's 404."""
     failures: dict = {}
-    secret = token.encode()
+    secret = config.admin.token.encode()
 
     def guard(handler, access=None, sign_in: bool = True):
         # `sign_in=False` is the open endpoint (liveness); everything else is gated.
@@ -245,6 +247,9 @@ def admin_router(state: AdminState, token: str, store_path: str = "") -> Router:
     allow = AllowList(store_path, state.audit, error, reply)
     site.add_exact("/v1/allow", allow)
     site.add_exact("/v1/allow/{id}", allow)
+    settings = ConfigAPI(state, config, error, reply)
+    for path in ("/v1/config", "/v1/config/validate", "/v1/config/reload"):
+        site.add_exact(path, settings)
     router = Router(site)
     router.add_site(["*"], site)
     return router

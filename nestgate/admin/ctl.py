@@ -1,4 +1,4 @@
-"""`nestgate ctl status|ready|metrics`: the admin API from a shell.
+"""`nestgate ctl status|ready|metrics|reload`: the admin API from a shell.
 
 The address and token come from the config (`--config`, as `serve` finds it, with
 NESTGATE_ADMIN and NESTGATE_ADMIN_TOKEN), or from `--address` and `--token`.
@@ -14,7 +14,8 @@ import json
 import sys
 
 NOT_READY, CONFIG_PROBLEMS, UNREACHABLE = 1, 2, 3
-PATHS = {"status": "/v1/status", "ready": "/v1/ready", "metrics": "/metrics"}
+PATHS = {"status": "/v1/status", "ready": "/v1/ready", "metrics": "/metrics",
+         "reload": "/v1/config/reload"}
 
 
 def ctl_main(argv: list[str]) -> int:
@@ -30,9 +31,10 @@ def ctl_main(argv: list[str]) -> int:
     if host is None:
         return CONFIG_PROBLEMS
     try:
-        conn = http.client.HTTPConnection(host, port, timeout=10)
+        conn = http.client.HTTPConnection(host, port, timeout=90)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        conn.request("GET", PATHS[args.what], headers=headers)
+        conn.request("POST" if args.what == "reload" else "GET", PATHS[args.what],
+                     headers=headers)
         resp = conn.getresponse()
         body = resp.read()
         conn.close()
@@ -46,9 +48,19 @@ def ctl_main(argv: list[str]) -> int:
     answer = json.loads(body) if body else {}
     if "error" in answer:
         print(f"nestgate ctl: {resp.status}: {answer['error']['message']}", file=sys.stderr)
+        for problem in answer["error"].get("details", {}).get("problems", ()):
+            where = ": ".join(p for p in (problem["file"], problem["key"]) if p)
+            print(f"  {where}: {problem['message']}", file=sys.stderr)
         return NOT_READY
     if args.json:
         print(json.dumps(answer, indent=2))
+    elif args.what == "reload":
+        print(f"reloaded: generation {answer['generation']} serving")
+        for kind, change in answer["changed"].items():
+            for name in change["added"]:
+                print(f"  + {kind[:-1]} {name}")
+            for name in change["removed"]:
+                print(f"  - {kind[:-1]} {name}")
     elif args.what == "ready":
         print("ready" if answer.get("ready") else
               "not ready: " + "; ".join(answer.get("reasons", ())))

@@ -122,6 +122,7 @@ class AdminKeeper:
             "started": self.started,
             "stopping": supervisor.stopping,
             "config": {"file": self.config.source, "sha256": self.config_hash},
+            "listen": supervisor.listen, "workers": supervisor.workers,
             "generation": current,
             "generations": [{
                 "number": g.number, "ready": g.was_ready, "stopping": g.stopping,

@@ -52,7 +52,7 @@ def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_
 
     store = config.auth.store if config.auth is not None and \
         config.auth.store != ":memory:" else ""
-    router = admin_router(state, config.admin.token, store)
+    router = admin_router(state, config, store)
     router.services.append(Reports())
     # The admin's own requests are not the sites' traffic: they go to no request log,
     # and X-Forwarded-For is never believed on it.

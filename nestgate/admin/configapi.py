@@ -1,0 +1,179 @@
+"""The config through the admin API.
+
+    GET  /v1/config            the effective config of the serving generation, secrets
+                               redacted (tokens, password hashes, TOTP secrets)
+    POST /v1/config/validate   a TOML body: the problems `nestgate check` would list, as
+                               {"file", "key", "message"} objects (422), or 200
+    POST /v1/config/reload     reload from the file as SIGHUP does, and wait for the
+                               result: 200 with what changed (sites, routes, listeners
+                               added and removed) once the new workers serve, 422 with
+                               the reasons when it is refused (the running config stays)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import time
+import tomllib
+from pathlib import Path
+
+from nestgate.config import ConfigError, parse_config, read_config, with_overrides
+
+REDACTED = "<redacted>"
+SECRET_KEYS = {"token", "password", "totp", "secret", "tsig_secret", "eab_hmac_key"}
+RELOAD_WAIT = 60.0           # seconds a reload may take before the answer says so
+MAX_VALIDATE_BYTES = 1 << 20
+
+
+def redacted(value):
+    """The config as plain JSON values, every secret replaced (never the empty ones:
+    that a token is unset is worth seeing)."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: (REDACTED if f.name in SECRET_KEYS and getattr(value, f.name)
+                         else redacted(getattr(value, f.name)))
+                for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): REDACTED if k in SECRET_KEYS and v else redacted(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [redacted(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def problems_as_json(problems: list[str]) -> list[dict]:
+    """`check`'s "file: key: message" lines as objects (a line without a key keeps
+    its message whole)."""
+    out = []
+    for line in problems:
+        file, _, rest = line.partition(": ")
+        key, sep, message = rest.partition(": ")
+        if not sep or " " in key:
+            key, message = "", rest
+        out.append({"file": file, "key": key, "message": message})
+    return out
+
+
+def changes(old, new) -> dict:
+    """What a reload changed: sites (by name), routes (site name and route label) and
+    listeners (by address), added and removed."""
+    def sites(c):
+        return {s.name for s in c.sites}
+
+    def routes(c):
+        return {f"{s.name} {r.label}" for s in c.sites for r in s.routes}
+
+    def listeners(c):
+        return {f"{l.scheme}://{l.host}:{l.port}" for l in c.listeners}
+
+    out = {}
+    for name, of in (("sites", sites), ("routes", routes), ("listeners", listeners)):
+        before, after = of(old), of(new)
+        out[name] = {"added": sorted(after - before), "removed": sorted(before - after)}
+    return out
+
+
+class ConfigAPI:
+    """One handler for the three paths (told apart by `request.path`)."""
+
+    is_async = True
+    __slots__ = ("state", "error", "reply", "config", "config_hash", "listen", "workers")
+
+    def __init__(self, state, config, error, reply) -> None:
+        self.state = state
+        self.error = error
+        self.reply = reply
+        self.config = config            # the serving generation's, refreshed by `current`
+        self.config_hash = ""
+        self.listen = None
+        self.workers = None
+
+    def current(self):
+        """The serving config: re-read when the supervisor reports a new file hash."""
+        report = self.state.report.get("config", {})
+        digest = report.get("sha256", "")
+        if not self.config_hash:
+            # The process was started with the config of the supervisor's first report.
+            self.config_hash = digest
+        elif digest and digest != self.config_hash:
+            try:
+                self.config = with_overrides(read_config(report["file"]),
+                                             report.get("listen"), report.get("workers"))
+                self.config_hash = digest
+            except ConfigError:
+                pass                    # the file changed again since: keep what serves
+        return self.config
+
+    async def handle(self, request) -> None:
+        path, method = request.path, request.method
+        if path == "/v1/config" and method in (b"GET", b"HEAD"):
+            await self.reply(request, 200, redacted(self.current()))
+        elif path == "/v1/config/validate" and method == b"POST":
+            await self._validate(request)
+        elif path == "/v1/config/reload" and method == b"POST":
+            await self._reload(request)
+        else:
+            allowed = "GET, HEAD" if path == "/v1/config" else "POST"
+            await request.send_prebuilt(self.error(
+                405, "method_not_allowed", f"this endpoint answers {allowed}",
+                headers=[("allow", allowed)]))
+
+    async def _validate(self, request) -> None:
+        raw = await request.body.read_all() if request.body is not None else b""
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            await self._invalid(request, ["<body>: expected UTF-8 text"])
+            return
+        except tomllib.TOMLDecodeError as exc:
+            await self._invalid(request, [f"<body>: not valid TOML: {exc}"])
+            return
+        base = Path(self.current().source).resolve().parent
+        try:
+            # Files the body names are looked up beside the running config, as a
+            # reload of it would.
+            parse_config(data, "<body>", base)
+        except ConfigError as exc:
+            await self._invalid(request, exc.problems)
+            return
+        await self.reply(request, 200, {"ok": True, "problems": []})
+
+    async def _invalid(self, request, problems: list[str]) -> None:
+        await request.send_prebuilt(self.error(
+            422, "invalid_config", f"{len(problems)} problem(s) in the config",
+            {"problems": problems_as_json(problems)}))
+
+    async def _reload(self, request) -> None:
+        before = self.current()
+        counts = dict(self.state.report.get("reload_counts", {}))
+        seen = sum(counts.values())
+        supervisor = self.state.report.get("pid") or os.getppid()
+        self.state.audit(request, "config.reload", {})
+        os.kill(supervisor, signal.SIGHUP)
+        deadline = time.monotonic() + RELOAD_WAIT
+        result = None
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            report = self.state.report
+            if sum(report.get("reload_counts", {}).values()) > seen and report.get("reloads"):
+                result = report["reloads"][-1]
+                break
+        if result is None:
+            await request.send_prebuilt(self.error(
+                504, "reload_pending", f"no result within {RELOAD_WAIT:.0f} s: the new "
+                "workers have not all started; the running config serves meanwhile"))
+            return
+        if not result["ok"]:
+            reasons = [r.strip() for r in result["message"].split("\n")[1:] if r.strip()] \
+                or [result["message"]]
+            await request.send_prebuilt(self.error(
+                422, "reload_refused", "reload refused, the running config stays",
+                {"problems": problems_as_json(reasons)}))
+            return
+        after = self.current()
+        await self.reply(request, 200, {"ok": True, "generation": self.state.report.get(
+            "generation"), "changed": changes(before, after)})
