@@ -13,6 +13,7 @@ import sys
 import time
 
 from conftest import _env
+from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
 
 TOKEN = "4f1c9e0b7a2d4c6e8f0a1b2c3d4e5f60"
 
@@ -517,3 +518,41 @@ def test_reload_through_the_api_waits_for_the_new_workers_and_names_the_changes(
     assert status == 422 and answer["error"]["code"] == "reload_refused"
     assert [p["key"] for p in answer["error"]["details"]["problems"]] == ["site[1].bogus"]
     assert host_get(server.port(), "blog.localhost") == (200, b"blog")   # still serving
+
+
+def test_sessions_are_listed_and_revoked_on_every_worker(start_server, upstream, tmp_path):
+    from test_auth import Browser, protected
+    up = upstream()
+    config = protected(up.url, str(tmp_path / "state.db"), workers=2).replace(
+        "[auth]", f'[admin]\ntoken = "{TOKEN}"\naudit_log = "audit.log"\n\n[auth]', 1)
+    server = start_server(config)
+    admin = server.admin_port()
+    alice, again = Browser(server.port()), Browser(server.port())
+    for browser in (alice, again):
+        assert browser.sign_in()[0].status == 303
+    status, listed = admin_call(admin, "GET", "/v1/sessions")
+    assert status == 200 and [s["user"] for s in listed["sessions"]] == ["demo", "demo"]
+    first = listed["sessions"][0]
+    assert set(first) == {"id", "user", "client", "created", "expires"}
+    assert first["client"] == "127.0.0.1" and len(first["id"]) == 16
+    for browser in (alice, again):            # the id is not the cookie's token
+        assert first["id"] not in browser.jar["nestgate_session"]
+
+    def statuses(browser):
+        return {browser.request("GET", "/echo")[0].status for _ in range(6)}
+
+    assert statuses(alice) == {200} and statuses(again) == {200}
+    revoked = next(s for s in listed["sessions"]
+                   if s["id"] == first["id"])
+    assert admin_call(admin, "DELETE", f"/v1/sessions/{revoked['id']}") == (204, None)
+    assert admin_call(admin, "DELETE", f"/v1/sessions/{revoked['id']}")[0] == 404
+    # One of the two browsers is signed out on every worker within a second or two.
+    outcome = poll(lambda: sorted([statuses(alice), statuses(again)], key=sorted),
+                   lambda o: {401} in o, timeout=5)
+    assert {401} in outcome and {200} in outcome
+    assert admin_call(admin, "DELETE", "/v1/users/demo/sessions") == (200, {"revoked": 1})
+    assert poll(lambda: statuses(alice) | statuses(again), lambda s: s == {401}) == {401}
+    assert admin_call(admin, "GET", "/v1/sessions")[1] == {"sessions": []}
+    actions = [json.loads(line)["action"]
+               for line in (tmp_path / "audit.log").read_text().splitlines()]
+    assert actions == ["sessions.revoke", "sessions.revoke_user"]

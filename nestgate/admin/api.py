@@ -3,7 +3,7 @@
     GET /v1/health   liveness: 200 while the admin process answers (no token needed)
     GET /v1/ready    200 when the current generation's workers all listen, else 503
     GET /metrics     the Prometheus text exposition (nestgate.admin.metrics)
-    /v1/allow        the dynamic allow-list (nestgate.admin.allowlist)
+    /v1/allow, /v1/sessions   the shared store's state (nestgate.admin.stateapi)
     /v1/config       the config, its validation and reload (nestgate.admin.configapi)
     GET /v1/status   version, uptime, config file and hash, generations, each worker's
                      figures (pid, uptime, open connections, requests served), listeners,
@@ -21,7 +21,7 @@ import time
 
 from nestgate import __version__
 from nestgate.admin import metrics
-from nestgate.admin.allowlist import AllowList
+from nestgate.admin.stateapi import AllowList, Sessions
 from nestgate.admin.configapi import ConfigAPI
 from nestgate.clock import CLOCK
 from nestgate.handlers import GATED
@@ -247,6 +247,10 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     allow = AllowList(store_path, state.audit, error, reply)
     site.add_exact("/v1/allow", allow)
     site.add_exact("/v1/allow/{id}", allow)
+    sessions = Sessions(store_path, state.audit, error, reply)
+    site.add_exact("/v1/sessions", sessions)
+    site.add_exact("/v1/sessions/{id}", sessions)
+    site.add_exact("/v1/users/{user}/sessions", sessions)
     settings = ConfigAPI(state, config, error, reply)
     for path in ("/v1/config", "/v1/config/validate", "/v1/config/reload"):
         site.add_exact(path, settings)

@@ -109,6 +109,22 @@ class Store:
     def delete_session(self, hashed: bytes) -> None:
         self.db.execute("DELETE FROM sessions WHERE token_hash = ?", (hashed,))
 
+    def live_sessions(self) -> list[tuple[bytes, str, float, float, str]]:
+        return self.db.execute("SELECT token_hash, user, created, expires, ip FROM sessions "
+                               "WHERE expires > ? ORDER BY created", (time.time(),)).fetchall()
+
+    def delete_session_by_id(self, hex_prefix: str) -> bool:
+        """Revoke the session whose token hash begins with `hex_prefix` (the id the admin
+        API shows); False when none does."""
+        for (hashed,) in self.db.execute("SELECT token_hash FROM sessions").fetchall():
+            if hashed.hex().startswith(hex_prefix):
+                self.delete_session(hashed)
+                return True
+        return False
+
+    def delete_user_sessions(self, user: str) -> int:
+        return self.db.execute("DELETE FROM sessions WHERE user = ?", (user,)).rowcount
+
     # ------------------------------------------------------ sign-in back-off
     def failures(self, ip: str, window: float) -> int:
         return self.db.execute("SELECT count(*) FROM failures WHERE ip = ? AND at > ?",

@@ -1,0 +1,205 @@
+"""The shared state in the config's `[auth] store` through the admin API: the same
+store every worker polls, so a change is in force everywhere within a second, without
+a reload.
+
+    GET    /v1/allow                  the dynamic allow-list entries in force
+    POST   /v1/allow                  {"cidr": "203.0.113.7", "ttl": "2h", "comment": ""}
+    DELETE /v1/allow/{id}             204, or 404 when there is no such entry
+    GET    /v1/sessions               the live sign-in sessions (never their secret)
+    DELETE /v1/sessions/{id}          revoke one
+    DELETE /v1/users/{name}/sessions  revoke all of a user's
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from nestgate.allowcli import DEFAULT_TTL
+from nestgate.clientip import Networks
+from nestgate.units import parse_duration
+
+MAX_COMMENT = 200
+
+
+class StoreEndpoint:
+    """What the store's endpoints share: no store -> 409, a store that cannot be used
+    now -> 503, a method the path does not answer -> 405. `answer` does the rest."""
+
+    is_async = True
+    __slots__ = ("store_path", "audit", "error", "reply")
+
+    def __init__(self, store_path: str, audit, error, reply) -> None:
+        self.store_path = store_path      # "" when the config has no [auth] store
+        self.audit = audit                # audit(request, action, details)
+        self.error = error                # nestgate.admin.api.error
+        self.reply = reply                # reply(request, status, value)
+
+    async def handle(self, request) -> None:
+        if not self.store_path:
+            await request.send_prebuilt(self.error(
+                409, "no_store", "the config has no [auth] store to keep this in"))
+            return
+        try:
+            allowed = await self.answer(request)
+        except sqlite3.Error as exc:
+            await request.send_prebuilt(self.error(503, "store_unavailable",
+                                                   f"the store cannot be used now: {exc}"))
+            return
+        if allowed:
+            await request.send_prebuilt(self.error(
+                405, "method_not_allowed", f"this endpoint answers {allowed}",
+                headers=[("allow", allowed)]))
+
+    async def answer(self, request) -> str:
+        """Answer the request; or return the methods the path allows (405)."""
+        raise NotImplementedError
+
+    def store(self):
+        from nestgate.auth.store import Store
+        return Store(self.store_path)
+
+    async def not_found(self, request, what: str) -> None:
+        await request.send_prebuilt(self.error(404, "not_found", f"no such {what}"))
+
+    async def deleted(self, request) -> None:
+        request.start(204, [("cache-control", "no-store")], 0)
+        request.end()
+
+
+class AllowList(StoreEndpoint):
+    __slots__ = ()
+
+    async def answer(self, request) -> str:
+        entry_id = request.params.get("id")
+        method = request.method
+        if entry_id is None and method in (b"GET", b"HEAD"):
+            await self.reply(request, 200, {"entries": self._entries()})
+        elif entry_id is None and method == b"POST":
+            await self._add(request)
+        elif entry_id is not None and method == b"DELETE":
+            await self._remove(request, entry_id)
+        else:
+            return "GET, HEAD, POST" if entry_id is None else "DELETE"
+        return ""
+
+    def _entries(self) -> list[dict]:
+        store = self.store()
+        try:
+            return [{"id": i, "cidr": cidr, "expires": round(expires, 3), "comment": comment}
+                    for i, cidr, expires, comment in store.allow_entries()]
+        finally:
+            store.close()
+
+    async def _add(self, request) -> None:
+        raw = await request.body.read_all() if request.body is not None else b""
+        problem, entry = _entry(raw)
+        if problem:
+            await request.send_prebuilt(self.error(422, "invalid_entry", problem))
+            return
+        store = self.store()
+        try:
+            entry_id = store.add_allow(entry["cidr"], entry["ttl"], entry["comment"])
+        finally:
+            store.close()
+        self.audit(request, "allow.add", {"id": entry_id, **entry})
+        await self.reply(request, 201, {"id": entry_id, **entry})
+
+    async def _remove(self, request, entry_id: str) -> None:
+        if not entry_id.isdigit():
+            await self.not_found(request, "entry")
+            return
+        store = self.store()
+        try:
+            removed = store.remove_allow(int(entry_id))
+        finally:
+            store.close()
+        if not removed:
+            await self.not_found(request, "entry")
+            return
+        self.audit(request, "allow.remove", {"id": int(entry_id)})
+        await self.deleted(request)
+
+
+class Sessions(StoreEndpoint):
+    """A session is shown by an id made from its token's hash (never the token, which
+    is all a cookie thief would need). A revoked session is refused on every worker
+    within a second (workers trust a checked session for `portal.RECHECK`)."""
+
+    __slots__ = ()
+
+    async def answer(self, request) -> str:
+        method, params = request.method, request.params
+        if "user" in params:
+            if method != b"DELETE":
+                return "DELETE"
+            store = self.store()
+            try:
+                count = store.delete_user_sessions(params["user"])
+            finally:
+                store.close()
+            self.audit(request, "sessions.revoke_user", {"user": params["user"],
+                                                         "revoked": count})
+            await self.reply(request, 200, {"revoked": count})
+        elif "id" in params:
+            if method != b"DELETE":
+                return "DELETE"
+            session_id = params["id"]
+            store = self.store()
+            try:
+                found = len(session_id) == SESSION_ID_HEX and \
+                    store.delete_session_by_id(session_id)
+            finally:
+                store.close()
+            if not found:
+                await self.not_found(request, "session")
+                return ""
+            self.audit(request, "sessions.revoke", {"id": session_id})
+            await self.deleted(request)
+        elif method in (b"GET", b"HEAD"):
+            store = self.store()
+            try:
+                rows = store.live_sessions()
+            finally:
+                store.close()
+            await self.reply(request, 200, {"sessions": [
+                {"id": hashed.hex()[:SESSION_ID_HEX], "user": user, "client": ip,
+                 "created": round(created, 3), "expires": round(expires, 3)}
+                for hashed, user, created, expires, ip in rows]})
+        else:
+            return "GET, HEAD"
+        return ""
+
+
+SESSION_ID_HEX = 16
+
+
+def _entry(raw: bytes) -> tuple[str, dict]:
+    """The entry a POST body asks for, or what is wrong with it."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return 'expected a JSON object {"cidr": ..., "ttl": ..., "comment": ...}', {}
+    if not isinstance(data, dict):
+        return "expected a JSON object", {}
+    unknown = set(data) - {"cidr", "ttl", "comment"}
+    if unknown:
+        return f"unknown field: {sorted(unknown)[0]}", {}
+    cidr = data.get("cidr")
+    if not isinstance(cidr, str):
+        return "cidr: expected an address or CIDR as a string", {}
+    try:
+        Networks([cidr])
+    except ValueError as exc:
+        return f"cidr: {exc}", {}
+    ttl_text = data.get("ttl", DEFAULT_TTL)
+    try:
+        ttl = parse_duration(ttl_text) if isinstance(ttl_text, str) else float(ttl_text)
+    except (ValueError, TypeError) as exc:
+        return f"ttl: expected a duration such as \"2h\" ({exc})", {}
+    if not 0 < ttl <= 366 * 86400:
+        return "ttl: expected a duration above zero and at most a year", {}
+    comment = data.get("comment", "")
+    if not isinstance(comment, str) or len(comment) > MAX_COMMENT:
+        return f"comment: expected a string of at most {MAX_COMMENT} characters", {}
+    return "", {"cidr": cidr.strip(), "ttl": ttl, "comment": comment}
