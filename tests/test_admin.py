@@ -556,3 +556,35 @@ def test_sessions_are_listed_and_revoked_on_every_worker(start_server, upstream,
     actions = [json.loads(line)["action"]
                for line in (tmp_path / "audit.log").read_text().splitlines()]
     assert actions == ["sessions.revoke", "sessions.revoke_user"]
+
+
+def test_the_openapi_document_describes_exactly_the_routes(start_server):
+    from nestgate.admin.api import AdminState, admin_router
+    from nestgate.admin.openapi import DOCUMENT
+    from nestgate.admin.stats import WorkerTable
+    from nestgate.config import parse_config
+    config = parse_config({"listen": [{"address": "127.0.0.1:0"}]})
+    site = admin_router(AdminState(WorkerTable(1)), config).unclaimed
+    routed = set(site.exact) | {path for entries in site.patterns.values()
+                                for _segments, _handler, path in entries}
+    assert routed == set(DOCUMENT["paths"])
+
+    def refs(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "$ref":
+                    yield value
+                else:
+                    yield from refs(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from refs(value)
+    for ref in refs(DOCUMENT):
+        target = DOCUMENT
+        for part in ref.removeprefix("#/").split("/"):
+            target = target[part]
+        assert isinstance(target, dict), ref
+
+    server = start_server(CONFIG.format(admin=f'[admin]\ntoken = "{TOKEN}"', body="x"))
+    status, _h, served = admin_get(server.admin_port(), "/docs/json")   # no token needed
+    assert status == 200 and served == DOCUMENT and served["openapi"] == "3.1.0"

@@ -4,6 +4,7 @@
     GET /v1/ready    200 when the current generation's workers all listen, else 503
     GET /metrics     the Prometheus text exposition (nestgate.admin.metrics)
     /v1/allow, /v1/sessions   the shared store's state (nestgate.admin.stateapi)
+    GET /docs/json   the OpenAPI 3.1 document of all of these (nestgate.admin.openapi)
     /v1/config       the config, its validation and reload (nestgate.admin.configapi)
     GET /v1/status   version, uptime, config file and hash, generations, each worker's
                      figures (pid, uptime, open connections, requests served), listeners,
@@ -20,7 +21,7 @@ import sys
 import time
 
 from nestgate import __version__
-from nestgate.admin import metrics
+from nestgate.admin import metrics, openapi
 from nestgate.admin.stateapi import AllowList, Sessions
 from nestgate.admin.configapi import ConfigAPI
 from nestgate.clock import CLOCK
@@ -241,6 +242,10 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
 
     site = SiteRoutes("admin", NOT_FOUND, guard)
     site.add_exact("/v1/health", Endpoint(state.health), sign_in=False)
+    # The API's description holds nothing secret: open, so that a client (or Swagger
+    # UI) can read it before it has the token.
+    site.add_exact("/docs/json", Endpoint(lambda: (200, openapi.DOCUMENT_BYTES),
+                                          "application/json"), sign_in=False)
     site.add_exact("/v1/ready", Endpoint(state.ready))
     site.add_exact("/v1/status", Endpoint(state.status))
     site.add_exact("/metrics", Endpoint(state.metrics, metrics.CONTENT_TYPE))

@@ -1,0 +1,134 @@
+"""The OpenAPI 3.1 document of the admin API, served at `/docs/json`.
+
+Written here as data beside the routes it describes; `tests/test_admin.py` checks that
+every route of the admin router is in it and nothing else is.
+"""
+
+from __future__ import annotations
+
+import json
+
+from nestgate import __version__
+
+_ERROR = {"$ref": "#/components/responses/Error"}
+_JSON = "application/json"
+
+
+def _json(schema: dict, description: str) -> dict:
+    return {"description": description, "content": {_JSON: {"schema": schema}}}
+
+
+def _obj(properties: dict, required=()) -> dict:
+    return {"type": "object", "properties": properties, "required": list(required)}
+
+
+_NUM = {"type": "number"}
+_INT = {"type": "integer"}
+_STR = {"type": "string"}
+_BOOL = {"type": "boolean"}
+_PROBLEMS = {"type": "array", "items": _obj({"file": _STR, "key": _STR, "message": _STR},
+                                             ("file", "key", "message"))}
+_WORKER = _obj({"pid": _INT, "ready": _BOOL, "restarts": _INT, "uptime_s": _NUM,
+                "requests": _INT, "figures_age_s": _NUM,
+                "connections": _obj({"http1": _INT, "http2": _INT, "tls": _INT,
+                                     "tls_handshakes": _INT})}, ("pid", "ready", "restarts"))
+_STATUS = _obj({
+    "version": _STR, "pid": _INT, "uptime_s": _NUM, "generation": {"type": ["integer", "null"]},
+    "config": _obj({"file": _STR, "sha256": _STR}),
+    "generations": {"type": "array", "items": _obj({
+        "number": _INT, "ready": _BOOL, "stopping": _BOOL,
+        "workers": {"type": "array", "items": _WORKER}})},
+    "listeners": {"type": "array", "items": _obj({"address": _STR, "bound": _BOOL})},
+    "worker_restarts": _INT,
+    "reloads": {"type": "array", "items": _obj({"at": _NUM, "ok": _BOOL, "message": _STR})},
+}, ("version", "generations", "listeners", "reloads"))
+_ALLOW_ENTRY = _obj({"id": _INT, "cidr": _STR, "expires": _NUM, "comment": _STR},
+                    ("id", "cidr", "expires", "comment"))
+_SESSION = _obj({"id": _STR, "user": _STR, "client": _STR, "created": _NUM, "expires": _NUM},
+                ("id", "user", "client", "created", "expires"))
+_CHANGE = _obj({"added": {"type": "array", "items": _STR},
+                "removed": {"type": "array", "items": _STR}}, ("added", "removed"))
+
+
+def _op(summary: str, responses: dict, *, open_: bool = False, body: dict | None = None,
+        parameters=()) -> dict:
+    op = {"summary": summary, "responses": {**responses, "401": _ERROR, "403": _ERROR,
+                                            "429": _ERROR}}
+    if open_:
+        op["security"] = []
+        for code in ("401", "403", "429"):
+            del op["responses"][code]
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": body}
+    if parameters:
+        op["parameters"] = [{"name": name, "in": "path", "required": True, "schema": _STR}
+                            for name in parameters]
+    return op
+
+
+PATHS = {
+    "/v1/health": {"get": _op("Liveness: the admin process answers", {
+        "200": _json(_obj({"status": {"const": "ok"}}, ("status",)), "alive")}, open_=True)},
+    "/v1/ready": {"get": _op("Readiness of the serving generation and its listeners", {
+        "200": _json(_obj({"ready": {"const": True}, "generation": _INT}), "ready"),
+        "503": _json(_obj({"ready": {"const": False},
+                           "reasons": {"type": "array", "items": _STR}}), "not ready")})},
+    "/v1/status": {"get": _op("Version, uptime, config, generations and workers, reloads", {
+        "200": _json(_STATUS, "the status")})},
+    "/metrics": {"get": _op("Prometheus text exposition 0.0.4", {
+        "200": {"description": "the metrics",
+                "content": {"text/plain; version=0.0.4": {"schema": _STR}}}})},
+    "/v1/config": {"get": _op("The effective config, secrets redacted", {
+        "200": _json({"type": "object"}, "the config")})},
+    "/v1/config/validate": {"post": _op("The problems `nestgate check` would list", {
+        "200": _json(_obj({"ok": {"const": True}, "problems": {"type": "array"}}), "valid"),
+        "422": _ERROR}, body={"application/toml": {"schema": _STR}})},
+    "/v1/config/reload": {"post": _op("Reload from the file and wait for the result", {
+        "200": _json(_obj({"ok": {"const": True}, "generation": _INT, "changed": _obj(
+            {"sites": _CHANGE, "routes": _CHANGE, "listeners": _CHANGE})}), "reloaded"),
+        "422": _ERROR, "504": _ERROR})},
+    "/v1/allow": {
+        "get": _op("The dynamic allow-list entries in force", {
+            "200": _json(_obj({"entries": {"type": "array", "items": _ALLOW_ENTRY}},
+                              ("entries",)), "the entries"), "409": _ERROR, "503": _ERROR}),
+        "post": _op("Add an entry", {
+            "201": _json(_obj({"id": _INT, "cidr": _STR, "ttl": _NUM, "comment": _STR}),
+                         "added"), "409": _ERROR, "422": _ERROR, "503": _ERROR},
+            body={_JSON: {"schema": _obj({"cidr": _STR, "ttl": {"type": ["string", "number"]},
+                                          "comment": _STR}, ("cidr",))}})},
+    "/v1/allow/{id}": {"delete": _op("Remove an entry", {
+        "204": {"description": "removed"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
+        parameters=("id",))},
+    "/v1/sessions": {"get": _op("The live sign-in sessions", {
+        "200": _json(_obj({"sessions": {"type": "array", "items": _SESSION}}, ("sessions",)),
+                     "the sessions"), "409": _ERROR, "503": _ERROR})},
+    "/v1/sessions/{id}": {"delete": _op("Revoke one session", {
+        "204": {"description": "revoked"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
+        parameters=("id",))},
+    "/v1/users/{user}/sessions": {"delete": _op("Revoke all of a user's sessions", {
+        "200": _json(_obj({"revoked": _INT}, ("revoked",)), "revoked"), "409": _ERROR,
+        "503": _ERROR}, parameters=("user",))},
+    "/docs/json": {"get": _op("This document", {"200": _json({"type": "object"}, "OpenAPI")},
+                              open_=True)},
+}
+
+DOCUMENT = {
+    "openapi": "3.1.0",
+    "info": {"title": "nestgate management API", "version": __version__,
+             "description": "The operator side of nestgate: see docs/admin.md."},
+    "servers": [{"url": "/"}],
+    "security": [{"bearer": []}],
+    "paths": PATHS,
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                       "description": "[admin] token; without one, only "
+                                                      "loopback clients are answered"}},
+        "schemas": {"Error": _obj({"error": _obj(
+            {"code": _STR, "message": _STR, "details": {"type": "object"}},
+            ("code", "message", "details"))}, ("error",))},
+        "responses": {"Error": _json({"$ref": "#/components/schemas/Error"},
+                                     "an error (the one shape every error has)")},
+    },
+}
+
+DOCUMENT_BYTES = json.dumps(DOCUMENT, separators=(",", ":")).encode()
