@@ -19,6 +19,9 @@ def _context(cert: str, key: str, alpn=ALPN_HTTP1) -> ssl.SSLContext:
     ctx.load_cert_chain(cert, key)
     ctx.set_alpn_protocols(alpn)
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    # Session tickets stay on (OpenSSL's default, two per TLS 1.3 handshake): the
+    # context is made by the supervisor before it forks, so every worker has the same
+    # ticket keys and a returning browser resumes on whichever worker it reaches.
     return ctx
 
 
