@@ -180,6 +180,8 @@ class ServerConfig:
     not_found_page: str = ""                # HTML file replacing the built-in 404 page
     health_path: str = "/api/v1/health"
     health_details: str = "local"           # version and pid to: "local" clients, "all", "none"
+    user: str = ""                          # started as root: run as this user once bound
+    group: str = ""                         # ... and group (default: the user's own)
 
 
 @dataclass(frozen=True)
@@ -380,11 +382,35 @@ def _read_server(s: _Section) -> ServerConfig:
         not_found_page=s.readable_file("not_found_page"),
         health_path=s.str("health_path", d.health_path),
         health_details=s.choice("health_details", d.health_details, ("local", "all", "none")),
+        user=s.str("user"),
+        group=s.str("group"),
     )
+    if cfg.user and _user_id(cfg.user) is None:
+        s.fail("user", "a user of this system", cfg.user)
+    if cfg.group and _group_id(cfg.group) is None:
+        s.fail("group", "a group of this system", cfg.group)
+    if cfg.group and not cfg.user:
+        s.fail("group", "a user as well (group is the group that user runs with)")
     if not cfg.health_path.startswith("/"):
         s.fail("health_path", "a path starting with /", cfg.health_path)
     s.check_unknown()
     return cfg
+
+
+def _user_id(name: str) -> int | None:
+    import pwd
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return None
+
+
+def _group_id(name: str) -> int | None:
+    import grp
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None
 
 
 def _read_limits(s: _Section) -> Limits:

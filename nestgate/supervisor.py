@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from nestgate.admin.keeper import AdminKeeper
 from nestgate.config import Config, ConfigError, config_warnings, read_config, with_overrides
+from nestgate.sdnotify import notify
 from nestgate.tls import server_context
 
 RESTART_BACKOFF_MIN = 0.1
@@ -205,8 +206,10 @@ class Supervisor:
         if not self.ever_ready:
             self.ever_ready = True
             say(f"ready ({len(gen.slots)} workers)")
+            notify("READY=1", f"STATUS=serving with {len(gen.slots)} workers")
         else:
             say(f"reloaded ({len(gen.slots)} workers on the new config)")
+            notify("READY=1", f"STATUS=serving generation {gen.number}")
             self.admin.reload_result(True, f"generation {gen.number} serving")
             self.admin.config_changed(gen.config, say)
 
@@ -279,6 +282,7 @@ class Supervisor:
 
     # ----------------------------------------------------------- signals
     def reload(self) -> None:
+        notify("RELOADING=1")
         try:
             config = load(self.config_path, self.listen, self.workers)
         except ConfigError as exc:
@@ -301,9 +305,11 @@ class Supervisor:
 
     def _refused(self, reason: str) -> None:
         say("reload refused, the running config stays:" + reason)
+        notify("READY=1", "STATUS=reload refused, the running config stays")
         self.admin.reload_result(False, "refused, the running config stays:" + reason)
 
     def stop(self) -> None:
+        notify("STOPPING=1")
         self.stopping = True
         self.admin.stop()
         for gen in self.generations:
@@ -320,6 +326,7 @@ class Supervisor:
     def run(self) -> int:
         self.bind(self._first)
         self.admin.bind(self._first, _bound, say)
+        drop_privileges(self._first.server)
         for warning in config_warnings(self._first):
             say(f"warning: {warning}")
         wake_r, wake_w = os.pipe()
@@ -390,6 +397,26 @@ class Supervisor:
 
     def _note_signal(self, sig, _frame) -> None:
         self.pending_signals.append(sig)
+
+
+def drop_privileges(server) -> None:
+    """Started as root with `[server] user`: once the listeners are bound (ports below
+    1024 need root), become that user for good, before any state file is made or a
+    worker starts. As nginx's `user`, it means nothing when not started as root."""
+    if not server.user:
+        return
+    import grp
+    import pwd
+    if os.getuid() != 0:
+        say(f"warning: [server] user = {server.user!r} is for a server started as root; "
+            "running as the user that started it")
+        return
+    entry = pwd.getpwnam(server.user)
+    gid = grp.getgrnam(server.group).gr_gid if server.group else entry.pw_gid
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(entry.pw_uid)
+    say(f"running as {server.user} (uid {entry.pw_uid}, gid {gid})")
 
 
 def prepare_state(config: Config) -> None:
