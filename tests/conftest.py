@@ -179,6 +179,26 @@ def start_server(tmp_path):
         server.stop()
 
 
+# Two workers answering "/" with a fixed body; `{admin}` is room for an [admin] table.
+RETURN_SITE = """
+[server]
+workers = 2
+
+[[listen]]
+address = "127.0.0.1:0"
+
+{admin}
+
+[[site]]
+hosts = ["*"]
+
+[[site.route]]
+path = "/"
+type = "return"
+body = "{body}"
+"""
+
+
 BASIC_SITE = """
 [server]
 workers = 1

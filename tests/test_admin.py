@@ -12,28 +12,12 @@ import subprocess
 import sys
 import time
 
-from conftest import _env
+from conftest import RETURN_SITE, _env
 from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
 
 TOKEN = "4f1c9e0b7a2d4c6e8f0a1b2c3d4e5f60"
 
-CONFIG = """
-[server]
-workers = 2
-
-[[listen]]
-address = "127.0.0.1:0"
-
-{admin}
-
-[[site]]
-hosts = ["*"]
-
-[[site.route]]
-path = "/"
-type = "return"
-body = "{body}"
-"""
+CONFIG = RETURN_SITE
 
 
 def admin_get(port: int, path: str, token: str | None = None, host: str = "localhost"):

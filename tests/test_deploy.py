@@ -16,24 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Server, _env
+from conftest import REPO, RETURN_SITE, Server, _env
 
 UNIT = REPO / "deploy" / "nestgate.service"
-CONFIG = """
-[server]
-workers = 2
-
-[[listen]]
-address = "127.0.0.1:0"
-
-[[site]]
-hosts = ["*"]
-
-[[site.route]]
-path = "/"
-type = "return"
-body = "{body}"
-"""
+CONFIG = RETURN_SITE
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None,
@@ -83,7 +69,7 @@ def test_sd_notify_ready_reloading_and_stopping(tmp_path):
     address = str(tmp_path / "notify.sock")
     listener.bind(address)
     config = tmp_path / "nestgate.toml"
-    config.write_text(CONFIG.format(body="one"))
+    config.write_text(CONFIG.format(admin="", body="one"))
     server = Server(config, env=_env() | {"NOTIFY_SOCKET": address})
     try:
         states = read_states(listener, "READY=1")
@@ -149,7 +135,7 @@ def test_started_as_root_it_runs_as_the_configured_user(tmp_path):
     import pwd
     nobody = pwd.getpwnam("nobody")
     config = tmp_path / "nestgate.toml"
-    config.write_text(CONFIG.format(body="x").replace("workers = 2",
+    config.write_text(CONFIG.format(admin="", body="x").replace("workers = 2",
                                                       'workers = 2\nuser = "nobody"'))
     tmp_path.chmod(0o755)
     server = Server(config)
@@ -168,7 +154,7 @@ def test_started_as_root_it_runs_as_the_configured_user(tmp_path):
 
 def test_an_unknown_user_is_named_by_check(tmp_path):
     config = tmp_path / "nestgate.toml"
-    config.write_text(CONFIG.format(body="x").replace(
+    config.write_text(CONFIG.format(admin="", body="x").replace(
         "workers = 2", 'workers = 2\nuser = "no-such-user-here"\ngroup = "no-such-group"'))
     result = subprocess.run([sys.executable, "-m", "nestgate", "check", "--config",
                              str(config)], capture_output=True, text=True, env=_env(),
