@@ -440,7 +440,7 @@ class HTTP1Connection(asyncio.Protocol):
             transport.close()
             return
         if ctx.draining:
-            self.drain()
+            self.finish_and_close()
         ctx.connections.add(self)
 
     @property
@@ -772,7 +772,7 @@ class HTTP1Connection(asyncio.Protocol):
             has_body = False
         self._requests += 1
         if keep_alive and self._requests >= self._keepalive_requests:
-            keep_alive = False               # (drain() makes this every request's case)
+            keep_alive = False          # (finish_and_close() makes this every request's case)
         if not keep_alive:
             self._last_seen = True           # nothing after this request is parsed
 
@@ -1084,7 +1084,7 @@ class HTTP1Connection(asyncio.Protocol):
         else:
             self._fail(408)           # after any answer still ahead of it
 
-    def drain(self) -> None:
+    def finish_and_close(self) -> None:
         """Graceful stop. In-flight requests finish and are answered with
         `connection: close`; an idle connection may still send one request for
         DRAIN_IDLE_GRACE, then the tick closes it."""

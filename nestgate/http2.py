@@ -1045,7 +1045,7 @@ class HTTP2Connection:
         self.flush()
         self.transport.close()
 
-    def drain(self) -> None:
+    def finish_and_close(self) -> None:
         """Graceful stop: GOAWAY when the last stream in flight is done."""
         self._draining = True
         self._idle()

@@ -120,9 +120,9 @@ class TLSHandshake(asyncio.Protocol):
                 and not transport.is_closing():
             transport.abort()
 
-    def drain(self) -> None:
+    def finish_and_close(self) -> None:
         """Graceful stop: nothing to do. The handshake ends within `header_timeout`,
-        and the protocol handed over to sees the drain itself."""
+        and the protocol handed over to sees the worker draining itself."""
 
 
 class ProxyThenTLS(TLSHandshake):

@@ -133,7 +133,7 @@ class Worker:
         for _listener, sock in self.sockets:
             sock.close()
         for conn in list(self.connections):
-            conn.drain()
+            conn.finish_and_close()
         deadline = CLOCK.now + self.config.server.shutdown_timeout
         while self.connections and CLOCK.now < deadline:
             await asyncio.sleep(0.05)

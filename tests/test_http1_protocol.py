@@ -343,7 +343,7 @@ def test_health_is_rebuilt_when_the_second_changes_and_not_before():
 def test_requests_in_flight_on_a_draining_worker_end_with_close(wire):
     wire.send(b"GET /hello HTTP/1.1\r\nHost: a\r\n")
     wire.ctx.draining = True
-    wire.conn.drain()
+    wire.conn.finish_and_close()
     wire.send(b"\r\n")
     response = wire.responses()[0]
     assert response.status == 200 and response.headers["connection"] == "close"

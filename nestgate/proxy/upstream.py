@@ -134,6 +134,8 @@ class UpstreamConnection(asyncio.Protocol):
             self._drain.set_result(None)
 
     async def drain(self) -> None:
+        """Until the upstream socket takes more (the meaning asyncio gives `drain`);
+        a worker's graceful stop of a client connection is `finish_and_close`."""
         if self.write_paused and not self.closed:
             self._drain = asyncio.get_running_loop().create_future()
             await self._drain
