@@ -104,7 +104,8 @@ def _build_static(route, site_config, config):
 
 def _build_proxy(route, site_config, config):
     from nestgate.proxy.handler import ProxyHandler
-    return ProxyHandler(route, route.options)
+    session_cookie = config.auth.cookie_name if config.auth is not None else ""
+    return ProxyHandler(route, route.options, session_cookie)
 
 
 ROUTE_TYPES: dict[str, RouteType] = {

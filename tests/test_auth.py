@@ -534,3 +534,34 @@ def test_websocket_behind_sign_in(gate):
             sock.sendall(b"ping")
             assert sock.recv(65536) == b"PING"
         sock.close()
+
+
+def test_the_session_cookie_never_reaches_the_upstream(gate):
+    server, up = gate()
+    b = Browser(server.port())
+    assert b.sign_in()[0].status == 303
+    session = b.jar["nestgate_session"]
+    b.jar = {"theme": "dark", "nestgate_session": session, "app_sid": "a1"}
+    resp, _ = b.request("GET", "/echo")
+    assert resp.status == 200
+    sent = [(n.lower(), v) for n, v in up.requests[-1]["headers"]]
+    cookies = [v for n, v in sent if n == "cookie"]
+    assert cookies == ["theme=dark; app_sid=a1"]
+    assert session not in json.dumps(up.requests[-1])
+    # Only the session cookie: the Cookie line goes altogether.
+    b.jar = {"nestgate_session": session}
+    assert b.request("GET", "/echo")[0].status == 200
+    assert not [n for n, _v in up.requests[-1]["headers"] if n.lower() == "cookie"]
+    # Named hop-by-hop by the client's Connection header: not forwarded either.
+    b.jar = {"theme": "dark", "nestgate_session": session}
+    assert b.request("GET", "/echo", headers={"Connection": "cookie"})[0].status == 200
+    assert not [n for n, _v in up.requests[-1]["headers"] if n.lower() == "cookie"]
+
+
+def test_sign_out_asks_the_browser_to_forget_cached_pages(gate):
+    server, _up = gate()
+    b = Browser(server.port())
+    resp, _ = b.sign_in()
+    assert resp.status == 303 and resp.getheader("clear-site-data") is None
+    resp, _ = b.sign_out()
+    assert resp.status == 303 and resp.getheader("clear-site-data") == '"cache"'

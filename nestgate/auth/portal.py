@@ -201,13 +201,18 @@ class SignIn:
 
     async def leave(self, request, location: str, session: str, max_age: int) -> None:
         """303 to `location`, setting the session cookie (or clearing it: `max_age` 0)
-        and dropping the CSRF nonce the form just used."""
-        await request.send(303, [
+        and dropping the CSRF nonce the form just used. Signing out also asks the
+        browser to forget the protected pages it cached (Clear-Site-Data), so the back
+        button does not show them after the session ended."""
+        headers = [
             (b"location", location.encode("latin-1")),
             (b"cache-control", b"no-store"),
             self.cookie(request, self.cfg.cookie_name, session, max_age),
             self._csrf_cookie(request, "", 0),
-        ], b"")
+        ]
+        if not max_age:
+            headers.append((b"clear-site-data", b'"cache"'))
+        await request.send(303, headers, b"")
 
 
 class SessionCheck:

@@ -65,8 +65,11 @@ def client_ssl_context(opts) -> ssl.SSLContext:
 class ProxyHandler(Service):
     is_async = True
 
-    def __init__(self, route, opts) -> None:
+    def __init__(self, route, opts, session_cookie: str = "") -> None:
         self.opts = opts
+        # nestgate's own sign-in cookie is never the upstream's business: an app (or
+        # whoever compromises it) could replay it. Cookie lines lose it, keep the rest.
+        self.session_cookie = session_cookie.encode()
         self.upgrades = opts.websocket
         tls = client_ssl_context(opts) if any(t.scheme == "https" for t in opts.targets) else None
         self.targets = [Target(t, opts, tls if t.scheme == "https" else None)
@@ -82,6 +85,8 @@ class ProxyHandler(Service):
         drop.add(b"content-length")             # written last, from the parsed length
         if opts.forwarded:
             drop |= FORWARDED | CLIENT_CLAIMS
+        if self.session_cookie:
+            drop.add(b"cookie")
         self.drop = frozenset(drop)
         self._picked: dict = {}                 # request -> target `begin` chose for `handle`
         # (client, scheme) -> the X-Forwarded-For and -Proto lines and the start of
@@ -279,9 +284,13 @@ class ProxyHandler(Service):
         upgrade = length = None
         xff = proto = fhost = None
         if special is not None:
-            conn_tokens = claims = None
+            conn_tokens = claims = cookies = None
             for name, value in special:
-                if name == b"content-length":
+                if name == b"cookie":
+                    kept = _without_cookie(value, self.session_cookie)
+                    if kept:
+                        cookies = [kept] if cookies is None else cookies + [kept]
+                elif name == b"content-length":
                     length = value
                 elif name == b"connection":
                     # A list header: the names on every field line count (RFC 9110 7.6.1).
@@ -304,6 +313,10 @@ class ProxyHandler(Service):
                     for name, value in req.headers:
                         if name not in drop and name not in names:
                             parts += (name, b": ", value, b"\r\n")
+                    if b"cookie" in names:
+                        cookies = None
+            for kept in cookies or ():
+                parts += (b"cookie: ", kept, b"\r\n")
             if not getattr(conn, "xff_trusted", False):           # HTTP/2: not kept
                 xff = proto = fhost = None
             elif claims is not None:
@@ -401,6 +414,16 @@ class ProxyHandler(Service):
         client.set_sink(pipe.from_client)
         conn.transport.resume_reading()
         await pipe.run()
+
+
+def _without_cookie(value: bytes, name: bytes) -> bytes:
+    """A Cookie field value without the pairs named `name` (RFC 6265 5.4: pairs
+    separated by "; ")."""
+    if name not in value:
+        return value
+    kept = [pair for pair in value.split(b";")
+            if pair.strip().partition(b"=")[0] != name]
+    return b";".join(kept).strip()
 
 
 def _hop_names(req, tokens: bytes) -> frozenset[bytes] | set[bytes]:
