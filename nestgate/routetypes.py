@@ -105,7 +105,7 @@ def _build_static(route, site_config, config):
 def _build_proxy(route, site_config, config):
     from nestgate.proxy.handler import ProxyHandler
     session_cookie = config.auth.cookie_name if config.auth is not None else ""
-    return ProxyHandler(route, route.options, session_cookie)
+    return ProxyHandler(route, route.options, session_cookie, private=site_config.protected)
 
 
 ROUTE_TYPES: dict[str, RouteType] = {

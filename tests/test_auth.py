@@ -565,3 +565,16 @@ def test_sign_out_asks_the_browser_to_forget_cached_pages(gate):
     assert resp.status == 303 and resp.getheader("clear-site-data") is None
     resp, _ = b.sign_out()
     assert resp.status == 303 and resp.getheader("clear-site-data") == '"cache"'
+
+
+def test_a_protected_sites_answers_are_private_unless_the_upstream_says(gate):
+    server, _up = gate()
+    b = Browser(server.port(), keep=True)       # one connection: the remembered heads too
+    assert b.sign_in()[0].status == 303
+    for _ in range(3):
+        resp, body = b.request("GET", "/hi")
+        assert (resp.status, body) == (200, b"hi")
+        assert resp.msg.get_all("cache-control") == ["private"]
+        resp, body = b.request("GET", "/cached")
+        assert (resp.status, body) == (200, b"hi")
+        assert resp.msg.get_all("cache-control") == ["max-age=60"]

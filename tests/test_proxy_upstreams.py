@@ -4,6 +4,7 @@
 own thread and loop, bound to 127.0.0.1:0. What it answers depends on the path:
 
   /echo            JSON: method, target, headers, body size and sha256
+  /hi, /cached     "hi"; /cached with its own Cache-Control: max-age=60
   /big?n=N&chunked  N bytes (Content-Length, or chunked)
   /slow-body       headers, 10 bytes, then waits until released (a stall mid-body)
   /stall           reads the request, never answers
@@ -187,6 +188,9 @@ class Upstream:
             writer.write(b"56789")
         elif path == "/hi":
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi")
+        elif path == "/cached":
+            writer.write(b"HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\n"
+                         b"content-length: 2\r\n\r\nhi")
         elif path == "/vary":
             writer.write(b"HTTP/1.1 200 OK\r\nx-vary: %s\r\ncontent-length: 2\r\n\r\nok"
                          % query.partition("=")[2].encode())

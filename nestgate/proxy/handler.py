@@ -65,14 +65,14 @@ def client_ssl_context(opts) -> ssl.SSLContext:
 class ProxyHandler(Service):
     is_async = True
 
-    def __init__(self, route, opts, session_cookie: str = "") -> None:
+    def __init__(self, route, opts, session_cookie: str = "", private: bool = False) -> None:
         self.opts = opts
         # nestgate's own sign-in cookie is never the upstream's business: an app (or
         # whoever compromises it) could replay it. Cookie lines lose it, keep the rest.
         self.session_cookie = session_cookie.encode()
         self.upgrades = opts.websocket
         tls = client_ssl_context(opts) if any(t.scheme == "https" for t in opts.targets) else None
-        self.targets = [Target(t, opts, tls if t.scheme == "https" else None)
+        self.targets = [Target(t, opts, tls if t.scheme == "https" else None, private)
                         for t in opts.targets]
         self.balancer = Balancer(self.targets, opts)
         # A lone target is picked whenever it is healthy (see Balancer.pick).

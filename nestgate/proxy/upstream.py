@@ -68,6 +68,11 @@ PLAIN_CONNECTION = frozenset((b"keep-alive", b"close", b"Keep-Alive", b"Close"))
 # Date line makes a new one each second), so the usual response costs one lookup
 # instead of a Python call per header line; misses are read the same way, once.
 _HEADS: dict[bytes, tuple] = {}
+# The same for the routes of a protected site, whose heads gain `cache-control:
+# private` when the upstream sent no Cache-Control (a shared cache must not keep a
+# page only a signed-in visitor may see).
+_PRIVATE_HEADS: dict[bytes, tuple] = {}
+PRIVATE_LINE = b"cache-control: private"
 _HEADS_LIMIT = 512
 _HEAD_MEMO_MAX = 2048             # longer heads (large cookies) are read every time
 
@@ -152,7 +157,7 @@ class Exchange:
     __slots__ = ("conn", "req", "parser", "block", "status", "length", "chunked", "started",
                  "complete", "error", "waiter", "paused", "last", "t0", "sent_all",
                  "upgrade_value", "upgrade_tail", "received", "out", "head_buf", "head_start",
-                 "last_head", "last_known", "owed", "keep_alive",
+                 "last_head", "last_known", "owed", "keep_alive", "heads", "private",
                  "reusable", "fast", "target", "h1", "pending", "credit", "cancel",
                  "client")
 
@@ -185,6 +190,8 @@ class Exchange:
         self.last_known: tuple | None = None    # connection, and its `_HEADS` entry
         self.owed = 0                 # body bytes still to come, counted (see `_remembered`)
         self.keep_alive = False       # ... and whether the connection is kept after them
+        self.private = conn.target.private      # a protected site's route
+        self.heads = _PRIVATE_HEADS if self.private else _HEADS
         self._reset(req)
 
     def _reset(self, req) -> None:
@@ -248,7 +255,7 @@ class Exchange:
             if end < 0:
                 return False
             head = data[:end]
-            known = _HEADS.get(head)
+            known = self.heads.get(head)
             if known is None or not known[5]:
                 return False
             self.last_head = head
@@ -406,7 +413,8 @@ class Exchange:
             head = bytes(head)
         self.head_buf = b""
         self.head_start = 0
-        read = _HEADS.get(head) or _read_head(head, status, self.parser.should_keep_alive())
+        read = self.heads.get(head) or _read_head(head, status, self.parser.should_keep_alive(),
+                                                  self.private)
         self.block, self.length, self.chunked, self.upgrade_value, lines = read[:5]
         if status == 101:
             return                              # `feed` hands over to the tunnel
@@ -520,15 +528,16 @@ def _kind(name: bytes) -> int:
     return kind
 
 
-def _read_head(head: bytes, status: int, keep_alive: bool) -> tuple:
+def _read_head(head: bytes, status: int, keep_alive: bool, private: bool = False) -> tuple:
     """A final response head (checked by llhttp, without its blank line; `status` and
     `keep_alive` as llhttp read them) as a tuple of
       the header lines to forward, Content-Length or None, chunked, the Upgrade value,
       the forwarded head's status and header lines when its length is known (else
       None), the status when `Exchange._remembered` may count the body (else 0), and
       whether the upstream keeps the connection after such a response,
-    remembered in `_HEADS` when short. Hop-by-hop lines are dropped, and those the
-    Connection header names (RFC 9110 7.6.1)."""
+    remembered in `_HEADS` (`_PRIVATE_HEADS`) when short. Hop-by-hop lines are
+    dropped, and those the Connection header names (RFC 9110 7.6.1); `private` adds
+    `cache-control: private` when the upstream sent no Cache-Control."""
     kept = []
     length = None
     chunked = False
@@ -557,6 +566,9 @@ def _read_head(head: bytes, status: int, keep_alive: bool) -> tuple:
         names = {t.strip().lower() for t in tokens.split(b",")} - {b"close", b"keep-alive", b""}
         if names:
             kept = [line for line in kept if line.partition(b":")[0].lower() not in names]
+    if private and not any(line.partition(b":")[0].strip().lower() == b"cache-control"
+                           for line in kept):
+        kept.append(PRIVATE_LINE)
     kept.append(b"")                        # each line ends in CRLF
     block = b"\r\n".join(kept)
     lines = None
@@ -568,9 +580,10 @@ def _read_head(head: bytes, status: int, keep_alive: bool) -> tuple:
             counted = status
     read = (block, length, chunked, upgrade, lines, counted, keep_alive)
     if len(head) <= _HEAD_MEMO_MAX:
-        if len(_HEADS) >= _HEADS_LIMIT:
-            _HEADS.clear()                  # stale Date lines, or an upstream whose heads vary
-        _HEADS[head] = read
+        memo = _PRIVATE_HEADS if private else _HEADS
+        if len(memo) >= _HEADS_LIMIT:
+            memo.clear()                    # stale Date lines, or an upstream whose heads vary
+        memo[head] = read
     return read
 
 
@@ -590,10 +603,11 @@ class Target:
     __slots__ = ("cfg", "host", "port", "ssl", "server_hostname", "authority", "weight",
                  "idle", "open", "active", "max_idle", "max_connections", "fails",
                  "fail_since", "down_until", "healthy", "current", "max_fails", "fail_timeout",
-                 "name", "conns")
+                 "name", "conns", "private")
 
-    def __init__(self, cfg, opts, ssl_context) -> None:
+    def __init__(self, cfg, opts, ssl_context, private: bool = False) -> None:
         self.cfg = cfg
+        self.private = private        # a protected site's: see `_PRIVATE_HEADS`
         self.name = cfg.url
         self.host = cfg.host
         self.port = cfg.port
