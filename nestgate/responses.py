@@ -9,7 +9,6 @@ from __future__ import annotations
 import html
 from http import HTTPStatus
 
-from nestgate import __version__
 from nestgate.clock import CLOCK
 
 SERVER_LINE = b"server: nestgate\r\n"
@@ -98,7 +97,7 @@ def html_page(status: int, detail: str = "") -> bytes:
     title = f"{status} {reason(status)}"
     extra = f"<p>{html.escape(detail)}</p>" if detail else ""
     return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>"
-            f"</head><body><h1>{title}</h1>{extra}<hr><p>nestgate/{__version__}</p>"
+            f"</head><body><h1>{title}</h1>{extra}<hr><p>nestgate</p>"
             f"</body></html>\n").encode()
 
 

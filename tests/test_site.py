@@ -8,7 +8,7 @@ import ssl
 
 import pytest
 
-from conftest import Server
+from conftest import BASIC_SITE, Server
 from nestgate.config import EMBEDDED_DEFAULT, ConfigError, parse_config
 
 
@@ -162,3 +162,17 @@ def test_site_config_problems_are_reported(tmp_path):
                      "site[0].security.csp: expected a header value on one line",
                      "site[0].base_url: expected an absolute http(s) address"):
         assert expected in text, expected
+
+
+def test_built_in_error_pages_and_the_server_header_name_no_version(start_server):
+    """Which version runs tells an outsider which known faults to try (nginx's
+    server_tokens off): neither the Server header nor the built-in pages say it."""
+    from nestgate import __version__
+    server = start_server(BASIC_SITE)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=5)
+    conn.request("GET", "/no/such/page")
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    assert resp.status == 404 and resp.getheader("server") == "nestgate"
+    assert __version__.encode() not in body and b"nestgate" in body
