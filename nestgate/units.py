@@ -4,6 +4,7 @@ Values are written with units so a reader of the config never guesses; a bare
 integer is accepted for sizes (bytes) and durations (seconds) for convenience.
 """
 
+import math
 import re
 
 SECONDS = 1.0
@@ -38,6 +39,9 @@ def parse_duration(value) -> float:
     if isinstance(value, bool):
         raise ValueError("a duration such as \"30s\" or \"250ms\"")
     if isinstance(value, (int, float)):
+        # TOML has `nan` and `inf`: neither is a time a timer can wait.
+        if not math.isfinite(value):
+            raise ValueError("a duration such as \"30s\" (a finite number of seconds)")
         if value < 0:
             raise ValueError("a duration that is not negative")
         return float(value)
