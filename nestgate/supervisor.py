@@ -66,6 +66,7 @@ class Generation:
     ssl_contexts: dict
     slots: list[Slot] = field(default_factory=list)
     ready: set[int] = field(default_factory=set)
+    closed: set[int] = field(default_factory=set)   # workers that stopped accepting
     was_ready: bool = False                 # every slot has reported ready once
     stopping: bool = False
     stop_deadline: float = 0.0
@@ -189,6 +190,10 @@ class Supervisor:
             return
         for line in data.split():
             pid = int(line)
+            if pid < 0:                     # "-PID": that worker stopped accepting
+                if -pid in self.by_pid:
+                    self.by_pid[-pid][0].closed.add(-pid)
+                continue
             if pid not in self.by_pid:
                 continue
             gen, _slot = self.by_pid[pid]

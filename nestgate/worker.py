@@ -132,6 +132,12 @@ class Worker:
         # has, the kernel refuses new connections instead of queueing them unserved.
         for _listener, sock in self.sockets:
             sock.close()
+        try:
+            # Tell the supervisor: from now on no new connection can reach this worker
+            # (the admin API's reload answers once every old worker has said so).
+            os.write(self.ready_fd, b"-%d\n" % os.getpid())
+        except OSError:
+            pass
         for conn in list(self.connections):
             conn.finish_and_close()
         deadline = CLOCK.now + self.config.server.shutdown_timeout

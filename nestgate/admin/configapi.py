@@ -142,6 +142,12 @@ class ConfigAPI:
             return
         await self.reply(request, 200, {"ok": True, "problems": []})
 
+    def _old_accepting(self) -> bool:
+        report = self.state.report
+        current = report.get("generation")
+        return any(g["accepting"] for g in report.get("generations", ())
+                   if g["number"] != current)
+
     async def _invalid(self, request, problems: list[str]) -> None:
         await request.send_prebuilt(self.error(
             422, "invalid_config", f"{len(problems)} problem(s) in the config",
@@ -167,6 +173,11 @@ class ConfigAPI:
                 504, "reload_pending", f"no result within {RELOAD_WAIT:.0f} s: the new "
                 "workers have not all started; the running config serves meanwhile"))
             return
+        while result["ok"] and time.monotonic() < deadline and self._old_accepting():
+            # The new workers serve; the old ones are told to stop. Answer once none of
+            # them can take a new connection, so a request made after this answer
+            # reaches the new config.
+            await asyncio.sleep(0.02)
         if not result["ok"]:
             reasons = [r.strip() for r in result["message"].split("\n")[1:] if r.strip()] \
                 or [result["message"]]

@@ -126,6 +126,7 @@ class AdminKeeper:
             "generation": current,
             "generations": [{
                 "number": g.number, "ready": g.was_ready, "stopping": g.stopping,
+                "accepting": any(s.pid and s.pid not in g.closed for s in g.slots),
                 "workers": [{"slot": s.index, "pid": s.pid, "ready": s.pid in g.ready,
                              "restarts": s.restarts} for s in g.slots],
             } for g in supervisor.generations],
