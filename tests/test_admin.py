@@ -101,7 +101,7 @@ def test_without_a_token_only_loopback_is_answered_and_sites_never_reach_it(star
     admin = server.admin_port()
     assert "no token set: loopback clients only" in server.wait_for("admin API on")
     # A site's Host on the admin port: the admin's own 404, never the site.
-    status, _h, body = admin_get(admin, "/", host="example.com")
+    status, _h, body = admin_get(admin, "/index.html", host="example.com")
     assert status == 404 and body["error"]["code"] == "not_found"
     # The admin's paths on a site's port: the site's answer, never the admin's.
     status, body = site_get(server.port(), "/v1/status")
@@ -574,3 +574,53 @@ def test_the_openapi_document_describes_exactly_the_routes(start_server):
     server = start_server(CONFIG.format(admin=f'[admin]\ntoken = "{TOKEN}"', body="x"))
     status, _h, served = admin_get(server.admin_port(), "/docs/json")   # no token needed
     assert status == 200 and served == DOCUMENT and served["openapi"] == "3.1.0"
+
+
+def page_get(port: int, path: str = "/", cookies: str = ""):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", path, headers={"Cookie": cookies} if cookies else {})
+    resp = conn.getresponse()
+    answer = resp.status, resp.msg, resp.read().decode()
+    conn.close()
+    return answer
+
+
+def test_the_status_page_shows_the_workers_and_needs_the_token_to_sign_in(start_server):
+    import re
+    from urllib.parse import urlencode
+    server = start_server(CONFIG.format(admin=f'[admin]\ntoken = "{TOKEN}"', body="x"))
+    admin = server.admin_port()
+    status, headers, _ = page_get(admin)
+    assert status == 303 and headers["location"] == "/login"
+    status, headers, form = page_get(admin, "/login")
+    assert status == 200 and 'name="token"' in form
+    nonce = re.search(r'name="csrf" value="([0-9a-f]+)"', form).group(1)
+    csrf_cookie = headers["set-cookie"].split(";")[0]
+    assert "SameSite=Strict" in headers["set-cookie"] and "HttpOnly" in headers["set-cookie"]
+
+    def post(fields, cookie):
+        conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=5)
+        conn.request("POST", "/login", body=urlencode(fields), headers={
+            "Content-Type": "application/x-www-form-urlencoded", "Cookie": cookie})
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+        return resp
+
+    assert post({"token": TOKEN, "csrf": "0" * 32}, csrf_cookie).status == 403
+    assert post({"token": "wrong-token-1234567", "csrf": nonce}, csrf_cookie).status == 401
+    resp = post({"token": TOKEN, "csrf": nonce}, csrf_cookie)
+    assert resp.status == 303 and resp.getheader("location") == "/"
+    session = [c for c in resp.msg.get_all("set-cookie") if c.startswith("nestgate_admin=")][0]
+    assert "HttpOnly" in session and "SameSite=Strict" in session
+    assert TOKEN not in session
+    for _ in range(5):
+        site_get(server.port())
+    status, headers, page = page_get(admin, "/", session.split(";")[0])
+    assert status == 200 and headers["content-type"] == "text/html; charset=utf-8"
+    assert "default-src 'none'" in headers["content-security-policy"]
+    for pid in server.worker_pids():
+        assert f"<td>{pid}</td>" in page
+    assert "Requests per second" in page and "<script" not in page and "http" not in \
+        page.split("<body>")[1].replace("http1", "")
+    assert page_get(admin, "/", "nestgate_admin=" + "0" * 64)[0] == 303

@@ -141,6 +141,14 @@ class AdminState:
         self.report: dict = {}
         self.audit_log = audit_log
         self.token_set = token_set
+        from nestgate.admin.page import History
+        self.history = History()          # for the status page's chart
+
+    def reported(self, report: dict) -> None:
+        """A report from the supervisor (about once a second): keep it, and a sample of
+        the requests served for the status page."""
+        self.report = report
+        self.history.add(sum(f.requests for f in self.table.read()))
 
     def audit(self, request, action: str, details: dict) -> None:
         """One JSON line per change: when, who (the token, or a loopback client when
@@ -242,6 +250,11 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
 
     site = SiteRoutes("admin", NOT_FOUND, guard)
     site.add_exact("/v1/health", Endpoint(state.health), sign_in=False)
+    # The status page decides access itself (a browser goes to the sign-in form).
+    from nestgate.admin.page import StatusPage
+    page = StatusPage(state, config.admin.token, failures, lambda: store_counts(store_path))
+    site.add_exact("/", page, sign_in=False)
+    site.add_exact("/login", page, sign_in=False)
     # The API's description holds nothing secret: open, so that a client (or Swagger
     # UI) can read it before it has the token.
     site.add_exact("/docs/json", Endpoint(lambda: (200, openapi.DOCUMENT_BYTES),
@@ -262,3 +275,15 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     router = Router(site)
     router.add_site(["*"], site)
     return router
+
+
+def store_counts(store_path: str):
+    """(allow-list entries, live sessions) for the status page; None without a store."""
+    if not store_path:
+        return None
+    from nestgate.auth.store import Store
+    store = Store(store_path)
+    try:
+        return len(store.allow_entries()), len(store.live_sessions())
+    finally:
+        store.close()

@@ -108,6 +108,20 @@ PATHS = {
     "/v1/users/{user}/sessions": {"delete": _op("Revoke all of a user's sessions", {
         "200": _json(_obj({"revoked": _INT}, ("revoked",)), "revoked"), "409": _ERROR,
         "503": _ERROR}, parameters=("user",))},
+    "/": {"get": _op("The status page (HTML) for a browser; with a token, it sends a "
+                     "browser without the page's cookie to /login", {
+        "200": {"description": "the page", "content": {"text/html": {"schema": _STR}}},
+        "303": {"description": "to /login"}}, open_=True)},
+    "/login": {
+        "get": _op("The status page's sign-in form", {
+            "200": {"description": "the form", "content": {"text/html": {"schema": _STR}}}},
+            open_=True),
+        "post": _op("Sign in to the status page with the token (form fields token, csrf)", {
+            "303": {"description": "signed in: to /, with the page's cookie"},
+            "401": {"description": "wrong token"}, "403": {"description": "no CSRF match"},
+            "429": {"description": "too many failures"}}, open_=True,
+            body={"application/x-www-form-urlencoded": {"schema": _obj(
+                {"token": _STR, "csrf": _STR}, ("token", "csrf"))}})},
     "/docs/json": {"get": _op("This document", {"200": _json({"type": "object"}, "OpenAPI")},
                               open_=True)},
 }

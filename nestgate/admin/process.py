@@ -43,9 +43,10 @@ def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_
                 except OSError:
                     return
                 try:
-                    state.report = json.loads(data)
+                    report = json.loads(data)
                 except ValueError:
                     continue
+                state.reported(report)
 
         def stop(self) -> None:
             asyncio.get_running_loop().remove_reader(reports.fileno())
