@@ -624,3 +624,22 @@ def test_the_status_page_shows_the_workers_and_needs_the_token_to_sign_in(start_
     assert "Requests per second" in page and "<script" not in page and "http" not in \
         page.split("<body>")[1].replace("http1", "")
     assert page_get(admin, "/", "nestgate_admin=" + "0" * 64)[0] == 303
+
+
+def test_ctl_edits_the_allow_list_and_revokes_sessions(start_server):
+    server = start_server(ALLOW_CONFIG.format(token=TOKEN))
+    where = ["--address", f"127.0.0.1:{server.admin_port()}", "--token", TOKEN]
+    result = ctl("allow", "add", "203.0.113.7", "--for", "2h", "--comment", "phone", *where)
+    assert result.returncode == 0, result.stderr
+    entry_id = int(result.stdout)
+    result = ctl("allow", "list", *where)
+    assert result.returncode == 0 and "203.0.113.7" in result.stdout and "phone" in result.stdout
+    assert ctl("allow", "add", "300.1.2.3", *where).returncode == 1
+    assert ctl("allow", "remove", str(entry_id), *where).stdout == "done\n"
+    assert ctl("allow", "remove", str(entry_id), *where).returncode == 1
+    assert ctl("allow", *where).stdout == ""
+    result = ctl("sessions", *where)
+    assert (result.returncode, result.stdout) == (0, "")
+    assert ctl("revoke", "--user", "demo", *where).stdout == "revoked 0\n"
+    assert ctl("revoke", "0123456789abcdef", *where).returncode == 1
+    assert ctl("allow", "frobnicate", *where).returncode == 2

@@ -1,4 +1,10 @@
-"""`nestgate ctl status|ready|metrics|reload`: the admin API from a shell.
+"""`nestgate ctl status|ready|metrics|reload|allow|sessions|revoke`: the admin API from a shell.
+
+    nestgate ctl allow [list]                      the dynamic allow-list
+    nestgate ctl allow add CIDR [--for 2h] [--comment TEXT]
+    nestgate ctl allow remove ID
+    nestgate ctl sessions                          the live sign-in sessions
+    nestgate ctl revoke ID | --user NAME           end one session, or all of a user's
 
 The address and token come from the config (`--config`, as `serve` finds it, with
 NESTGATE_ADMIN and NESTGATE_ADMIN_TOKEN), or from `--address` and `--token`.
@@ -12,29 +18,46 @@ import argparse
 import http.client
 import json
 import sys
+import time
+from urllib.parse import quote
 
 NOT_READY, CONFIG_PROBLEMS, UNREACHABLE = 1, 2, 3
 PATHS = {"status": "/v1/status", "ready": "/v1/ready", "metrics": "/metrics",
-         "reload": "/v1/config/reload"}
+         "reload": "/v1/config/reload", "allow": "/v1/allow", "sessions": "/v1/sessions",
+         "revoke": "/v1/sessions"}
 
 
 def ctl_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="nestgate ctl", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="nestgate ctl", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.split("\n")[2:7]))
     parser.add_argument("what", choices=sorted(PATHS))
+    parser.add_argument("rest", nargs="*", help="for allow: list, add CIDR, remove ID; "
+                        "for revoke: a session id")
+    parser.add_argument("--for", dest="ttl", default="1h", help="allow add: how long")
+    parser.add_argument("--comment", default="", help="allow add: a note")
+    parser.add_argument("--user", help="revoke: every session of this user")
     parser.add_argument("--config", metavar="FILE", help="the server's config file")
     parser.add_argument("--address", metavar="HOST:PORT", help="the admin listener")
     parser.add_argument("--token", help="the admin token (default: the config's)")
     parser.add_argument("--json", action="store_true", help="print the API's JSON as it is")
     args = parser.parse_args(argv)
 
+    request = _request(args)
+    if request is None:
+        parser.print_usage(sys.stderr)
+        return CONFIG_PROBLEMS
+    method, path, payload = request
     host, port, token = _target(args)
     if host is None:
         return CONFIG_PROBLEMS
     try:
         conn = http.client.HTTPConnection(host, port, timeout=90)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        conn.request("POST" if args.what == "reload" else "GET", PATHS[args.what],
-                     headers=headers)
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
+        conn.request(method, path, headers=headers,
+                     body=None if payload is None else json.dumps(payload))
         resp = conn.getresponse()
         body = resp.read()
         conn.close()
@@ -46,6 +69,9 @@ def ctl_main(argv: list[str]) -> int:
         sys.stdout.write(body.decode())
         return 0
     answer = json.loads(body) if body else {}
+    if resp.status == 204:
+        print("done")
+        return 0
     if "error" in answer:
         print(f"nestgate ctl: {resp.status}: {answer['error']['message']}", file=sys.stderr)
         for problem in answer["error"].get("details", {}).get("problems", ()):
@@ -61,12 +87,50 @@ def ctl_main(argv: list[str]) -> int:
                 print(f"  + {kind[:-1]} {name}")
             for name in change["removed"]:
                 print(f"  - {kind[:-1]} {name}")
+    elif args.what == "allow" and "entries" in answer:
+        for e in answer["entries"]:
+            print(f"{e['id']:>5}  {e['cidr']:<40}  until {_when(e['expires'])}  {e['comment']}")
+    elif args.what == "allow":
+        print(answer["id"])
+    elif args.what == "sessions":
+        for s in answer["sessions"]:
+            print(f"{s['id']}  {s['user']:<16}  {s['client']:<40}  until {_when(s['expires'])}")
+    elif args.what == "revoke":
+        print(f"revoked {answer['revoked']}")
     elif args.what == "ready":
         print("ready" if answer.get("ready") else
               "not ready: " + "; ".join(answer.get("reasons", ())))
     else:
         print(_status_text(answer))
-    return 0 if resp.status == 200 else NOT_READY
+    return 0 if 200 <= resp.status < 300 else NOT_READY
+
+
+def _request(args):
+    """(method, path, JSON body or None) for the command, or None when its arguments
+    do not make one."""
+    rest = args.rest
+    if args.what == "allow":
+        if not rest or rest == ["list"]:
+            return "GET", "/v1/allow", None
+        if rest[0] == "add" and len(rest) == 2:
+            return "POST", "/v1/allow", {"cidr": rest[1], "ttl": args.ttl,
+                                         "comment": args.comment}
+        if rest[0] == "remove" and len(rest) == 2:
+            return "DELETE", f"/v1/allow/{quote(rest[1], safe='')}", None
+        return None
+    if args.what == "revoke":
+        if args.user and not rest:
+            return "DELETE", f"/v1/users/{quote(args.user, safe='')}/sessions", None
+        if len(rest) == 1 and not args.user:
+            return "DELETE", f"/v1/sessions/{quote(rest[0], safe='')}", None
+        return None
+    if rest:
+        return None
+    return ("POST" if args.what == "reload" else "GET"), PATHS[args.what], None
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
 def _target(args) -> tuple[str | None, int, str]:
