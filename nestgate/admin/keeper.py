@@ -13,7 +13,8 @@ import socket
 import time
 from collections import deque
 
-from nestgate.admin.process import admin_listener, run_admin
+from nestgate.admin.process import (ADMIN_PROCESS_NAME, admin_listener, name_process,
+                                    process_name, run_admin)
 from nestgate.admin.stats import WorkerTable
 
 REPORT_EVERY = 1.0           # seconds between reports when nothing changes
@@ -33,6 +34,7 @@ class AdminKeeper:
         self.reloads: deque = deque(maxlen=RELOADS_KEPT)
         self.reload_counts = {"ok": 0, "refused": 0}
         self.started = time.time()
+        self.supervisor_pid = os.getpid()
         self.config_hash = ""
         self._last_report = b""
         self._last_sent = 0.0
@@ -71,7 +73,15 @@ class AdminKeeper:
     def fork(self, ready_w: int, close_in_child) -> None:
         if self.sock is None:
             return
-        pid = os.fork()
+        # The child is born with its name (`ps`, `top`, /proc/PID/comm): the name is
+        # given to this process for the fork and taken back after it.
+        own = process_name()
+        name_process(ADMIN_PROCESS_NAME)
+        try:
+            pid = os.fork()
+        finally:
+            if os.getpid() == self.supervisor_pid:
+                name_process(own)
         if pid == 0:
             close_in_child()
             self.reports_out.close()

@@ -15,6 +15,7 @@ from nestgate.config import Listener
 from nestgate.worker import run_worker
 
 REPORT_MAX = 1 << 20         # bytes of one report datagram
+ADMIN_PROCESS_NAME = "nestgate-admin"
 
 
 def admin_listener(admin) -> Listener:
@@ -23,7 +24,6 @@ def admin_listener(admin) -> Listener:
 
 def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_fd: int):
     """Entry point in the forked child; never returns."""
-    _name_process("nestgate-admin")
     state = AdminState(table, config.admin.audit_log, bool(config.admin.token))
 
     class Reports:
@@ -61,7 +61,15 @@ def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_
                {}, ready_fd, router=router, log_requests=False)
 
 
-def _name_process(name: str) -> None:
+def process_name() -> str:
+    try:
+        with open("/proc/self/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def name_process(name: str) -> None:
     """The name `ps` and `top` show (the kernel keeps 15 characters)."""
     try:
         with open("/proc/self/comm", "w") as f:
