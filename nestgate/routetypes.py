@@ -45,6 +45,7 @@ class StaticOptions:
     sendfile_min: int = 1024 * 1024             # from this size: sendfile
     warm: bool = False                          # load small files at start
     precompressed: bool = True                  # serve .br / .gz siblings
+    compress: bool = True                       # br/zstd/gzip for cached text files
     cache_control: str = ""
     recheck: float = 1.0                        # stat a cached file at most this often
 
@@ -77,6 +78,7 @@ def _read_static(s) -> StaticOptions:
         sendfile_min=s.size("sendfile_min", d.sendfile_min),
         warm=s.bool("warm", d.warm),
         precompressed=s.bool("precompressed", d.precompressed),
+        compress=s.bool("compress", d.compress),
         cache_control=s.str("cache_control", d.cache_control),
         recheck=s.duration("recheck", d.recheck))
     if "/" in options.index:

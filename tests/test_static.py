@@ -324,3 +324,31 @@ def test_warm_answers_from_the_parser_callback_match_the_task_path(start_server,
     assert status == 405
     assert ask()[2] == cold[2]                  # the connection is still in step
     conn.close()
+
+
+def test_compressed_variants(start_server, root):
+    """Cached text files are compressed once per coding; q-values pick the coding."""
+    import brotli
+    import zstandard
+    plain = b"body { color: #123; }\n" * 100
+    (root / "style.css").write_bytes(plain)
+    server = serve(start_server, root)
+    port = server.port()
+    status, headers, body = get(port, "/style.css", {"Accept-Encoding": "br, gzip"})
+    assert headers["content-encoding"] == "br" and brotli.decompress(body) == plain
+    assert headers["vary"] == "accept-encoding" and headers["etag"].startswith('W/"')
+    assert int(headers["content-length"]) == len(body)
+    etag = headers["etag"]
+    _, headers, body = get(port, "/style.css", {"Accept-Encoding": "gzip, br;q=0"})
+    assert headers["content-encoding"] == "gzip" and gzip.decompress(body) == plain
+    _, headers, body = get(port, "/style.css", {"Accept-Encoding": "gzip;q=0.5, zstd"})
+    assert headers["content-encoding"] == "zstd"
+    assert zstandard.ZstdDecompressor().decompress(body) == plain
+    _, headers, body = get(port, "/style.css", {"Accept-Encoding": "br", "If-None-Match": etag})
+    assert (_, headers["etag"], body) == (304, etag, b"")
+    _, headers, body = get(port, "/style.css", {"Accept-Encoding": "br", "Range": "bytes=0-3"})
+    assert (_, body) == (206, plain[:4]) and "content-encoding" not in headers
+    _, headers, body = get(port, "/style.css", {"Accept-Encoding": "br"}, method="HEAD")
+    assert headers["content-encoding"] == "br" and body == b""
+    _, headers, body = get(port, "/index.html", {"Accept-Encoding": "br"})  # under 256 B
+    assert "content-encoding" not in headers

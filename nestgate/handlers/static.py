@@ -33,6 +33,7 @@ import stat
 from email.utils import formatdate, parsedate_to_datetime
 from urllib.parse import quote
 
+from nestgate import compress
 from nestgate.clock import CLOCK
 from nestgate.handlers import PEEK
 from nestgate.responses import (CONNECTION_ENDINGS, SERVER_LINE, STATUS_LINES, Prebuilt,
@@ -41,12 +42,11 @@ from nestgate.sendwatch import cut
 
 _READ_CHUNK = 256 * 1024
 _SENDFILE_CHUNK = 4 * 1024 * 1024
-_ENCODINGS = (("br", ".br"), ("gzip", ".gz"))   # preference order
+_ENCODINGS = (("br", ".br"), ("gzip", ".gz"))   # precompressed siblings, preference order
 # Request headers that change the answer for a cached file, each with its slot in
 # `_conditional_headers`; any other header is skipped with one dict lookup in `peek`.
 _CONDITIONAL = {b"if-none-match": 0, b"if-modified-since": 1, b"range": 2, b"if-range": 3,
                 b"accept-encoding": 4}
-_ACCEPT_MEMO_MAX = 256
 
 _TYPES = {
     ".html": "text/html; charset=utf-8", ".htm": "text/html; charset=utf-8",
@@ -117,7 +117,7 @@ class Variant:
 
 class Entry:
     __slots__ = ("real", "signature", "checked", "mtime", "body", "variants", "identity",
-                 "size", "type", "last_modified", "weight")
+                 "size", "type", "last_modified", "weight", "codings")
 
 
 class Opened:
@@ -159,6 +159,10 @@ class StaticFiles:
         self.cache_file_max = min(options.cache_file_max, options.sendfile_min)
         self.sendfile_min = options.sendfile_min
         self.precompressed = options.precompressed
+        self.compress = options.compress
+        # Cache-Control: no-transform forbids changing the coding (RFC 9111 5.2.2.6).
+        if "no-transform" in options.cache_control.lower():
+            self.compress = False
         self.recheck = options.recheck
         self.extra = list(headers)
         if options.cache_control:
@@ -166,7 +170,7 @@ class StaticFiles:
         self.not_found = not_found or Prebuilt(404, html_page(404), "text/html; charset=utf-8")
         self._cache: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         self._cached_bytes = 0
-        self._accept_memo: dict[bytes, tuple[str, ...]] = {}
+        self._negotiator = compress.Negotiator()
         self.method_not_allowed = Prebuilt(405, b"method not allowed\n",
                                            "text/plain; charset=utf-8",
                                            [("allow", "GET, HEAD"), *self.extra])
@@ -201,25 +205,11 @@ class StaticFiles:
                     return None                  # Range, If-Range: the task path
         variant = entry.identity
         if accept is not None and len(entry.variants) > 1:
-            variant = self._variant_for(entry.variants, accept)
+            variant = entry.variants[self._negotiator.pick(accept, entry.codings)]
         if (inm is not None or ims is not None) and \
                 _not_modified(inm, ims, variant.etag, entry.mtime):
             return variant.not_modified
         return variant.full
-
-    def _variant_for(self, variants: dict, accept: bytes) -> Variant:
-        """`_choose` with the parsed Accept-Encoding kept: browsers send a few values."""
-        wanted = self._accept_memo.get(accept)
-        if wanted is None:
-            if len(self._accept_memo) >= _ACCEPT_MEMO_MAX:
-                self._accept_memo.clear()
-            wanted = tuple(enc for enc, _ in _ENCODINGS if _accepts(accept, enc))
-            self._accept_memo[accept] = wanted
-        for encoding in wanted:
-            variant = variants.get(encoding)
-            if variant is not None:
-                return variant
-        return variants[""]
 
     # ------------------------------------------------------------ the request
     async def handle(self, request) -> None:
@@ -288,7 +278,7 @@ class StaticFiles:
         inm, ims, rng, if_range, accept = _conditional_headers(request.headers)
         variant = entry.identity
         if accept is not None and len(entry.variants) > 1 and rng is None:
-            variant = _choose(entry.variants, accept)
+            variant = entry.variants[self._negotiator.pick(accept, entry.codings)]
         if _not_modified(inm, ims, variant.etag, entry.mtime):
             await send_ready(request, variant.not_modified)
             return
@@ -332,14 +322,15 @@ class StaticFiles:
         encoding = ""
         opened = None
         if self.precompressed and accept is not None and rng is None:
-            wanted = [(enc, ext) for enc, ext in _ENCODINGS if _accepts(accept, enc)]
-            for enc, ext in wanted:
+            # Files this big are never compressed here: only their siblings are sent.
+            siblings = dict(_ENCODINGS)
+            while (enc := compress.negotiate(accept, tuple(siblings))):
                 try:
-                    opened = await loop.run_in_executor(None, self._open, real + ext)
+                    opened = await loop.run_in_executor(None, self._open, real + siblings[enc])
                     encoding = enc
                     break
                 except NotFound:
-                    continue
+                    del siblings[enc]
         if opened is None:
             opened = await loop.run_in_executor(None, self._open, real)
         try:
@@ -524,18 +515,31 @@ class StaticFiles:
                 sigs.append(_signature(sibling[1]) if sibling else None)
                 if sibling is not None:
                     encoded.append((encoding, sibling[0], sibling[1]))
-        vary = [("vary", "accept-encoding")] if self.precompressed else []
-        entry.identity = self._variant("", body, st, entry, vary)
+        # Compressed once here, for every coding the client may pick, so a hit stays a
+        # dict lookup; a precompressed sibling takes the place of its coding.
+        made = []
+        if self.compress and compress.worth_compressing(entry.type, len(body)):
+            have = {encoding for encoding, _, _ in encoded}
+            made = [(coding, compress.compress(coding, body))
+                    for coding in compress.PREFERENCE if coding not in have]
+        vary = [("vary", "accept-encoding")] \
+            if self.precompressed or (self.compress and compress.compressible(entry.type)) \
+            else []
+        entry.identity = self._variant("", body, _etag(st), entry, vary)
         entry.variants = {"": entry.identity}
         for encoding, data, sst in encoded:
-            entry.variants[encoding] = self._variant(encoding, data, sst, entry, vary)
+            entry.variants[encoding] = self._variant(encoding, data, _etag(sst, encoding),
+                                                     entry, vary)
+        for coding, data in made:
+            entry.variants[coding] = self._variant(coding, data,
+                                                   compress.weak(_etag(st, coding)), entry, vary)
+        entry.codings = tuple(entry.variants)
         entry.signature = tuple(sigs)
         entry.weight = sum(v.full.content_length for v in entry.variants.values()) + 512
         entry.checked = CLOCK.now
         return entry
 
-    def _variant(self, encoding, data, st, entry, vary) -> Variant:
-        etag = _etag(st, encoding)
+    def _variant(self, encoding, data, etag, entry, vary) -> Variant:
         validators = [("etag", etag), ("last-modified", entry.last_modified)]
         coding = [("content-encoding", encoding)] if encoding else []
         full = Prebuilt(200, data, entry.type,
@@ -620,33 +624,11 @@ def _wake(waiter) -> None:
 # ------------------------------------------------------------ HTTP details
 
 
-def _accepts(accept: bytes, coding: str) -> bool:
-    """`coding` is listed in Accept-Encoding with a q-value above 0."""
-    for part in accept.decode("latin-1").lower().split(","):
-        name, _, params = part.strip().partition(";")
-        if name.strip() == coding:
-            params = params.replace(" ", "")
-            if not params.startswith("q="):
-                return True
-            try:
-                return float(params[2:]) > 0
-            except ValueError:
-                return False
-    return False
-
-
-def _choose(variants: dict, accept: bytes) -> Variant:
-    for encoding, _ in _ENCODINGS:
-        if encoding in variants and _accepts(accept, encoding):
-            return variants[encoding]
-    return variants[""]
-
-
 def _not_modified(inm: bytes | None, ims: bytes | None, etag: str, mtime: float) -> bool:
     if inm is not None:
         # RFC 9110 13.1.2: weak comparison; If-Modified-Since is ignored when present.
         tags = [t.strip().removeprefix("W/") for t in inm.decode("latin-1").split(",")]
-        return "*" in tags or etag in tags
+        return "*" in tags or etag.removeprefix("W/") in tags
     if ims is not None:
         try:
             since = parsedate_to_datetime(ims.decode("latin-1")).timestamp()
