@@ -10,12 +10,17 @@ named, and `identity` is the answer when nothing offered is acceptable (a client
 refuses identity too gets it anyway, as nginx does, rather than a 406).
 
 `worth_compressing` decides from the response alone: a compressible type (text, JSON,
-JavaScript, XML, SVG and a few other text formats; never images, fonts, archives,
-media or wasm, which are compressed already or gain little), at least `MIN_BYTES`,
+JavaScript, XML, SVG, icons and the uncompressed font formats; never PNG, JPEG,
+WebP, WOFF2, archives, media or wasm, which are compressed already), at least `MIN_BYTES`,
 and no `Cache-Control: no-transform`. A Range answer (206) is never compressed: the
 range is of the identity bytes.
 
-This module does no I/O and holds no state but a bounded memo of parsed headers.
+`Encoded` is one server-built answer (a `return` route's body, a rendered page) kept
+in identity and each coding worth sending, compressed once when it is built: a request
+picks one by its Accept-Encoding, so a hit costs a header scan and a dict lookup and
+never a compression. `StreamEncoder` compresses a proxied body as it passes.
+
+This module does no I/O and holds no state but bounded memos of parsed headers.
 """
 
 from __future__ import annotations
@@ -26,11 +31,16 @@ import zlib
 import brotli
 import zstandard
 
+from nestgate.handlers import PEEK
+from nestgate.responses import Prebuilt
+
 # Like nginx's gzip_min_length, but 256 rather than 20: below a few hundred bytes the
 # coding's own header and the lost TCP packet budget outweigh the gain.
 MIN_BYTES = 256
 PREFERENCE = ("br", "zstd", "gzip")            # ties in q go to the smallest output
 _MEMO_MAX = 256
+VARY = ("vary", "accept-encoding")
+VARY_LINE = b"vary: accept-encoding"
 
 _TEXT_TYPES = frozenset((
     "application/json", "application/javascript", "application/xml",
@@ -109,6 +119,9 @@ class Negotiator:
         return coding
 
 
+_NEGOTIATOR = Negotiator()
+
+
 def compress(coding: str, data: bytes) -> bytes:
     """The whole body in one coding (for bodies compressed once and kept)."""
     if coding == "br":
@@ -118,6 +131,47 @@ def compress(coding: str, data: bytes) -> bytes:
     if coding == "gzip":
         return gzip.compress(data, compresslevel=6, mtime=0)
     raise ValueError(f"unknown content coding {coding!r}")
+
+
+def recode_head(block: bytes, status: int, length: int | None,
+                accept: bytes | None) -> tuple[str, bytes] | None:
+    """A proxied response head on a compressing route: (coding, the header lines to
+    send) when its body is a kind worth compressing, coding "" when this client takes
+    none of ours (the lines still gain `Vary`, so a shared cache keeps both); None when
+    the response goes as it is. `block` is the kept header lines, each ending in CRLF."""
+    if status < 200 or status in (204, 206, 304) or \
+            (length is not None and length < MIN_BYTES):
+        return None
+    lines = block.split(b"\r\n")
+    media = b""
+    vary_named = False
+    for line in lines:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-type":
+            media = value
+        elif name == b"content-encoding" or name == b"content-range":
+            return None                         # coded already, or a part of something
+        elif name == b"cache-control" and b"no-transform" in value.lower():
+            return None
+        elif name == b"vary":
+            vary_named = vary_named or any(t.strip() in (b"*", b"accept-encoding")
+                                           for t in value.lower().split(b","))
+    if not compressible(media.decode("latin-1")):
+        return None
+    coding = _NEGOTIATOR.pick(accept, PREFERENCE) if accept is not None else ""
+    out = [line for line in lines if line]
+    if coding:
+        for i, line in enumerate(out):
+            name, _, value = line.partition(b":")
+            value = value.strip()
+            if name.strip().lower() == b"etag" and not value.startswith(b"W/"):
+                out[i] = b"etag: W/" + value    # its bytes are no longer the upstream's
+        out.append(b"content-encoding: " + coding.encode())
+    if not vary_named:
+        out.append(VARY_LINE)
+    out.append(b"")
+    return coding, b"\r\n".join(out)
 
 
 class StreamEncoder:
@@ -148,3 +202,50 @@ class StreamEncoder:
 def weak(etag: str) -> str:
     """A compressed variant's validator: weak, since its bytes are not the file's."""
     return etag if etag.startswith("W/") else "W/" + etag
+
+
+
+
+class Encoded:
+    """One ready answer in identity and every coding worth sending. As a route handler
+    (PEEK) its `peek` always has the answer, so the engine writes it from the parser
+    callback like a `Prebuilt`."""
+
+    __slots__ = ("identity", "by_coding", "codings")
+    is_async = PEEK
+
+    def __init__(self, status: int, body: bytes, content_type: str, headers=(),
+                 cache_control: str = "") -> None:
+        headers = list(headers)
+        if not worth_compressing(content_type, len(body), cache_control):
+            self.identity = Prebuilt(status, body, content_type, headers)
+            self.by_coding = {"": self.identity}
+        else:
+            headers.append(VARY)
+            self.identity = Prebuilt(status, body, content_type, headers)
+            self.by_coding = {"": self.identity}
+            for coding in PREFERENCE:
+                data = compress(coding, body)
+                if len(data) < len(body):
+                    self.by_coding[coding] = Prebuilt(
+                        status, data, content_type, [*headers, ("content-encoding", coding)])
+        self.codings = tuple(self.by_coding)
+
+    @property
+    def status(self) -> int:
+        return self.identity.status
+
+    def choose(self, headers) -> Prebuilt:
+        """The variant for a request's headers ((lower-case name, value) pairs)."""
+        if len(self.codings) == 1:
+            return self.identity
+        for name, value in headers:
+            if name == b"accept-encoding":
+                return self.by_coding[_NEGOTIATOR.pick(value, self.codings)]
+        return self.identity
+
+    def peek(self, path: str, method: bytes, headers) -> Prebuilt:
+        return self.choose(headers)
+
+    async def handle(self, request) -> None:      # peek always answers; kept for the contract
+        await request.send_prebuilt(self.choose(request.headers))

@@ -26,6 +26,7 @@ class ReturnOptions:
     status: int
     body: bytes
     content_type: str
+    compress: bool = True                       # kept in br/zstd/gzip when text
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ def _read_return(s) -> ReturnOptions:
         s.fail("body", "only one of body or body_file")
     return ReturnOptions(status=s.int("status", 200, 100, 599),
                          body=body.encode() if body_file is None else body_file,
-                         content_type=s.str("content_type", "text/plain; charset=utf-8"))
+                         content_type=s.str("content_type", "text/plain; charset=utf-8"),
+                         compress=s.bool("compress", True))
 
 
 def _read_redirect(s) -> RedirectOptions:
@@ -87,9 +89,14 @@ def _read_static(s) -> StaticOptions:
 
 
 def _build_return(route, site_config, config):
+    from nestgate.compress import Encoded
     from nestgate.responses import Prebuilt
     o = route.options
-    return Prebuilt(o.status, o.body, o.content_type)
+    if not o.compress:
+        return Prebuilt(o.status, o.body, o.content_type)
+    answer = Encoded(o.status, o.body, o.content_type)
+    # A body not worth compressing stays a plain ready response.
+    return answer if len(answer.codings) > 1 else answer.identity
 
 
 def _build_redirect(route, site_config, config):

@@ -4,12 +4,15 @@ Content is deterministic (seeded) so two runs of the harness serve the same byte
 same files are handed to every peer. Certificates are made here too: one for all peers.
 """
 
+import gzip
 import json
 import random
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+import brotli
 
 from . import BenchError, tools
 
@@ -28,7 +31,11 @@ class Certificate:
 
 def write_all(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
-    (root / "page.html").write_bytes(page_html(PAGE_BYTES))
+    page = page_html(PAGE_BYTES)
+    (root / "page.html").write_bytes(page)
+    # The precompressed siblings nginx (gzip_static) and Caddy (precompressed) serve.
+    (root / "page.html.gz").write_bytes(gzip.compress(page, compresslevel=9, mtime=0))
+    (root / "page.html.br").write_bytes(brotli.compress(page, quality=11))
     static = root / "static"
     static.mkdir(exist_ok=True)
     rng = random.Random(5)

@@ -227,6 +227,7 @@ class Load:
     duration_s: int = 5
     streams: int = 1                # h2load -m: concurrent streams per connection
     host: str = ""                  # Host header when the URL's host is not the one to send
+    headers: tuple[str, ...] = ()   # more request headers, "Name: value"
     timeout_s: int = 5
     count_status: bool = False      # wrk: count every status class (slower client)
 
@@ -242,6 +243,8 @@ class Wrk:
                f"-d{load.duration_s}s", f"--timeout={load.timeout_s}s", "--latency", "-s", str(script)]
         if load.host:
             cmd += ["-H", f"Host: {load.host}"]
+        for header in load.headers:
+            cmd += ["-H", header]
         return cmd + [load.url]
 
     def parse(self, stdout: str, workdir: Path) -> RunResult:
@@ -259,6 +262,8 @@ class H2load:
                f"-m{load.streams}", f"-D{load.duration_s}", f"--log-file={workdir / self.LOG}"]
         if load.host:
             cmd += ["-H", f":authority: {load.host}"]
+        for header in load.headers:
+            cmd += ["-H", header]
         return cmd + [load.url]
 
     def parse(self, stdout: str, workdir: Path) -> RunResult:

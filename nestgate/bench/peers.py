@@ -375,8 +375,9 @@ def _nginx_health(site: Site) -> list[str]:
 
 
 def _nginx_file(site: Site) -> list[str]:
+    # gzip_static: the file's .gz sibling for clients that take gzip (nginx has no brotli).
     return [f'location = {site.route.path} {{ alias {site.content / site.route.source}; '
-            f'default_type "text/html; charset=utf-8"; }}']
+            f'default_type "text/html; charset=utf-8"; gzip_static on; gzip_vary on; }}']
 
 
 def _nginx_static(site: Site) -> list[str]:
@@ -462,7 +463,8 @@ def _caddy_health(site: Site) -> list[str]:
 
 def _caddy_file(site: Site) -> list[str]:
     return [f"  handle {site.route.path} {{", f"    root * {site.content}",
-            f"    rewrite * /{site.route.source}", "    file_server", "  }"]
+            f"    rewrite * /{site.route.source}", "    file_server {",
+            "      precompressed br gzip", "    }", "  }"]
 
 
 def _caddy_static(site: Site) -> list[str]:

@@ -172,9 +172,12 @@ def _capture(scenario: Scenario, site: Site) -> None:
 def _check(scenario: Scenario, name: str, site: Site) -> dict:
     if scenario.driver in ("cold", "write"):
         return {}
-    status, body, headers = fetch(site.scheme, site.port, scenario.request, scenario.host)
+    status, body, headers = fetch(site.scheme, site.port, scenario.request, scenario.host,
+                                  headers=dict(h.split(": ", 1) for h in scenario.headers))
     check = {"status": status, "body_bytes": len(body),
              "content_type": headers.get("content-type", ""), "tls": headers.get(":tls", "")}
+    if scenario.headers:
+        check["content_encoding"] = headers.get("content-encoding", "")
     if status // 100 != scenario.expect_status // 100:
         message = (f"{name} answered {status} for {scenario.request} "
                    f"(expected {scenario.expect_status})")
@@ -209,7 +212,8 @@ def _load(scenario: Scenario, opts: Options, site: Site, duration_s: int, connec
     return drivers.Load(url=f"{site.scheme}://127.0.0.1:{site.port}{scenario.request}",
                         connections=connections or opts.connections or scenario.connections,
                         threads=opts.threads, duration_s=duration_s, streams=scenario.streams,
-                        host=scenario.host, count_status=opts.count_status)
+                        host=scenario.host, headers=scenario.headers,
+                        count_status=opts.count_status)
 
 
 def _drive_once(scenario: Scenario, opts: Options, site: Site, duration_s: int, raw: Path,

@@ -29,6 +29,7 @@ class Scenario:
     connections: int = 64
     streams: int = 1                    # h2load -m
     host: str = ""                      # Host header; "" = the URL's
+    headers: tuple[str, ...] = ()       # more request headers, "Name: value"
     expect_status: int = 200
     nestgate_only: bool = False         # no peer does the same work (notes write path)
     needs: str = ""                     # nestgate feature it depends on, for skip messages
@@ -48,6 +49,9 @@ _proxy = Route("proxy", "/proxy/", "/")
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("health", "small response: the health JSON, HTTP/1.1", _health, HEALTH, sweep=True),
     Scenario("page", "cached page (~11 KB), HTTP/1.1", _page, "/page", needs="return body_file"),
+    Scenario("page-br", "cached page (~11 KB) asked with Accept-Encoding: br, gzip "
+             "(nginx: its gzip_static file)", _page, "/page",
+             headers=("Accept-Encoding: br, gzip",), needs="compression"),
     Scenario("static-12b", "static file 12 B", _static, "/static/f12b.txt", needs="static files"),
     Scenario("static-10k", "static file 10 KB", _static, "/static/f10k.bin", needs="static files"),
     Scenario("static-100k", "static file 100 KB", _static, "/static/f100k.bin", needs="static files"),

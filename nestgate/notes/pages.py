@@ -6,8 +6,8 @@ Every page that exists (home, /notes, /notes/page/N, /notes/<slug>, /notes/tag/<
 /notes/feed.xml) is a `CachedPage` registered as an exact route with `is_async = PEEK`:
 the engine calls its `peek` from the parser callback, which returns the page while it
 was rendered at the current generation (a warm hit is the route lookup, a generation
-read and `Prebuilt.render`, no Request and no task), 405 for methods other than GET and
-HEAD, and None when the page is missing or stale; the engine then runs `handle`, which
+read and a kept coding picked by Accept-Encoding, no Request and no task), 405 for
+methods other than GET and HEAD, and None when the page is missing or stale; the engine then runs `handle`, which
 rebuilds the page off the loop.
 
 The generation is the store's shared counter (bumped by any worker's write) plus a
@@ -37,6 +37,7 @@ import logging
 import threading
 from urllib.parse import quote
 
+from nestgate.compress import Encoded
 from nestgate.handlers import PEEK
 from nestgate.handlers.static import send_ready
 from nestgate.notes.render import Renderer
@@ -146,7 +147,7 @@ class SitePages:
             return gen
 
     # ------------------------------------------------------------ building
-    def build(self, key: tuple) -> tuple[int, Prebuilt | None]:
+    def build(self, key: tuple) -> tuple[int, Encoded | None]:
         """(generation, page) for a page key; page None when it does not exist.
         Runs in the executor: reads the disk when the index is stale, then renders."""
         gen = self._ensure_index()
@@ -164,10 +165,11 @@ class SitePages:
             body = r.list_page(tagged, key[2], self.tag_path(key[1]), f"#{key[1]}") \
                 if tagged else None
         elif kind == "feed":
-            return gen, Prebuilt(200, r.feed(self.public), ATOM, self.headers)
+            return gen, Encoded(200, r.feed(self.public), ATOM, self.headers)
         else:
             body = None
-        return gen, None if body is None else Prebuilt(200, body, HTML, self.headers)
+        # Compressed here, off the loop, once per rendering: a hit picks a kept coding.
+        return gen, None if body is None else Encoded(200, body, HTML, self.headers)
 
     async def prerender(self, loop, slug: str) -> None:
         """After a write through this worker: render the note's page now, so the first
@@ -183,7 +185,7 @@ class SitePages:
         except Exception:                     # the write stands; the GET will say why
             log.exception("rendering note %s after its write failed", slug)
 
-    async def render(self, loop, page: CachedPage) -> Prebuilt | None:
+    async def render(self, loop, page: CachedPage) -> Encoded | None:
         """Build `page` in the executor and keep it; None when it does not exist.
         Requests arriving while the same page builds at the same generation wait for
         that build instead of starting their own."""
@@ -208,7 +210,7 @@ class SitePages:
         (runs in the executor)."""
         self.renderer.forget(slug)
 
-    def keep(self, page: CachedPage, gen: int, response: Prebuilt) -> None:
+    def keep(self, page: CachedPage, gen: int, response: Encoded) -> None:
         page.page, page.gen = response, gen
         self.rendered.pop(page, None)
         self.rendered[page] = None
@@ -262,7 +264,7 @@ class CachedPage:
         self.site, self.key, self.path = site, key, path
         self.label = path if key[0] in ("home", "feed", "list") else \
             f"{site.notes.path}/{{{key[0]}}}"
-        self.page: Prebuilt | None = None
+        self.page: Encoded | None = None
         self.gen = -1
 
     def peek(self, path: str, method: bytes, headers):
@@ -270,7 +272,7 @@ class CachedPage:
             return self.site.method_not_allowed
         page = self.page
         if page is not None and self.gen == self.site.generation():
-            return page
+            return page.choose(headers)
         return None
 
     async def handle(self, request) -> None:
@@ -278,7 +280,8 @@ class CachedPage:
             await send_ready(request, self.site.method_not_allowed)
             return
         response = await self.site.render(request.connection.loop, self)
-        await send_ready(request, response or self.site.not_found)
+        await send_ready(request, self.site.not_found if response is None
+                         else response.choose(request.headers))
 
 
 class PageFallback:

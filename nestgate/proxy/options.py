@@ -29,6 +29,7 @@ class ProxyOptions:
     host_header: str = "client"           # "client" keeps the Host; "target" sends the target's
     forwarded: bool = True                # X-Forwarded-For/-Proto/-Host
     websocket: bool = True                # pass Upgrade requests through
+    compress: bool = False                # br/zstd/gzip text answers as they stream
     connect_timeout: float = 5.0
     read_timeout: float = 60.0            # between bytes from the upstream
     request_timeout: float = 0.0          # whole exchange; 0: none
@@ -93,6 +94,7 @@ def proxy_options(s) -> ProxyOptions:
         host_header=s.choice("host_header", d.host_header, ("client", "target")),
         forwarded=s.bool("forwarded", d.forwarded),
         websocket=s.bool("websocket", d.websocket),
+        compress=s.bool("compress", d.compress),
         connect_timeout=s.duration("connect_timeout", d.connect_timeout),
         read_timeout=s.duration("read_timeout", d.read_timeout),
         request_timeout=s.duration("request_timeout", d.request_timeout),

@@ -30,6 +30,7 @@ import asyncio
 
 import httptools
 
+from nestgate import compress
 from nestgate.clock import CLOCK
 from nestgate.http1 import Request
 from nestgate.responses import SERVER_LINE, STATUS_LINES, status_line
@@ -159,7 +160,7 @@ class Exchange:
                  "upgrade_value", "upgrade_tail", "received", "out", "head_buf", "head_start",
                  "last_head", "last_known", "owed", "keep_alive", "heads", "private",
                  "reusable", "fast", "target", "h1", "pending", "credit", "cancel",
-                 "client")
+                 "client", "compress", "remember", "encoder")
 
     @classmethod
     def on(cls, conn: UpstreamConnection, req) -> Exchange:
@@ -192,6 +193,9 @@ class Exchange:
         self.keep_alive = False       # ... and whether the connection is kept after them
         self.private = conn.target.private      # a protected site's route
         self.heads = _PRIVATE_HEADS if self.private else _HEADS
+        # A compressing route reads every head (its coding depends on the request),
+        # so only other routes answer remembered heads (`_remembered`).
+        self.compress = conn.target.compress
         self._reset(req)
 
     def _reset(self, req) -> None:
@@ -214,6 +218,8 @@ class Exchange:
         # HTTP/1.1 clients get raw bytes, written once per upstream read; other
         # protocols (HTTP/2) are answered through the Request interface.
         self.h1 = type(req) is Request
+        self.remember = self.h1 and not self.compress
+        self.encoder = None           # a StreamEncoder when this response is compressed
         self.conn.exchange = self
 
     # ------------------------------------------------------ from the socket
@@ -222,7 +228,7 @@ class Exchange:
         self.last = CLOCK.now
         if self.owed:
             self._count(data)
-        elif self.started or self.head_buf or not self.h1 or not self._remembered(data):
+        elif self.started or self.head_buf or not self.remember or not self._remembered(data):
             if not self._parse(data):
                 return
         out = self.out
@@ -419,6 +425,18 @@ class Exchange:
         if status == 101:
             return                              # `feed` hands over to the tunnel
         req = self.req
+        if self.compress:
+            recoded = compress.recode_head(self.block, status, self.length,
+                                           req.header(b"accept-encoding"))
+            if recoded is not None:
+                coding, self.block = recoded
+                if coding:
+                    # Its length is not known until the last byte: chunked, or HTTP/2 DATA.
+                    self.length = lines = None
+                    if not req.head_only:
+                        self.encoder = compress.StreamEncoder(coding)
+                else:
+                    lines = None                # Vary added, the body as it is
         if self.h1:
             self.out.append(req.head_from(status, lines) if lines is not None
                             else req.head_bytes(status, self.block, self.length))
@@ -435,6 +453,10 @@ class Exchange:
     def on_body(self, chunk: bytes) -> None:
         if self.complete:
             raise UpstreamOverrun       # a body after a HEAD answer: see `feed`
+        if self.encoder is not None:
+            chunk = self.encoder.feed(chunk)
+            if not chunk:
+                return
         if self.h1:
             data = self.req.frame(chunk)
             if data:
@@ -457,6 +479,14 @@ class Exchange:
     # ------------------------------------------------------ endings
     def _finish(self, reusable: bool) -> None:
         self.complete = True
+        if self.encoder is not None:
+            encoder, self.encoder = self.encoder, None
+            tail = encoder.finish()
+            if tail:
+                if self.h1:
+                    self.out.append(self.req.frame(tail))
+                else:
+                    self.pending.append(tail)
         if self.h1:
             tail = self.req.end_bytes()
             if tail:
@@ -603,11 +633,12 @@ class Target:
     __slots__ = ("cfg", "host", "port", "ssl", "server_hostname", "authority", "weight",
                  "idle", "open", "active", "max_idle", "max_connections", "fails",
                  "fail_since", "down_until", "healthy", "current", "max_fails", "fail_timeout",
-                 "name", "conns", "private")
+                 "name", "conns", "private", "compress")
 
     def __init__(self, cfg, opts, ssl_context, private: bool = False) -> None:
         self.cfg = cfg
         self.private = private        # a protected site's: see `_PRIVATE_HEADS`
+        self.compress = opts.compress     # a route with `compress = true`
         self.name = cfg.url
         self.host = cfg.host
         self.port = cfg.port
