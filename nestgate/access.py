@@ -91,14 +91,14 @@ class Gate:
     """A route (or a site's 404) behind an access policy and/or sign-in."""
 
     is_async = GATED
-    __slots__ = ("inner", "policy", "auth", "dynamic", "forbidden", "upgrades")
+    __slots__ = ("inner", "policy", "auth", "dynamic", "errors", "upgrades")
 
-    def __init__(self, inner, policy: Policy | None, auth, dynamic, forbidden) -> None:
+    def __init__(self, inner, policy: Policy | None, auth, dynamic, errors) -> None:
         self.inner = inner
         self.policy = policy
         self.auth = auth              # nestgate.auth.portal.SignIn, or None
         self.dynamic = dynamic
-        self.forbidden = forbidden
+        self.errors = errors          # the site's ErrorPages: its 403
         self.upgrades = getattr(inner, "upgrades", False)
 
     def admit(self, conn, headers):
@@ -116,7 +116,7 @@ class Gate:
             verdict = self.decide(client)
             cache[self.policy] = (client, dynamic.version, verdict)
         if verdict == DENY:
-            return self.forbidden
+            return self.errors.forbidden(client, headers)
         if verdict == PASS or self.auth is None:
             return self.inner
         return self.auth.admit(self.inner, headers, client)
@@ -141,9 +141,7 @@ class Gateway(Service):
     dynamic allow-list) and the sign-in portal. A worker `start`s it on its loop."""
 
     def __init__(self, config) -> None:
-        from nestgate.responses import ERRORS
         self.config = config
-        self.forbidden = ERRORS[403]
         self.state = None
         self.signin = None
         self.dynamic = NoDynamic()
@@ -172,13 +170,13 @@ class Gateway(Service):
             policy = self._policies[id(cfg)] = Policy(cfg)
         return policy
 
-    def gate(self, handler, access: AccessConfig | None, protected: bool):
+    def gate(self, handler, access: AccessConfig | None, protected: bool, errors):
         if access is None and not protected:
             return handler
         return Gate(handler, self._policy(access), self.signin if protected else None,
-                    self.dynamic, self.forbidden)
+                    self.dynamic, errors)
 
-    def site_guard(self, site_config):
+    def site_guard(self, site_config, errors):
         """The guard a site's `SiteRoutes` applies to every handler it is given: the
         route's own access list or else the site's, and the site's sign-in unless the
         route is the sign-in portal itself."""
@@ -189,7 +187,7 @@ class Gateway(Service):
         def guard(handler, access=None, sign_in=True):
             if isinstance(handler, Gate):
                 raise ValueError("a handler is guarded once, by its site")
-            return self.gate(handler, access or site_access, protected and sign_in)
+            return self.gate(handler, access or site_access, protected and sign_in, errors)
         return guard
 
     def add_portal(self, site, site_config) -> None:

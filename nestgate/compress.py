@@ -31,7 +31,7 @@ import zlib
 import brotli
 import zstandard
 
-from nestgate.handlers import PEEK
+from nestgate.handlers import ReadyChoice
 from nestgate.responses import Prebuilt
 
 # Like nginx's gzip_min_length, but 256 rather than 20: below a few hundred bytes the
@@ -206,13 +206,11 @@ def weak(etag: str) -> str:
 
 
 
-class Encoded:
-    """One ready answer in identity and every coding worth sending. As a route handler
-    (PEEK) its `peek` always has the answer, so the engine writes it from the parser
-    callback like a `Prebuilt`."""
+class Encoded(ReadyChoice):
+    """One ready answer in identity and every coding worth sending, picked by
+    Accept-Encoding."""
 
     __slots__ = ("identity", "by_coding", "codings")
-    is_async = PEEK
 
     def __init__(self, status: int, body: bytes, content_type: str, headers=(),
                  cache_control: str = "") -> None:
@@ -243,9 +241,3 @@ class Encoded:
             if name == b"accept-encoding":
                 return self.by_coding[_NEGOTIATOR.pick(value, self.codings)]
         return self.identity
-
-    def peek(self, path: str, method: bytes, headers) -> Prebuilt:
-        return self.choose(headers)
-
-    async def handle(self, request) -> None:      # peek always answers; kept for the contract
-        await request.send_prebuilt(self.choose(request.headers))

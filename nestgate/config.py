@@ -170,6 +170,7 @@ class Site:
     notes: Notes | None = None
     templates: str = ""                     # a directory whose templates replace the built-in ones
     base_url: str = ""                      # absolute address of the site, for the Atom feed
+    error_pages: tuple[tuple[int, bytes], ...] = ()   # (status, HTML) replacing built-in pages
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,7 @@ class ServerConfig:
     not_found_page: str = ""                # HTML file replacing the built-in 404 page
     health_path: str = "/api/v1/health"
     health_details: str = "local"           # version and pid to: "local" clients, "all", "none"
+    server_tokens: bool = False             # the version in the Server header and on pages
     user: str = ""                          # started as root: run as this user once bound
     group: str = ""                         # ... and group (default: the user's own)
 
@@ -382,6 +384,7 @@ def _read_server(s: _Section) -> ServerConfig:
         not_found_page=s.readable_file("not_found_page"),
         health_path=s.str("health_path", d.health_path),
         health_details=s.choice("health_details", d.health_details, ("local", "all", "none")),
+        server_tokens=s.bool("server_tokens", d.server_tokens),
         user=s.str("user"),
         group=s.str("group"),
     )
@@ -526,11 +529,26 @@ def _read_site(s: _Section, index: int) -> Site:
                 notes=_read_notes(s.table("notes")) if "notes" in s.data else None,
                 templates=s.directory("templates"),
                 base_url=s.str("base_url").rstrip("/"),
-                access=read_access(s), protected=s.bool("protected", False))
+                access=read_access(s), protected=s.bool("protected", False),
+                error_pages=_read_error_pages(s.table("error_pages")))
     if site.base_url and not site.base_url.startswith(("http://", "https://")):
         s.fail("base_url", "an absolute http(s) address", site.base_url)
     s.check_unknown()
     return site
+
+
+def _read_error_pages(s) -> tuple[tuple[int, bytes], ...]:
+    """`error_pages = { 403 = "403.html" }`: HTML files by status, read at load."""
+    pages = []
+    for key in s.data:
+        s.seen.add(key)
+        if not (key.isascii() and key.isdigit() and 400 <= int(key) <= 599):
+            s.fail(key, "an error status, 400 to 599, naming an HTML file")
+            continue
+        body = s.file_bytes(key)
+        if body:
+            pages.append((int(key), body))
+    return tuple(pages)
 
 
 # Route types: each type's options are read by its entry in nestgate.routetypes.

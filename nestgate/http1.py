@@ -48,9 +48,10 @@ import httptools
 from nestgate.handlers import GATED, PEEK, settle
 from nestgate.clientip import ProxyHeaderError, forwarded_client, take_proxy_header
 from nestgate.clock import CLOCK
+from nestgate.errorpages import ERRORS
 from nestgate.errors import HandlerError, RequestError
-from nestgate.responses import (CLOSE, CONNECTION_ENDINGS, CONTINUE, ERRORS,
-                                KEEP_ALIVE_EXPLICIT, SERVER_LINE, STATUS_LINES, header_block,
+from nestgate.responses import (CLOSE, CONNECTION_ENDINGS, CONTINUE,
+                                KEEP_ALIVE_EXPLICIT, SERVER, STATUS_LINES, header_block,
                                 status_line)
 from nestgate.sendwatch import SendWatch, cut
 
@@ -188,13 +189,14 @@ class Request:
     __slots__ = ("method", "raw_target", "path", "query", "version", "headers", "host",
                  "client", "params", "route", "handler", "keep_alive", "head_only", "body",
                  "scheme", "status", "sent", "started", "finished", "connection", "_chunked",
-                 "_t0", "task", "upgrade", "cancel")
+                 "_t0", "task", "upgrade", "cancel", "errors")
 
     def __init__(self, conn, handler, route, method: bytes, raw_target: bytes, qmark: int,
                  version: str, headers, host: bytes, keep_alive: bool, t0: float) -> None:
         # `route` is the router's `Route`; `handler` may be the one access control or
         # a PEEK settled on instead of `route.handler`.
         self.params, self.route, self.path = route.params, route.label, route.path
+        self.errors = route.errors    # the site's error pages
         self.handler = handler
         self.method = method
         self.raw_target = raw_target
@@ -264,7 +266,7 @@ class Request:
             framing = b""
             self.keep_alive = False
         return self.head_from(status, b"".join((STATUS_LINES.get(status) or status_line(status),
-                                                SERVER_LINE, block, framing)))
+                                                SERVER.line, block, framing)))
 
     def head_from(self, status: int, lines: bytes) -> bytes:
         """`head_bytes` from the status line and header lines as they go out, framing
@@ -967,7 +969,7 @@ class HTTP1Connection(asyncio.Protocol):
         self._done(req)
 
     def _answer_error(self, req: Request, status: int) -> None:
-        response = ERRORS.get(status) or ERRORS[500]
+        response = req.errors.answer(status, req.headers)
         mode = KEEP_ALIVE_EXPLICIT if req.settle_keep_alive() else CLOSE
         data = response.render(mode, req.head_only)
         req.started = req.finished = True

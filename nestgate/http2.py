@@ -57,7 +57,8 @@ from nestgate.clientip import forwarded_client
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError, RequestError
 from nestgate.http1 import DRAIN_IDLE_GRACE, Body, HTTP1Connection, Request
-from nestgate.responses import ERRORS
+from nestgate.errorpages import ERRORS
+from nestgate.responses import SERVER
 from nestgate.sendwatch import SendWatch, cut
 
 log = logging.getLogger("nestgate.http2")
@@ -346,7 +347,7 @@ class H2Request(Request):
         self.started = True
         self.status = status
         headers = [(b":status", _STATUS.get(status) or str(status).encode()),
-                   (b"server", b"nestgate"), (b"date", CLOCK.date)]
+                   (b"server", SERVER.value), (b"date", CLOCK.date)]
         for name, value in pairs:
             name = name.lower()
             if name not in _CONNECTION_HEADERS and name != b"content-length":
@@ -796,7 +797,7 @@ class HTTP2Connection:
                 self._reset(req.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
             elif not self.transport.is_closing():
                 try:
-                    await req.send_prebuilt(ERRORS.get(status) or ERRORS[500])
+                    await req.send_prebuilt(req.errors.answer(status, req.headers))
                 except (ConnectionResetError, h2.exceptions.ProtocolError):
                     pass
         finally:
@@ -957,8 +958,8 @@ class HTTP2Connection:
         self._streams.pop(stream_id, None)
         self._abandon(req)
         self.logging = req.logged                # `_answer` logs for the current request
-        if self._answer(stream_id, ERRORS[status], req.head_only, req.method, req.host,
-                        req.path, req.route, req.headers, req._t0):
+        if self._answer(stream_id, req.errors.answer(status, req.headers), req.head_only,
+                        req.method, req.host, req.path, req.route, req.headers, req._t0):
             self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)
         self.flush()
 

@@ -11,7 +11,30 @@ from http import HTTPStatus
 
 from nestgate.clock import CLOCK
 
-SERVER_LINE = b"server: nestgate\r\n"
+
+
+class ServerName:
+    """What nestgate calls itself in the Server header and on its pages: "nestgate",
+    or "nestgate/<version>" with `[server] server_tokens = true` (nginx's key of the
+    same name; the version tells an attacker which known faults to try). A worker sets
+    it from its config before building anything (`site.build_router`); responses
+    built before keep what it was then."""
+
+    def __init__(self) -> None:
+        self.show_version(False)
+
+    def show_version(self, on: bool) -> bool:
+        """True when that changed what it was."""
+        from nestgate import __version__
+        text = f"nestgate/{__version__}" if on else "nestgate"
+        changed = text != getattr(self, "text", None)
+        self.text = text
+        self.value = text.encode()
+        self.line = b"server: " + self.value + b"\r\n"
+        return changed
+
+
+SERVER = ServerName()
 
 # The three ways a response can end its header block, indexed by connection mode.
 KEEP_ALIVE, CLOSE, KEEP_ALIVE_EXPLICIT = 0, 1, 2
@@ -60,7 +83,7 @@ class Prebuilt:
         lines = [("content-type", content_type)] if content_type and body is not None else []
         lines.append(("content-length", str(len(body))))
         self._head = STATUS_LINES.get(status) or status_line(status)
-        self._head += SERVER_LINE + header_block(list(headers) + lines)
+        self._head += SERVER.line + header_block(list(headers) + lines)
         self._full_tails = tuple(end + body for end in CONNECTION_ENDINGS)
         self._head_tails = CONNECTION_ENDINGS
         self.content_length = len(body)
@@ -97,16 +120,8 @@ def html_page(status: int, detail: str = "") -> bytes:
     title = f"{status} {reason(status)}"
     extra = f"<p>{html.escape(detail)}</p>" if detail else ""
     return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>"
-            f"</head><body><h1>{title}</h1>{extra}<hr><p>nestgate</p>"
+            f"</head><body><h1>{title}</h1>{extra}<hr><p>{SERVER.text}</p>"
             f"</body></html>\n").encode()
 
 
-def error_response(status: int, body: bytes | None = None) -> Prebuilt:
-    return Prebuilt(status, html_page(status) if body is None else body,
-                    "text/html; charset=utf-8")
-
-
-# Built once at import: every error the engine itself sends.
-ERRORS = {s: error_response(s) for s in (400, 401, 403, 404, 405, 408, 413, 414, 417, 421, 422, 429, 431, 500,
-                                           501, 502, 503, 504, 505, 507)}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"

@@ -106,9 +106,9 @@ def _build_redirect(route, site_config, config):
 
 def _build_static(route, site_config, config):
     from nestgate.handlers.static import StaticFiles
-    from nestgate.site import not_found_response, site_headers
+    from nestgate.site import error_pages, site_headers
     return StaticFiles(route.options, route.prefix or route.path,
-                       site_headers(site_config, config), not_found_response(config))
+                       site_headers(site_config, config), error_pages(config, site_config)[404].page)
 
 
 def _build_proxy(route, site_config, config):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nestgate.errorpages import DEFAULT_PAGES
 from nestgate.errors import RequestError
 from nestgate.paths import decode_path
 
@@ -56,16 +57,18 @@ def host_name(raw: bytes) -> bytes:
 
 class Route:
     """What a request routed to: the handler (already behind the site's guard), the
-    `{name}` values of a pattern route, the route's label for the request log, and the
-    decoded path."""
+    `{name}` values of a pattern route, the route's label for the request log, the
+    decoded path, and the site's error pages (an error the handler raises is answered
+    with them)."""
 
-    __slots__ = ("handler", "params", "label", "path")
+    __slots__ = ("handler", "params", "label", "path", "errors")
 
-    def __init__(self, handler, params: dict, label: str, path: str) -> None:
+    def __init__(self, handler, params: dict, label: str, path: str, errors) -> None:
         self.handler = handler
         self.params = params
         self.label = label
         self.path = path
+        self.errors = errors
 
 
 def unguarded(handler, access=None, sign_in: bool = True):
@@ -82,9 +85,10 @@ class SiteRoutes:
     chain the same way). Tables are read by the engines, never written outside here.
     """
 
-    def __init__(self, name: str, not_found, guard=unguarded) -> None:
+    def __init__(self, name: str, not_found, guard=unguarded, errors=DEFAULT_PAGES) -> None:
         self.name = name
         self.guard = guard
+        self.errors = errors          # nestgate.errorpages.ErrorPages
         self.exact: dict[str, Route] = {}
         # The same exact routes keyed by the raw request path: a request whose path
         # needs no decoding is routed without decoding it.
@@ -107,7 +111,7 @@ class SiteRoutes:
             segments = tuple(path.strip("/").split("/"))
             self.patterns.setdefault(len(segments), []).append((segments, handler, path))
         else:
-            route = Route(handler, NO_PARAMS, label or path, path)
+            route = Route(handler, NO_PARAMS, label or path, path, self.errors)
             self.exact[path] = route
             self.exact_raw[path.encode()] = route
 
@@ -149,11 +153,11 @@ class SiteRoutes:
             for pattern, handler, label in self.patterns.get(len(segments), ()):
                 params = _match(pattern, segments)
                 if params is not None:
-                    return Route(handler, params, label, path)
+                    return Route(handler, params, label, path, self.errors)
         for prefix, handler, label in self.prefixes:
             if path.startswith(prefix):
-                return Route(handler, NO_PARAMS, label, path)
-        return Route(self.not_found, NO_PARAMS, "", path)
+                return Route(handler, NO_PARAMS, label, path, self.errors)
+        return Route(self.not_found, NO_PARAMS, "", path, self.errors)
 
 
 def _match(pattern: tuple[str, ...], segments: list[str]) -> dict[str, str] | None:

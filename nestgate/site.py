@@ -12,14 +12,28 @@ from nestgate.access import Gateway, needs_gateway
 from nestgate.handlers import Service
 from nestgate.handlers.health import health_handler
 from nestgate.handlers.redirect import HttpsRedirect
-from nestgate.responses import Prebuilt, error_response
+from nestgate.responses import SERVER
+from nestgate.errorpages import ErrorPages, rebuild_defaults
 from nestgate.routetypes import ROUTE_TYPES
 from nestgate.routing import Router, SiteRoutes, unguarded
 
 
-def not_found_response(config) -> Prebuilt:
-    page = config.server.not_found_page
-    return error_response(404, Path(page).read_bytes() if page else None)
+def name_server(config) -> None:
+    """The Server header and page footers, with the version or not (server_tokens),
+    set before any response of this load is built."""
+    if SERVER.show_version(config.server.server_tokens):
+        rebuild_defaults()
+
+
+def error_pages(config, site_config=None) -> ErrorPages:
+    """A site's error pages: its own `error_pages` files, else [server]
+    `not_found_page` for 404, else the built-in pages."""
+    custom = {}
+    if config.server.not_found_page:
+        custom[404] = Path(config.server.not_found_page).read_bytes()
+    if site_config is not None:
+        custom.update(site_config.error_pages)
+    return ErrorPages(custom)
 
 
 def build_handler(route, site_config, config):
@@ -57,14 +71,16 @@ def add_site_pages(site: SiteRoutes, site_config, config, not_found) -> None:
 
 
 def build_router(config) -> Router:
-    not_found = not_found_response(config)
-    router = Router(SiteRoutes("", not_found))
+    name_server(config)
+    unclaimed = error_pages(config)
+    router = Router(SiteRoutes("", unclaimed[404], errors=unclaimed))
     health = health_handler(config.server.health_details)
     gateway = Gateway(config) if needs_gateway(config) else None
     services = [gateway] if gateway else []      # started by the worker on its loop
     for site_config in config.sites:
-        guard = gateway.site_guard(site_config) if gateway else unguarded
-        site = SiteRoutes(site_config.name, not_found, guard)
+        errors = error_pages(config, site_config)
+        guard = gateway.site_guard(site_config, errors) if gateway else unguarded
+        site = SiteRoutes(site_config.name, errors[404], guard, errors)
         if site_config.health:
             site.add_exact(config.server.health_path, health, "health")
         for route in site_config.routes:
@@ -76,7 +92,7 @@ def build_router(config) -> Router:
             else:
                 site.add_prefix(route.prefix, handler, route.label, access=route.access)
         if site_config.home or site_config.notes:
-            add_site_pages(site, site_config, config, not_found)
+            add_site_pages(site, site_config, config, errors[404].page)
         if gateway:
             gateway.add_portal(site, site_config)
         router.add_site(site_config.hosts, site)
@@ -86,7 +102,9 @@ def build_router(config) -> Router:
 
 def https_redirect_router(listener, config) -> Router:
     """Every Host and path on a plain listener told to send visitors to HTTPS."""
-    site = SiteRoutes("https-redirect", not_found_response(config))
+    name_server(config)
+    errors = error_pages(config)
+    site = SiteRoutes("https-redirect", errors[404], errors=errors)
     site.add_prefix("/", HttpsRedirect(listener.https_port), "https-redirect")
     router = Router(site)
     router.add_site(["*"], site)

@@ -17,6 +17,7 @@ generation keeps serving while the new one retries.)
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import select
 import signal
@@ -404,6 +405,18 @@ class Supervisor:
         self.pending_signals.append(sig)
 
 
+# What workers import while they build their routes, loaded before the switch of user:
+# an interpreter and libraries that only root may read (a pyenv under /root) still
+# serve every route type afterwards. A reload that needs a module none of these
+# loads needs the interpreter readable by `user`, as any service does.
+ENGINE_MODULES = ("nestgate.worker", "nestgate.site", "nestgate.compress",
+                  "nestgate.errorpages", "nestgate.handlers.static",
+                  "nestgate.handlers.redirect", "nestgate.proxy.handler",
+                  "nestgate.notes.pages", "nestgate.notes.api", "nestgate.auth.portal",
+                  "nestgate.auth.store", "nestgate.auth.totp", "nestgate.admin.page",
+                  "nestgate.http2", "encodings.unicode_escape", "encodings.idna")
+
+
 def drop_privileges(server) -> None:
     """Started as root with `[server] user`: once the listeners are bound (ports below
     1024 need root), become that user for good, before any state file is made or a
@@ -418,6 +431,8 @@ def drop_privileges(server) -> None:
         return
     entry = pwd.getpwnam(server.user)
     gid = grp.getgrnam(server.group).gr_gid if server.group else entry.pw_gid
+    for module in ENGINE_MODULES:
+        importlib.import_module(module)
     os.setgroups([])
     os.setgid(gid)
     os.setuid(entry.pw_uid)

@@ -26,6 +26,25 @@ class Service:
         """Cancel what `start` began."""
 
 
+class ReadyChoice:
+    """A route handler that always has a ready answer but picks it by the request's
+    headers (a coding by Accept-Encoding, JSON or HTML by Accept): as a PEEK its `peek`
+    never returns None, so the engine writes the answer from the parser callback."""
+
+    __slots__ = ()
+    is_async = PEEK
+
+    def choose(self, headers):
+        """The `Prebuilt` for these (lower-case name, value) header pairs."""
+        raise NotImplementedError
+
+    def peek(self, path: str, method: bytes, headers):
+        return self.choose(headers)
+
+    async def handle(self, request) -> None:      # peek always answers; kept for the contract
+        await request.send_prebuilt(self.choose(request.headers))
+
+
 def settle(handler, conn, path: str, method: bytes, headers):
     """The handler that answers after GATED and PEEK are resolved: a synchronous
     one (falsy `is_async`) or an asynchronous one."""

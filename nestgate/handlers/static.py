@@ -36,7 +36,7 @@ from urllib.parse import quote
 from nestgate import compress
 from nestgate.clock import CLOCK
 from nestgate.handlers import PEEK
-from nestgate.responses import (CONNECTION_ENDINGS, SERVER_LINE, STATUS_LINES, Prebuilt,
+from nestgate.responses import (CONNECTION_ENDINGS, SERVER, STATUS_LINES, Prebuilt,
                                 header_block, html_page, status_line)
 from nestgate.sendwatch import cut
 
@@ -87,7 +87,7 @@ class Bodiless:
         self.content_length = 0
         self.body = b""
         self.h2_cache = None
-        self._head = (STATUS_LINES.get(status) or status_line(status)) + SERVER_LINE \
+        self._head = (STATUS_LINES.get(status) or status_line(status)) + SERVER.line \
             + header_block(headers)
 
     def render(self, mode: int, head_only: bool = False) -> bytes:

@@ -33,7 +33,7 @@ import httptools
 from nestgate import compress
 from nestgate.clock import CLOCK
 from nestgate.http1 import Request
-from nestgate.responses import SERVER_LINE, STATUS_LINES, status_line
+from nestgate.responses import SERVER, STATUS_LINES, status_line
 
 WRITE_HIGH_WATER = 64 * 1024
 # Response body bytes a non-HTTP/1.1 client's exchange asks room for at a time: the
@@ -604,7 +604,7 @@ def _read_head(head: bytes, status: int, keep_alive: bool, private: bool = False
     lines = None
     counted = 0
     if length is not None and status >= 200:
-        lines = b"".join((STATUS_LINES.get(status) or status_line(status), SERVER_LINE, block,
+        lines = b"".join((STATUS_LINES.get(status) or status_line(status), SERVER.line, block,
                           b"content-length: %d\r\n" % length))
         if status != 204 and status != 304 and not chunked:
             counted = status

@@ -1,0 +1,159 @@
+"""Error pages: what a visitor, or a client that asks for JSON, gets when nestgate
+refuses a request or the service behind a site fails.
+
+Theory of operation
+-------------------
+Every status nestgate answers by itself has a built-in page: the built-in stylesheet
+inlined (a proxied site has no `/__nestgate__/` path of its own to link to), the status,
+and one sentence saying what happened in words a visitor understands ("the service
+behind this site is not answering"). A client whose `Accept` names JSON and not HTML
+(an API client, `fetch` with `Accept: application/json`) gets the same as
+`{"status", "error", "detail"}` instead. A site replaces the HTML of any status with
+its own file (`error_pages = { 403 = "403.html", 502 = "down.html" }`); JSON stays
+nestgate's, since a client that asked for JSON cannot read a page.
+
+All of it is built at load as `Prebuilt` responses: an error costs what any ready
+answer costs. The one exception is the built-in 403 page, which shows the client the
+address it was refused for (so a visitor can tell the owner what to allow); those are
+kept in a small bounded memo by address.
+
+`ERRORS` (responses.py) are the default site's pages, used where no site is known yet:
+a request that fails before routing (a malformed head, a Host no site claims).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from nestgate.handlers import ReadyChoice
+from nestgate.responses import SERVER, Prebuilt, reason
+
+HTML = "text/html; charset=utf-8"
+JSON = "application/json"
+STYLE = (Path(__file__).parent / "default" / "public" / "style.css").read_text()
+_FORBIDDEN_MEMO_MAX = 1024
+
+# One sentence per status, as a visitor would want it said.
+EXPLANATIONS = {
+    400: "The request could not be understood.",
+    401: "Sign in to see this page.",
+    403: "This address is not allowed here.",
+    404: "There is nothing at this address.",
+    405: "This address does not take that kind of request.",
+    408: "The request took too long to arrive.",
+    413: "The request is larger than this site accepts.",
+    414: "The address is longer than this site accepts.",
+    417: "The request asked for something this server does not do.",
+    421: "This connection is not for that site.",
+    422: "The request was understood but its content is not valid.",
+    429: "Too many requests came from your address; wait a moment and try again.",
+    431: "The request's headers are larger than this site accepts.",
+    500: "Something went wrong on this server.",
+    501: "This server does not do that.",
+    502: "The service behind this site is not answering.",
+    503: "The service behind this site is busy or down for a moment; try again soon.",
+    504: "The service behind this site took too long to answer.",
+    505: "This HTTP version is not supported.",
+    507: "The server has no room to store that.",
+}
+STATUSES = tuple(EXPLANATIONS)
+
+
+def explanation(status: int) -> str:
+    return EXPLANATIONS.get(status) or f"The server answered {status} {reason(status)}."
+
+
+def error_html(status: int, detail: str = "", client: str = "") -> bytes:
+    """The built-in page for `status`: styled, with its explanation (and the address a
+    403 refused)."""
+    title = f"{status} {reason(status)}"
+    seen_as = (f"<p class=\"meta\">Your address, as this site sees it: "
+               f"<code>{html.escape(client)}</code></p>") if client else ""
+    detail = f"<p>{html.escape(detail)}</p>" if detail else ""
+    return (f"<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{title}</title><style>{STYLE}</style></head>\n<body><main>"
+            f"<h1>{title}</h1><p>{html.escape(explanation(status))}</p>{detail}{seen_as}"
+            f"</main><footer>{SERVER.text}</footer></body></html>\n").encode()
+
+
+def error_json(status: int, client: str = "") -> bytes:
+    body = {"status": status, "error": reason(status), "detail": explanation(status)}
+    if client:
+        body["client"] = client
+    return json.dumps(body).encode() + b"\n"
+
+
+def wants_json(headers) -> bool:
+    """The request's Accept names JSON and not HTML (a browser always names HTML)."""
+    for name, value in headers:
+        if name == b"accept":
+            value = value.lower()
+            return b"json" in value and b"text/html" not in value
+    return False
+
+
+class ErrorAnswer(ReadyChoice):
+    """One status's page and JSON, picked by Accept; a route handler too (a site's 404
+    for unmatched paths)."""
+
+    __slots__ = ("status", "page", "json")
+
+    def __init__(self, status: int, page: bytes | None = None, headers=()) -> None:
+        self.status = status
+        self.page = Prebuilt(status, page if page is not None else error_html(status),
+                             HTML, headers)
+        self.json = Prebuilt(status, error_json(status), JSON, headers)
+
+    def choose(self, headers) -> Prebuilt:
+        return self.json if wants_json(headers) else self.page
+
+
+class ErrorPages:
+    """One site's error answers (the default site's when `custom` is empty)."""
+
+    def __init__(self, custom: dict[int, bytes] | None = None) -> None:
+        custom = custom or {}
+        self.custom_forbidden = 403 in custom
+        self.answers = {status: ErrorAnswer(status, custom.get(status))
+                        for status in (*STATUSES, *custom)}
+        self._forbidden: dict[tuple[str, bool], Prebuilt] = {}
+
+    def answer(self, status: int, headers) -> Prebuilt:
+        found = self.answers.get(status)
+        if found is None:
+            found = self.answers[500 if status >= 500 else 400]
+        return found.choose(headers)
+
+    def __getitem__(self, status: int) -> ErrorAnswer:
+        return self.answers[status]
+
+    def forbidden(self, client: str, headers) -> Prebuilt:
+        """The 403 for a refused address: the built-in page names the address."""
+        as_json = wants_json(headers)
+        if self.custom_forbidden and not as_json:
+            return self.answers[403].page
+        key = (client, as_json)
+        page = self._forbidden.get(key)
+        if page is None:
+            if len(self._forbidden) >= _FORBIDDEN_MEMO_MAX:
+                self._forbidden.clear()
+            page = self._forbidden[key] = \
+                Prebuilt(403, error_json(403, client), JSON) if as_json else \
+                Prebuilt(403, error_html(403, client=client), HTML)
+        return page
+
+
+# The default site's pages: the engine's own errors before a site is known.
+DEFAULT_PAGES = ErrorPages()
+ERRORS = {status: DEFAULT_PAGES[status].page for status in STATUSES}
+
+
+def rebuild_defaults() -> None:
+    """`DEFAULT_PAGES` and `ERRORS` again, after `SERVER` changed (server_tokens);
+    both are changed in place, so every holder sees the new pages."""
+    fresh = ErrorPages()
+    DEFAULT_PAGES.__dict__.update(fresh.__dict__)
+    ERRORS.update({status: fresh[status].page for status in STATUSES})
