@@ -116,8 +116,8 @@ class SiteRoutes:
             self.exact_raw[path.encode()] = route
 
     def add_prefix(self, prefix: str, handler, label: str | None = None, *,
-                   access=None) -> None:
-        handler = self.guard(handler, access, True)
+                   access=None, sign_in: bool = True) -> None:
+        handler = self.guard(handler, access, sign_in)
         self.found.clear()
         self.prefixes.append((prefix, handler, label or prefix + "*"))
         self.prefixes.sort(key=lambda entry: len(entry[0]), reverse=True)

@@ -10,7 +10,9 @@ import os
 import signal
 import subprocess
 import sys
+import shutil
 import time
+from pathlib import Path
 
 from conftest import RETURN_SITE, _env
 from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
@@ -643,3 +645,61 @@ def test_ctl_edits_the_allow_list_and_revokes_sessions(start_server):
     assert ctl("revoke", "--user", "demo", *where).stdout == "revoked 0\n"
     assert ctl("revoke", "0123456789abcdef", *where).returncode == 1
     assert ctl("allow", "frobnicate", *where).returncode == 2
+
+
+def chromium_dom(url: str) -> str:
+    """The page's DOM after headless Chromium ran its scripts."""
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is installed by `make test` (debian-deps)"
+    out = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                          "--virtual-time-budget=15000", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0 and "<body" in out.stdout, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_swagger_ui_is_bundled_and_renders_the_api_in_chromium(start_server):
+    import brotli
+    server = start_server(CONFIG.format(admin=f'[admin]\ntoken = "{TOKEN}"', body="x"))
+    admin = server.admin_port()
+    status, headers, page = page_get(admin, "/docs")                  # open, like /docs/json
+    assert status == 200 and headers["content-type"] == "text/html; charset=utf-8"
+    assert "script-src 'self';" in headers["content-security-policy"]
+    assert '<script src="/docs/swagger-ui-bundle.js">' in page and "//" not in page.replace(
+        "/docs/", "")                                                 # nothing from elsewhere
+    bundle = Path(__file__).parent.parent / "nestgate/admin/swagger_ui/swagger-ui-bundle.js"
+    conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=10)
+    conn.request("GET", "/docs/swagger-ui-bundle.js", headers={"Accept-Encoding": "br"})
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    assert resp.status == 200 and resp.getheader("content-type") == "text/javascript; charset=utf-8"
+    assert resp.getheader("content-encoding") == "br" and len(body) < bundle.stat().st_size / 3
+    assert brotli.decompress(body) == bundle.read_bytes()
+    status, _h, script = page_get(admin, "/docs/start.js")
+    assert status == 200 and 'url: "/docs/json"' in script
+
+    # A real browser runs the page: Swagger UI reads the document and lists the operations.
+    dom = chromium_dom(f"http://127.0.0.1:{admin}/docs")
+    assert "nestgate management API" in dom
+    for path in ("/v1/status", "/v1/ready", "/v1/allow", "/v1/config/reload", "/metrics"):
+        assert f'data-path="{path}"' in dom, path
+    assert "OAS 3.1" in dom
+
+
+def test_the_status_page_renders_in_chromium(start_server):
+    import re
+    server = start_server(CONFIG.format(admin="", body="x"))     # no token: loopback only
+    admin = server.admin_port()
+    workers = set(server.worker_pids())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:             # until every worker has reported
+        status = admin_get(admin, "/v1/status")[2]
+        if {w["pid"] for g in status["generations"] for w in g["workers"]
+                if w["ready"]} == workers:
+            break
+        time.sleep(0.1)
+    dom = chromium_dom(f"http://127.0.0.1:{admin}/")
+    assert "<h2>Workers</h2>" in dom and "<h2>Requests per second</h2>" in dom
+    pids = set(re.findall(r"<tr><td>\d+</td><td>(\d+)</td><td>ready</td>", dom))
+    assert pids == {str(pid) for pid in workers}

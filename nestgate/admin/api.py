@@ -19,6 +19,7 @@ import hmac
 import json
 import sys
 import time
+from pathlib import Path
 
 from nestgate import __version__
 from nestgate.admin import metrics, openapi
@@ -259,6 +260,12 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     # UI) can read it before it has the token.
     site.add_exact("/docs/json", Endpoint(lambda: (200, openapi.DOCUMENT_BYTES),
                                           "application/json"), sign_in=False)
+    # Swagger UI, bundled (no CDN: the admin listener is often on a machine without
+    # the internet, and a page that loads outside scripts could be made to leak the
+    # token). Open like the document it shows; its requests carry the token typed
+    # into "Authorize".
+    site.add_exact("/docs", swagger_page(), sign_in=False)
+    site.add_prefix("/docs/", swagger_assets(), "/docs/*", sign_in=False)
     site.add_exact("/v1/ready", Endpoint(state.ready))
     site.add_exact("/v1/status", Endpoint(state.status))
     site.add_exact("/metrics", Endpoint(state.metrics, metrics.CONTENT_TYPE))
@@ -275,6 +282,28 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     router = Router(site)
     router.add_site(["*"], site)
     return router
+
+
+SWAGGER_DIR = Path(__file__).parent / "swagger_ui"
+# The page runs only its own scripts; Swagger UI sets inline styles.
+SWAGGER_CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+               "img-src 'self' data:; connect-src 'self'; font-src 'self' data:; "
+               "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+
+
+def swagger_page() -> Prebuilt:
+    return Prebuilt(200, (SWAGGER_DIR / "index.html").read_bytes(), "text/html; charset=utf-8",
+                    [("content-security-policy", SWAGGER_CSP), ("cache-control", "no-cache"),
+                     ("x-content-type-options", "nosniff"), ("referrer-policy", "no-referrer")])
+
+
+def swagger_assets():
+    from nestgate.handlers.static import StaticFiles
+    from nestgate.routetypes import StaticOptions
+    # Cached whole (the bundle is 1.7 MB) so its compressed variants are made once.
+    options = StaticOptions(root=str(SWAGGER_DIR), cache_file_max=4 << 20,
+                            sendfile_min=4 << 20, cache_control="public, max-age=3600")
+    return StaticFiles(options, "/docs/", [("x-content-type-options", "nosniff")], NOT_FOUND)
 
 
 def store_counts(store_path: str):

@@ -124,6 +124,10 @@ PATHS = {
                 {"token": _STR, "csrf": _STR}, ("token", "csrf"))}})},
     "/docs/json": {"get": _op("This document", {"200": _json({"type": "object"}, "OpenAPI")},
                               open_=True)},
+    "/docs": {"get": _op("Swagger UI on this document (its scripts and styles under /docs/, "
+                         "bundled)", {"200": {"description": "the page",
+                                              "content": {"text/html": {"schema": _STR}}}},
+                         open_=True)},
 }
 
 DOCUMENT = {
