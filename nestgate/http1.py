@@ -54,6 +54,7 @@ from nestgate.responses import (CLOSE, CONNECTION_ENDINGS, CONTINUE,
                                 KEEP_ALIVE_EXPLICIT, SERVER, STATUS_LINES, header_block,
                                 status_line)
 from nestgate.sendwatch import SendWatch, cut
+from nestgate.tally import UNROUTED
 
 log = logging.getLogger("nestgate.http1")
 
@@ -189,7 +190,7 @@ class Request:
     __slots__ = ("method", "raw_target", "path", "query", "version", "headers", "host",
                  "client", "params", "route", "handler", "keep_alive", "head_only", "body",
                  "scheme", "status", "sent", "started", "finished", "connection", "_chunked",
-                 "_t0", "task", "upgrade", "cancel", "errors")
+                 "_t0", "task", "upgrade", "cancel", "errors", "tally")
 
     def __init__(self, conn, handler, route, method: bytes, raw_target: bytes, qmark: int,
                  version: str, headers, host: bytes, keep_alive: bool, t0: float) -> None:
@@ -197,6 +198,7 @@ class Request:
         # a PEEK settled on instead of `route.handler`.
         self.params, self.route, self.path = route.params, route.label, route.path
         self.errors = route.errors    # the site's error pages
+        self.tally = route.tally      # where its answer is counted
         self.handler = handler
         self.method = method
         self.raw_target = raw_target
@@ -213,7 +215,9 @@ class Request:
         self.started = self.finished = False
         self.connection = conn
         self._chunked = False
-        self._t0 = t0
+        # When the request began (for the log and the duration histogram): the
+        # connection's reading when it times requests, else now.
+        self._t0 = t0 or time.perf_counter()
         self.task = None
         self.upgrade = False
 
@@ -440,6 +444,7 @@ class HTTP1Connection(asyncio.Protocol):
             self._closing = True
             transport.write(ERRORS[503].render(CLOSE))
             transport.close()
+            UNROUTED.count(503)
             return
         if ctx.draining:
             self.finish_and_close()
@@ -820,6 +825,9 @@ class HTTP1Connection(asyncio.Protocol):
                 and self._active is None and not self._queue and not self.write_paused:
             # The common case, answered from here: a ready response, nothing ahead of it.
             handler.write_to(self.transport, KEEP_ALIVE_EXPLICIT, method == b"HEAD")
+            codes = route.tally.codes       # RouteTally.count, inline
+            status = handler.status
+            codes[status] = codes.get(status, 0) + 1
             return
 
         if not kind:                             # a ready response
@@ -829,10 +837,10 @@ class HTTP1Connection(asyncio.Protocol):
                 self._closing = True
             mode = KEEP_ALIVE_EXPLICIT if keep_alive else CLOSE
             if has_body and not expect:
-                self._sync = (handler, mode, method, path, host, route.label)  # after the body
+                self._sync = (handler, mode, method, path, host, route)  # after the body
             else:
                 # Nothing more belongs to this request: answer now, from the callback.
-                self._answer_sync(handler, mode, method, path, host, route.label)
+                self._answer_sync(handler, mode, method, path, host, route)
             return
 
         req = Request(self, handler, route, method, url, qmark, version, headers, host,
@@ -891,7 +899,8 @@ class HTTP1Connection(asyncio.Protocol):
                 self._body = None
                 self._parsing = None
 
-    def _answer_sync(self, response, mode, method, path, host, label) -> None:
+    def _answer_sync(self, response, mode, method, path, host, route) -> None:
+        route.tally.count(response.status)
         head_only = method == b"HEAD"
         if self._active is None and not self._queue and not self.write_paused:
             if mode == CLOSE or self.ctx.draining:
@@ -906,7 +915,7 @@ class HTTP1Connection(asyncio.Protocol):
             self.ctx.access_log.record(
                 self.client, method, host, path, response.status,
                 response.content_length if not head_only else 0,
-                self._t0, self._headers, label)
+                self._t0, self._headers, route.label)
 
     # ------------------------------------------------------------ answering
     def _start(self, req: Request) -> None:
@@ -978,6 +987,7 @@ class HTTP1Connection(asyncio.Protocol):
         self.write(data)
 
     def _done(self, req: Request) -> None:
+        req.tally.timed(req.status, time.perf_counter() - req._t0)
         self._active = None
         if req.body is not None and not req.body.done:
             if req.keep_alive:
@@ -1035,6 +1045,7 @@ class HTTP1Connection(asyncio.Protocol):
             self.transport.close()
         else:
             self._queue.append((response, CLOSE, False))
+        UNROUTED.count(status)
         if self.logging:
             self.ctx.access_log.record(self.client, b"-", b"", "-", status,
                                        response.content_length, self._t0, self._headers, "")

@@ -59,6 +59,7 @@ from nestgate.errors import HandlerError, RequestError
 from nestgate.http1 import DRAIN_IDLE_GRACE, Body, HTTP1Connection, Request
 from nestgate.errorpages import ERRORS
 from nestgate.responses import SERVER
+from nestgate.tally import UNROUTED
 from nestgate.sendwatch import SendWatch, cut
 
 log = logging.getLogger("nestgate.http2")
@@ -697,13 +698,14 @@ class HTTP2Connection:
         except RequestError as exc:
             if self._answer(stream_id, ERRORS.get(exc.status) or ERRORS[400],
                             method == b"HEAD", method, authority, "-", "", headers,
-                            time.perf_counter()) and event.stream_ended is None:
+                            time.perf_counter(), UNROUTED) and event.stream_ended is None:
                 self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)   # no body wanted
             return
         t0 = time.perf_counter() if self.logging else 0.0
         if not handler.is_async:
             if self._answer(stream_id, handler, method == b"HEAD", method, authority,
-                            path, label, headers, t0) and event.stream_ended is None:
+                            path, label, headers, t0, route.tally) \
+                    and event.stream_ended is None:
                 # Answered without the body: the client may stop sending it (RFC 9113
                 # 8.1), rather than have us take and drop any amount of it.
                 self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)
@@ -729,8 +731,10 @@ class HTTP2Connection:
         return False
 
     def _answer(self, stream_id, response, head_only, method, host, path, label, headers,
-                t0) -> bool:
-        """Send `response` on the stream; True when all of it went out at once."""
+                t0, tally) -> bool:
+        """Send `response` on the stream, counted in `tally`; True when all of it went
+        out at once."""
+        tally.count(response.status)
         body = b"" if head_only else response.body
         fits = len(body) <= min(self.h2.local_flow_control_window(stream_id),
                                 self.h2.max_outbound_frame_size)
@@ -803,6 +807,7 @@ class HTTP2Connection:
         finally:
             self._streams.pop(req.stream_id, None)
             self.release(req, req.granted)
+        req.tally.timed(req.status, time.perf_counter() - req._t0)
         if req.logged:
             self.ctx.access_log.record(req.client, req.method, req.host, req.path, req.status,
                                        req.sent, req._t0, req.headers, req.route)
@@ -959,7 +964,8 @@ class HTTP2Connection:
         self._abandon(req)
         self.logging = req.logged                # `_answer` logs for the current request
         if self._answer(stream_id, req.errors.answer(status, req.headers), req.head_only,
-                        req.method, req.host, req.path, req.route, req.headers, req._t0):
+                        req.method, req.host, req.path, req.route, req.headers, req._t0,
+                        req.tally):
             self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)
         self.flush()
 

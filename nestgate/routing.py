@@ -13,6 +13,7 @@ from typing import Any
 from nestgate.errorpages import DEFAULT_PAGES
 from nestgate.errors import RequestError
 from nestgate.paths import decode_path
+from nestgate.tally import TALLY
 
 NO_PARAMS: dict[str, str] = {}
 _MEMO_LIMIT = 4096
@@ -58,17 +59,18 @@ def host_name(raw: bytes) -> bytes:
 class Route:
     """What a request routed to: the handler (already behind the site's guard), the
     `{name}` values of a pattern route, the route's label for the request log, the
-    decoded path, and the site's error pages (an error the handler raises is answered
-    with them)."""
+    decoded path, the site's error pages (an error the handler raises is answered
+    with them) and the route's `RouteTally` (its answers are counted there)."""
 
-    __slots__ = ("handler", "params", "label", "path", "errors")
+    __slots__ = ("handler", "params", "label", "path", "errors", "tally")
 
-    def __init__(self, handler, params: dict, label: str, path: str, errors) -> None:
+    def __init__(self, handler, params: dict, label: str, path: str, errors, tally) -> None:
         self.handler = handler
         self.params = params
         self.label = label
         self.path = path
         self.errors = errors
+        self.tally = tally
 
 
 def unguarded(handler, access=None, sign_in: bool = True):
@@ -93,9 +95,10 @@ class SiteRoutes:
         # The same exact routes keyed by the raw request path: a request whose path
         # needs no decoding is routed without decoding it.
         self.exact_raw: dict[bytes, Route] = {}
-        self.prefixes: list[tuple[str, Any, str]] = []
-        self.patterns: dict[int, list[tuple[tuple[str, ...], Any, str]]] = {}
+        self.prefixes: list[tuple[str, Any, str, Any]] = []
+        self.patterns: dict[int, list[tuple[tuple[str, ...], Any, str, Any]]] = {}
         self.not_found = guard(not_found)
+        self.unmatched = TALLY.route(name, "-")     # answers of paths no route matched
         # Raw paths that needed decoding or a prefix walk, with what they routed to
         # (UVHTTP's hot-route cache): a busy prefix route is then one dict lookup too.
         # Bounded, and emptied whenever the table changes.
@@ -109,9 +112,11 @@ class SiteRoutes:
         self.found.clear()
         if "{" in path:
             segments = tuple(path.strip("/").split("/"))
-            self.patterns.setdefault(len(segments), []).append((segments, handler, path))
+            self.patterns.setdefault(len(segments), []).append(
+                (segments, handler, path, TALLY.route(self.name, label or path)))
         else:
-            route = Route(handler, NO_PARAMS, label or path, path, self.errors)
+            route = Route(handler, NO_PARAMS, label or path, path, self.errors,
+                          TALLY.route(self.name, label or path))
             self.exact[path] = route
             self.exact_raw[path.encode()] = route
 
@@ -119,7 +124,8 @@ class SiteRoutes:
                    access=None, sign_in: bool = True) -> None:
         handler = self.guard(handler, access, sign_in)
         self.found.clear()
-        self.prefixes.append((prefix, handler, label or prefix + "*"))
+        label = label or prefix + "*"
+        self.prefixes.append((prefix, handler, label, TALLY.route(self.name, label)))
         self.prefixes.sort(key=lambda entry: len(entry[0]), reverse=True)
 
     def remove_exact(self, path: str) -> None:
@@ -150,14 +156,14 @@ class SiteRoutes:
     def _walk(self, path: str) -> Route:
         if self.patterns:
             segments = path.strip("/").split("/")
-            for pattern, handler, label in self.patterns.get(len(segments), ()):
+            for pattern, handler, label, tally in self.patterns.get(len(segments), ()):
                 params = _match(pattern, segments)
                 if params is not None:
-                    return Route(handler, params, label, path, self.errors)
-        for prefix, handler, label in self.prefixes:
+                    return Route(handler, params, label, path, self.errors, tally)
+        for prefix, handler, label, tally in self.prefixes:
             if path.startswith(prefix):
-                return Route(handler, NO_PARAMS, label, path, self.errors)
-        return Route(self.not_found, NO_PARAMS, "", path, self.errors)
+                return Route(handler, NO_PARAMS, label, path, self.errors, tally)
+        return Route(self.not_found, NO_PARAMS, "", path, self.errors, self.unmatched)
 
 
 def _match(pattern: tuple[str, ...], segments: list[str]) -> dict[str, str] | None:

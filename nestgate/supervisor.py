@@ -240,6 +240,7 @@ class Supervisor:
                 continue
             was_ready = pid in gen.ready
             gen.ready.discard(pid)
+            self.admin.worker_gone(pid, slot.figures)
             slot.last_pid = pid
             slot.pid = 0
             if gen.stopping or self.stopping:

@@ -16,12 +16,14 @@ import sys
 import uvloop
 
 from nestgate.accesslog import AccessLog, should_log
+from nestgate.admin.stats import TALLY_BYTES
 from nestgate.clock import CLOCK
 from nestgate.clientip import parse_networks
 from nestgate.http1 import HTTP1Connection, ProxyProtocolConnection
 from nestgate.http2 import ALPNSwitch, HTTP2Connection
 from nestgate.proxytls import ProxyThenTLS, TLSHandshake
 from nestgate.site import build_router, https_redirect_router
+from nestgate.tally import TALLY
 
 _PR_SET_PDEATHSIG = 1
 PUBLISH_INTERVAL = 0.5       # seconds between writes of a worker's figures
@@ -85,6 +87,8 @@ class Worker:
         self.config = config
         self.figures = figures           # (WorkerTable, slot, generation) or None
         self.router = router             # the admin process brings its own
+        self.tally_shown = router is None   # sites' answers are published, the admin's not
+        self.tally_too_big = False
         self.log_requests = log_requests
         self.sockets = sockets
         self.ssl_contexts = ssl_contexts
@@ -148,6 +152,7 @@ class Worker:
             if conn.transport is not None:
                 conn.transport.abort()
         tick.cancel()
+        self.publish()                  # the last counts, for the supervisor to pass on
         for service in services:
             service.stop()
         if self.access_log is not None:
@@ -195,6 +200,13 @@ class Worker:
                 tls += 1
         table.write(slot, os.getpid(), generation, self.started, requests, http1, http2,
                     tls, handshakes, CLOCK.wall)
+        if not self.tally_shown:
+            return                  # the admin process: its own requests are not the sites'
+        if not table.write_tally(slot, TALLY.snapshot()) and not self.tally_too_big:
+            self.tally_too_big = True
+            print(f"nestgate: worker {os.getpid()}: the answer counts outgrew their "
+                  f"{TALLY_BYTES} bytes of shared memory; /metrics shows them as they were",
+                  file=sys.stderr)
 
 
 def run_worker(config, sockets, ssl_contexts, ready_fd: int, **options) -> None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -554,7 +555,7 @@ def test_the_openapi_document_describes_exactly_the_routes(start_server):
     config = parse_config({"listen": [{"address": "127.0.0.1:0"}]})
     site = admin_router(AdminState(WorkerTable(1)), config).unclaimed
     routed = set(site.exact) | {path for entries in site.patterns.values()
-                                for _segments, _handler, path in entries}
+                                for _segments, _handler, path, _tally in entries}
     assert routed == set(DOCUMENT["paths"])
 
     def refs(node):
@@ -703,3 +704,98 @@ def test_the_status_page_renders_in_chromium(start_server):
     assert "<h2>Workers</h2>" in dom and "<h2>Requests per second</h2>" in dom
     pids = set(re.findall(r"<tr><td>\d+</td><td>(\d+)</td><td>ready</td>", dom))
     assert pids == {str(pid) for pid in workers}
+
+
+ANSWERS_SITE = """
+[server]
+workers = 2
+
+[[listen]]
+address = "127.0.0.1:0"
+
+[[site]]
+name = "main"
+hosts = ["*"]
+
+[[site.route]]
+path = "/"
+type = "return"
+body = "{body}"
+
+[[site.route]]
+prefix = "/app/"
+type = "proxy"
+upstream = "{upstream}"
+strip_prefix = true
+"""
+
+
+def test_metrics_count_answers_by_site_route_and_code_across_a_reload(start_server, upstream):
+    up = upstream()
+    server = start_server(ANSWERS_SITE.format(body="one", upstream=up.url))
+    admin = server.admin_port()
+    port = server.port()
+    for _ in range(30):
+        site_get(port, "/")                          # ready answers, from the parser
+    for _ in range(7):
+        assert site_get(port, "/app/hi") == (200, b"hi")     # proxied: a timed task
+    for _ in range(4):
+        site_get(port, "/nowhere")
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        raw.sendall(b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: x\r\n\r\n")   # refused
+        assert raw.recv(100).startswith(b"HTTP/1.1 400")
+
+    def answers(samples):
+        return {(l["site"], l["route"], l["code"]): v
+                for l, v in samples.get("nestgate_requests_total", [])}
+    expected = {("main", "/", "200"): 30, ("main", "/app/*", "200"): 7,
+                ("main", "-", "404"): 4, ("-", "-", "400"): 1}
+    samples = poll(lambda: scrape(admin)[2], lambda s: answers(s) == expected)
+    assert answers(samples) == expected
+    buckets = {l["le"]: v for l, v in samples["nestgate_request_duration_seconds_bucket"]
+               if l["site"] == "main"}
+    counts = {l["site"]: v for l, v in samples["nestgate_request_duration_seconds_count"]}
+    assert counts["main"] == 41 and buckets["+Inf"] == 41
+    assert buckets["0.005"] >= 34                  # the untimed 34, and the quick proxied
+    values = [buckets[k] for k in sorted(buckets, key=lambda k: float(k))]
+    assert values == sorted(values)               # cumulative
+    sums = {l["site"]: v for l, v in samples["nestgate_request_duration_seconds_sum"]}
+    assert 0 < sums["main"] < 7 * 5                # only the 7 proxied answers were timed
+
+    # A reload replaces both workers: what they counted is kept, and new answers add up.
+    server.config_path.write_text(ANSWERS_SITE.format(body="two", upstream=up.url))
+    mark = len(server.lines)
+    server.signal(signal.SIGHUP)
+    server.wait_for("reloaded", start=mark)
+    asked = []
+
+    def ask():
+        asked.append(1)
+        return site_get(port)
+    assert poll(ask, lambda a: a == (200, b"two")) == (200, b"two")
+    for _ in range(5):
+        site_get(port, "/")
+    served = 30 + len(asked) + 5                   # by old and new workers alike
+    after = poll(lambda: scrape(admin)[2],
+                 lambda s: answers(s).get(("main", "/", "200"), 0) >= served)
+    assert answers(after) == {**expected, ("main", "/", "200"): served}
+
+
+def test_metrics_count_http2_answers(start_server, certs):
+    from h2client import H2Client
+    from test_e2e_core import tls_block
+    server = start_server(CONFIG.format(admin="", body="x").replace(
+        "[[site]]", f'[[listen]]\naddress = "127.0.0.1:0"\n{tls_block(certs)}\n[[site]]', 1))
+    client = H2Client(server.port("https"), certs["ca"])
+    try:
+        for path, status in (("/", 200), ("/", 200), ("/nowhere", 404)):
+            assert client.request("GET", path)[0] == status
+        assert client.request("POST", "/", body=b"y" * 10)[0] == 200    # read, then answered
+    finally:
+        client.close()
+    expected = {("site0", "/", "200"): 3, ("site0", "-", "404"): 1}
+    samples = poll(lambda: scrape(server.admin_port())[2],
+                   lambda s: {(l["site"], l["route"], l["code"]): v
+                              for l, v in s.get("nestgate_requests_total", [])} == expected)
+    assert {(l["site"], l["route"], l["code"]): v
+            for l, v in samples["nestgate_requests_total"]} == expected

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from nestgate import __version__
 from nestgate.admin import metrics, openapi
+from nestgate.admin.answers import AnswerCounts
 from nestgate.admin.stateapi import AllowList, Sessions
 from nestgate.admin.configapi import ConfigAPI
 from nestgate.clock import CLOCK
@@ -144,12 +145,16 @@ class AdminState:
         self.token_set = token_set
         from nestgate.admin.page import History
         self.history = History()          # for the status page's chart
+        self.answers = AnswerCounts()     # the sites' answers, over every worker
 
     def reported(self, report: dict) -> None:
         """A report from the supervisor (about once a second): keep it, and a sample of
         the requests served for the status page."""
+        for pid, tally in report.pop("departed", ()):
+            self.answers.depart(pid, tally)
         self.report = report
         self.history.add(sum(f.requests for f in self.table.read()))
+        self.answers.refresh(self.table)
 
     def audit(self, request, action: str, details: dict) -> None:
         """One JSON line per change: when, who (the token, or a loopback client when
@@ -202,6 +207,7 @@ class AdminState:
         return reasons
 
     def metrics(self):
+        self.answers.refresh(self.table)
         return 200, metrics.render(self)
 
     def status(self):

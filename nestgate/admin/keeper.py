@@ -13,13 +13,14 @@ import socket
 import time
 from collections import deque
 
-from nestgate.admin.process import (ADMIN_PROCESS_NAME, admin_listener, name_process,
-                                    process_name, run_admin)
+from nestgate.admin.process import (ADMIN_PROCESS_NAME, REPORT_MAX, admin_listener,
+                                    name_process, process_name, run_admin)
 from nestgate.admin.stats import WorkerTable
 
 REPORT_EVERY = 1.0           # seconds between reports when nothing changes
 RESTART_DELAY = 0.5          # an admin process that died is started again after this
 RELOADS_KEPT = 10            # recent reload results in /v1/status
+DEPARTED_KEPT = 64           # exited workers' tallies waiting for a report
 
 
 class AdminKeeper:
@@ -37,6 +38,9 @@ class AdminKeeper:
         self.supervisor_pid = os.getpid()
         self.config_hash = ""
         self._last_report = b""
+        # Workers gone since the last report, with the last answer counts they
+        # published: the admin process adds them to its totals (nestgate/admin/answers.py).
+        self.departed: list[tuple[int, bytes]] = []
         self._last_sent = 0.0
 
     # ------------------------------------------------------------ listener
@@ -118,6 +122,15 @@ class AdminKeeper:
             self.sock.close()
 
     # ------------------------------------------------------------ reports
+    def worker_gone(self, pid: int, slot: int) -> None:
+        """A worker exited: keep what it counted for the next report (its slot may be
+        taken by the next worker before the admin process reads it)."""
+        if self.sock is None or slot < 0:
+            return
+        data = self.table.read_tally(slot)
+        if data and len(self.departed) < DEPARTED_KEPT:
+            self.departed.append((pid, data))
+
     def reload_result(self, ok: bool, message: str) -> None:
         self.reloads.append({"at": round(time.time(), 3), "ok": ok, "message": message})
         self.reload_counts["ok" if ok else "refused"] += 1
@@ -148,12 +161,29 @@ class AdminKeeper:
         }
         data = json.dumps(state, separators=(",", ":")).encode()
         now = time.monotonic()
-        if data == self._last_report and now - self._last_sent < REPORT_EVERY:
+        departed = self.departed
+        if data == self._last_report and now - self._last_sent < REPORT_EVERY \
+                and not departed:
             return
+        sent, taken = data, 0
+        if departed:
+            # The tallies are JSON already: spliced in, not parsed and written again;
+            # as many as one datagram holds, the rest with the next report.
+            room = REPORT_MAX - len(data) - 64
+            parts = []
+            for pid, tally in departed:
+                part = b"[%d,%s]" % (pid, tally)
+                if len(part) > room:
+                    break
+                parts.append(part)
+                room -= len(part) + 1
+            taken = len(parts)
+            sent = data[:-1] + b',"departed":[' + b",".join(parts) + b"]}"
         try:
-            self.reports_out.send(data)
+            self.reports_out.send(sent)
         except (BlockingIOError, InterruptedError, OSError):
             return                       # the admin process is busy or restarting
+        del self.departed[:taken]
         self._last_report, self._last_sent = data, now
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from nestgate import __version__
+from nestgate.tally import BUCKETS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -28,6 +29,20 @@ class Exposition:
             shown = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
             self.lines.append(f"nestgate_{name}{suffix}{{{shown}}} {_number(value)}"
                               if shown else f"nestgate_{name}{suffix} {_number(value)}")
+
+    def histogram(self, name: str, help_text: str, series) -> None:
+        """`series`: (labels, [per-bucket counts..., +Inf count, sum, count]) with the
+        bucket bounds of nestgate.tally.BUCKETS; written cumulative, as the format asks."""
+        self.lines.append(f"# HELP nestgate_{name} {help_text}")
+        self.lines.append(f"# TYPE nestgate_{name} histogram")
+        for labels, values in series:
+            shown = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
+            running = 0
+            for bound, count in zip((*BUCKETS, "+Inf"), values[:len(BUCKETS) + 1]):
+                running += count
+                self.lines.append(f'nestgate_{name}_bucket{{{shown},le="{bound}"}} {running}')
+            self.lines.append(f"nestgate_{name}_sum{{{shown}}} {_number(float(values[-2]))}")
+            self.lines.append(f"nestgate_{name}_count{{{shown}}} {_number(values[-1])}")
 
     def text(self) -> bytes:
         return ("\n".join(self.lines) + "\n").encode()
@@ -65,6 +80,19 @@ def render(state) -> bytes:
                 ({"protocol": "http2"}, sum(f.http2 for f in figures)),
                 ({"protocol": "tls"}, sum(f.tls for f in figures)),
                 ({"protocol": "tls_handshake"}, sum(f.handshakes for f in figures))])
+
+    routes, sites = state.answers.totals()
+    out.family("requests", "counter",
+               "Answers the sites gave, by site, route (as configured; '-' when no route "
+               "matched) and status; site '-' is a request refused before routing. "
+               "499: the client left before the answer.",
+               [({"site": site, "route": route, "code": code}, count)
+                for (site, route, code), count in sorted(routes.items())])
+    out.histogram("request_duration_seconds",
+                  "Time from the request to the end of its answer, by site. Answers "
+                  "written from the parser callback (ready responses) are not timed and "
+                  "are counted in the first bucket.",
+                  [({"site": site}, values) for site, values in sorted(sites.items())])
 
     processes = [("supervisor", report.get("pid")), ("admin", os.getpid())] + \
         [("worker", f.pid) for f in figures]

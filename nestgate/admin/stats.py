@@ -10,6 +10,11 @@ next read is whole; a slot whose pid is 0 is free.
 Requests are counted without a per-request step: each connection already counts its
 requests (for `keepalive_requests`); a closed connection adds its count to its
 listener's total, and the tick adds the open connections' counts to that.
+
+Beside each slot, a second table holds the worker's answer counts and durations
+(`nestgate.tally`) as a JSON blob of at most `TALLY_BYTES`, written on the same tick.
+A blob is framed by a sequence number made odd while it is written and even after,
+so the reader can tell a torn one and read again.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from dataclasses import dataclass
 # HTTP/2, of those over TLS, TLS handshakes under way; updated (wall clock)
 _SLOT = struct.Struct("<qqdqqqqqd")
 SLOTS = 256                  # workers of every live generation, and room for restarts
+TALLY_BYTES = 64 * 1024      # a worker's tally blob; pages are touched only when used
+_FRAME = struct.Struct("<QI")                # sequence, length
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class WorkerTable:
     def __init__(self, slots: int = SLOTS) -> None:
         self.slots = slots
         self.memory = mmap.mmap(-1, _SLOT.size * slots)   # MAP_SHARED | MAP_ANONYMOUS
+        self.tallies = mmap.mmap(-1, TALLY_BYTES * slots)
         self.taken: set[int] = set()                        # the supervisor's book
 
     # ---------------------------------------------------------- the supervisor
@@ -57,6 +65,7 @@ class WorkerTable:
             if slot not in self.taken:
                 self.taken.add(slot)
                 self.write(slot, 0, 0, 0.0, 0, 0, 0, 0, 0, 0.0)
+                self.write_tally(slot, b"")
                 return slot
         return -1
 
@@ -72,7 +81,30 @@ class WorkerTable:
             _SLOT.pack_into(self.memory, slot * _SLOT.size, pid, generation, started,
                             requests, http1, http2, tls, handshakes, updated)
 
+    def write_tally(self, slot: int, data: bytes) -> bool:
+        """The worker's tally blob; False (nothing written) when it does not fit."""
+        if slot < 0 or len(data) > TALLY_BYTES - _FRAME.size:
+            return False
+        base = slot * TALLY_BYTES
+        seq = _FRAME.unpack_from(self.tallies, base)[0]
+        _FRAME.pack_into(self.tallies, base, seq + 1, 0)              # odd: being written
+        self.tallies[base + _FRAME.size:base + _FRAME.size + len(data)] = data
+        _FRAME.pack_into(self.tallies, base, seq + 2, len(data))
+        return True
+
     # ---------------------------------------------------------- the admin process
+    def read_tally(self, slot: int) -> bytes | None:
+        """A slot's tally blob, whole; None if it was being written at every try."""
+        base = slot * TALLY_BYTES
+        for _ in range(5):
+            seq, length = _FRAME.unpack_from(self.tallies, base)
+            if seq & 1:
+                continue
+            data = self.tallies[base + _FRAME.size:base + _FRAME.size + length]
+            if _FRAME.unpack_from(self.tallies, base)[0] == seq:
+                return data
+        return None
+
     def read(self) -> list[WorkerFigures]:
         figures = []
         for slot in range(self.slots):

@@ -1,0 +1,95 @@
+"""The sites' answers, added up over the workers for `/metrics`.
+
+Each worker publishes its `nestgate.tally` snapshot in the shared table (see
+nestgate/admin/stats.py). A worker's counts start at zero and end with it, so the
+admin process keeps the last snapshot it read of every worker and, once the worker is
+gone (a reload, a crash), adds its final snapshot to the counts of the departed: the
+totals only ever grow, as Prometheus counters must. A worker publishes a last snapshot
+as it stops; the supervisor reads it when it reaps the worker (before the slot is
+reused) and passes it on in its next report, so a reload loses no answer. A worker that
+crashed loses the answers since its last publish (half a second).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from nestgate.tally import BUCKETS
+
+LOST_REPORT_AFTER = 30.0     # seconds a worker may be missing before its last snapshot
+GONE_KEPT = 4096             # counts as final (its departure report was lost)
+
+
+class AnswerCounts:
+    def __init__(self) -> None:
+        self.latest: dict[int, dict] = {}        # pid -> its last snapshot
+        self.seen: dict[int, float] = {}         # pid -> when it was last in the table
+        self.gone: dict[int, None] = {}          # pids folded already (insertion order)
+        self.departed_routes: dict[tuple[str, str, str], int] = {}
+        self.departed_sites: dict[str, list[float]] = {}
+
+    def refresh(self, table) -> None:
+        """Read every running worker's snapshot."""
+        now = time.monotonic()
+        for figures in table.read():
+            pid = figures.pid
+            if pid in self.gone:
+                continue                    # its slot is not cleared yet
+            self.seen[pid] = now
+            data = table.read_tally(figures.slot)
+            if data:
+                try:
+                    self.latest[pid] = json.loads(data)
+                except ValueError:
+                    pass                    # a torn read the frame did not catch: next time
+        for pid, when in list(self.seen.items()):
+            if now - when > LOST_REPORT_AFTER:
+                self.depart(pid, None)      # gone, and its report never came
+
+    def depart(self, pid: int, final: dict | None) -> None:
+        """Worker `pid` exited; `final` is the last snapshot it published (from the
+        supervisor's report), else the last one read here."""
+        snapshot = self.latest.pop(pid, None) if final is None else final
+        self.latest.pop(pid, None)
+        self.seen.pop(pid, None)
+        if pid in self.gone:
+            return
+        self.gone[pid] = None
+        if len(self.gone) > GONE_KEPT:
+            del self.gone[next(iter(self.gone))]
+        if snapshot:
+            _add(self.departed_routes, self.departed_sites, snapshot)
+
+    def totals(self) -> tuple[dict, dict]:
+        """({(site, route, code): answers}, {site: [buckets..., sum, count]}), with the
+        untimed answers (written from the parser callback) in the first bucket."""
+        routes = dict(self.departed_routes)
+        sites = {site: list(values) for site, values in self.departed_sites.items()}
+        for snapshot in self.latest.values():
+            _add(routes, sites, snapshot)
+        answered: dict[str, int] = {}
+        for (site, _route, _code), count in routes.items():
+            answered[site] = answered.get(site, 0) + count
+        width = len(BUCKETS) + 1
+        for site, total in answered.items():
+            values = sites.setdefault(site, [0] * width + [0.0, 0])
+            untimed = total - values[-1]
+            if untimed > 0:
+                values[0] += untimed
+                values[-1] += untimed
+        return routes, sites
+
+
+def _add(routes: dict, sites: dict, snapshot: dict) -> None:
+    for site, label, codes in snapshot.get("routes", ()):
+        for code, count in codes.items():
+            key = (site, label, code)
+            routes[key] = routes.get(key, 0) + count
+    for site, values in snapshot.get("sites", {}).items():
+        have = sites.get(site)
+        if have is None:
+            sites[site] = list(values)
+        else:
+            for i, value in enumerate(values):
+                have[i] += value

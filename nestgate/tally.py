@@ -1,0 +1,99 @@
+"""Counts of the answers a worker gave, by site, route and status, and how long the
+timed ones took: the figures behind `nestgate_requests_total` and
+`nestgate_request_duration_seconds` (nestgate/admin/metrics.py).
+
+Theory of operation
+-------------------
+Each route of a `SiteRoutes` table has a `RouteTally` (routes with the same label in a
+site share it: every note page is "/notes/{slug}"), and the `Route` the router returns
+carries it, so counting an answer is one dict increment on an object the engine
+already holds: no lock, no syscall, no key built per request.
+
+Answers written from the parser callback (a ready response: health, a cached file or
+page) take microseconds and are not timed, which would cost two clock reads each;
+answers that ran a handler task are timed from the request object's creation to the
+end of the answer and go into their site's histogram. When the histogram is written,
+the untimed answers are counted in its first bucket: they did finish within it.
+
+Once per publish tick the worker writes `snapshot()` into its slot of the shared table
+(nestgate/admin/stats.py); the admin process adds the workers' snapshots up when
+scraped. A client that went away before any answer is counted as 499, as nginx logs it.
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_left
+
+# Upper bounds in seconds (Prometheus' default buckets); the last bucket is +Inf.
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+CLIENT_GONE = 499
+
+
+class SiteTimes:
+    """One site's duration histogram: counts per bucket (the last is +Inf), sum, count."""
+
+    __slots__ = ("buckets", "sum", "count")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * (len(BUCKETS) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        self.buckets[bisect_left(BUCKETS, seconds)] += 1
+        self.sum += seconds
+        self.count += 1
+
+
+class RouteTally:
+    """One route's answers by status (`codes`, which the engine's fast path increments
+    inline), and its site's histogram for the timed ones."""
+
+    __slots__ = ("site", "label", "codes", "times")
+
+    def __init__(self, site: str, label: str, times: SiteTimes) -> None:
+        self.site = site
+        self.label = label
+        self.codes: dict[int, int] = {}
+        self.times = times
+
+    def count(self, status: int) -> None:
+        codes = self.codes
+        codes[status] = codes.get(status, 0) + 1
+
+    def timed(self, status: int, seconds: float) -> None:
+        status = status or CLIENT_GONE
+        codes = self.codes
+        codes[status] = codes.get(status, 0) + 1
+        self.times.observe(seconds)
+
+
+class Tally:
+    """Every RouteTally of this process, by (site, label)."""
+
+    def __init__(self) -> None:
+        self.routes: dict[tuple[str, str], RouteTally] = {}
+        self.sites: dict[str, SiteTimes] = {}
+
+    def route(self, site: str, label: str) -> RouteTally:
+        found = self.routes.get((site, label))
+        if found is None:
+            times = self.sites.get(site)
+            if times is None:
+                times = self.sites[site] = SiteTimes()
+            found = self.routes[(site, label)] = RouteTally(site, label, times)
+        return found
+
+    def snapshot(self) -> bytes:
+        """What the worker publishes: compact JSON, routes that answered anything."""
+        return json.dumps({
+            "routes": [[t.site, t.label, t.codes] for t in self.routes.values() if t.codes],
+            "sites": {site: [*times.buckets, times.sum, times.count]
+                      for site, times in self.sites.items() if times.count},
+        }, separators=(",", ":")).encode()
+
+
+TALLY = Tally()                      # this process's; the admin process publishes none
+# Answers given before a request was routed (a malformed request, an overload 503).
+UNROUTED = TALLY.route("-", "-")
