@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 from bisect import bisect_left
 
+from nestgate.clock import CLOCK
+
 # Upper bounds in seconds (Prometheus' default buckets); the last bucket is +Inf.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CLIENT_GONE = 499
@@ -75,6 +77,7 @@ class Tally:
     def __init__(self) -> None:
         self.routes: dict[tuple[str, str], RouteTally] = {}
         self.sites: dict[str, SiteTimes] = {}
+        self.proxies: list = []          # ProxyHandlers: their targets' figures
 
     def route(self, site: str, label: str) -> RouteTally:
         found = self.routes.get((site, label))
@@ -87,10 +90,16 @@ class Tally:
 
     def snapshot(self) -> bytes:
         """What the worker publishes: compact JSON, routes that answered anything."""
+        now = CLOCK.now
         return json.dumps({
             "routes": [[t.site, t.label, t.codes] for t in self.routes.values() if t.codes],
             "sites": {site: [*times.buckets, times.sum, times.count]
                       for site, times in self.sites.items() if times.count},
+            # route, upstream, healthy (active check), taken out (passive), requests,
+            # errors, retries, last check (wall clock, 0: none)
+            "upstreams": [[proxy.label, t.name, t.healthy, now < t.down_until, t.requests,
+                           t.errors, t.retries, t.checked]
+                          for proxy in self.proxies for t in proxy.targets],
         }, separators=(",", ":")).encode()
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from conftest import RETURN_SITE, _env
-from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
+from test_proxy_upstreams import refused_port, upstream  # noqa: F401 (fixture)
 
 TOKEN = "4f1c9e0b7a2d4c6e8f0a1b2c3d4e5f60"
 
@@ -58,7 +58,7 @@ def test_health_ready_and_status_count_the_requests_served(start_server):
     admin = server.admin_port()
     assert admin_get(admin, "/v1/health")[:1] == (200,)
     status, _headers, ready = poll(lambda: admin_get(admin, "/v1/ready"), lambda r: r[0] == 200)
-    assert status == 200 and ready == {"ready": True, "generation": 1}
+    assert status == 200 and ready == {"ready": True, "generation": 1, "upstreams": []}
 
     sent = 37
     for _ in range(sent):
@@ -164,7 +164,7 @@ def test_reload_results_are_reported(start_server):
                   lambda a: a["generation"] == 2 and len(a["reloads"]) == 2)
     assert answer["reloads"][-1] == {**answer["reloads"][-1], "ok": True,
                                      "message": "generation 2 serving"}
-    assert admin_get(admin, "/v1/ready")[2] == {"ready": True, "generation": 2}
+    assert admin_get(admin, "/v1/ready")[2] == {"ready": True, "generation": 2, "upstreams": []}
     # The old workers stop accepting a moment after the new ones serve: SIGHUP makes
     # no promise about the very next request (the admin API's reload does, below).
     assert poll(lambda: site_get(server.port()), lambda a: a == (200, b"two")) == (200, b"two")
@@ -727,12 +727,20 @@ prefix = "/app/"
 type = "proxy"
 upstream = "{upstream}"
 strip_prefix = true
+
+[[site.route]]
+prefix = "/dead/"
+type = "proxy"
+upstream = "http://127.0.0.1:{dead}"
+health_path = "/health"
+health_interval = "0.2s"
 """
 
 
 def test_metrics_count_answers_by_site_route_and_code_across_a_reload(start_server, upstream):
     up = upstream()
-    server = start_server(ANSWERS_SITE.format(body="one", upstream=up.url))
+    dead = refused_port()
+    server = start_server(ANSWERS_SITE.format(body="one", upstream=up.url, dead=dead))
     admin = server.admin_port()
     port = server.port()
     for _ in range(30):
@@ -763,7 +771,25 @@ def test_metrics_count_answers_by_site_route_and_code_across_a_reload(start_serv
     assert 0 < sums["main"] < 7 * 5                # only the 7 proxied answers were timed
 
     # A reload replaces both workers: what they counted is kept, and new answers add up.
-    server.config_path.write_text(ANSWERS_SITE.format(body="two", upstream=up.url))
+    # Upstreams: counted over the workers, and their health shown in /v1/ready (which
+    # an unhealthy upstream does not fail).
+    def upstream_state(samples):
+        return {(l["route"], l["upstream"]): v
+                for l, v in samples.get("nestgate_upstream_healthy", [])}
+    samples = poll(lambda: scrape(admin)[2],
+                   lambda s: upstream_state(s).get(("/dead/*", f"http://127.0.0.1:{dead}")) == 0)
+    assert upstream_state(samples) == {("/app/*", up.url): 1,
+                                       ("/dead/*", f"http://127.0.0.1:{dead}"): 0}
+    requests = {l["route"]: v for l, v in samples["nestgate_upstream_requests_total"]}
+    assert requests == {"/app/*": 7, "/dead/*": 0}
+    status, _h, ready = admin_get(admin, "/v1/ready")
+    assert status == 200 and ready["ready"] is True
+    shown = {u["route"]: u for u in ready["upstreams"]}
+    assert shown["/app/*"]["healthy"] is True and shown["/app/*"]["last_check"] is None
+    assert shown["/dead/*"]["healthy"] is False and shown["/dead/*"]["failing_in_workers"] == 2
+    assert shown["/dead/*"]["last_check"] > time.time() - 10
+
+    server.config_path.write_text(ANSWERS_SITE.format(body="two", upstream=up.url, dead=dead))
     mark = len(server.lines)
     server.signal(signal.SIGHUP)
     server.wait_for("reloaded", start=mark)

@@ -28,6 +28,7 @@ class AnswerCounts:
         self.gone: dict[int, None] = {}          # pids folded already (insertion order)
         self.departed_routes: dict[tuple[str, str, str], int] = {}
         self.departed_sites: dict[str, list[float]] = {}
+        self.departed_upstreams: dict[tuple[str, str], list[int]] = {}
 
     def refresh(self, table) -> None:
         """Read every running worker's snapshot."""
@@ -60,6 +61,7 @@ class AnswerCounts:
             del self.gone[next(iter(self.gone))]
         if snapshot:
             _add(self.departed_routes, self.departed_sites, snapshot)
+            _add_upstreams(self.departed_upstreams, snapshot)
 
     def totals(self) -> tuple[dict, dict]:
         """({(site, route, code): answers}, {site: [buckets..., sum, count]}), with the
@@ -79,6 +81,38 @@ class AnswerCounts:
                 values[0] += untimed
                 values[-1] += untimed
         return routes, sites
+
+
+    def upstreams(self) -> list[dict]:
+        """Each upstream of each proxy route: its counters over every worker, and
+        whether every running worker can use it (its active check passes and passive
+        health has not taken it out)."""
+        counters = {key: list(values) for key, values in self.departed_upstreams.items()}
+        usable: dict[tuple[str, str], list[bool]] = {}
+        checked: dict[tuple[str, str], float] = {}
+        for snapshot in self.latest.values():
+            _add_upstreams(counters, snapshot)
+            for route, url, healthy, taken_out, *_counts, last_check in \
+                    snapshot.get("upstreams", ()):
+                usable.setdefault((route, url), []).append(healthy and not taken_out)
+                checked[(route, url)] = max(checked.get((route, url), 0.0), last_check)
+        shown = []
+        for (route, url), views in sorted(usable.items()):
+            requests, errors, retries = counters.get((route, url), (0, 0, 0))
+            shown.append({"route": route, "upstream": url, "healthy": all(views),
+                          "failing_in_workers": views.count(False),
+                          "last_check": checked[(route, url)] or None,
+                          "requests": requests, "errors": errors, "retries": retries})
+        return shown
+
+
+def _add_upstreams(counters: dict, snapshot: dict) -> None:
+    for route, url, _healthy, _taken_out, requests, errors, retries, _checked in \
+            snapshot.get("upstreams", ()):
+        have = counters.setdefault((route, url), [0, 0, 0])
+        have[0] += requests
+        have[1] += errors
+        have[2] += retries
 
 
 def _add(routes: dict, sites: dict, snapshot: dict) -> None:

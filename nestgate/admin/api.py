@@ -178,10 +178,18 @@ class AdminState:
         return 200, {"status": "ok"}
 
     def ready(self):
+        """Ready when every worker of the serving generation is up and every listener
+        bound. The upstreams' state is shown but does not make nestgate unready: one
+        app that is down must not take the front door out of a load balancer."""
+        self.answers.refresh(self.table)
+        upstreams = [{key: u[key] for key in ("route", "upstream", "healthy",
+                                               "failing_in_workers", "last_check")}
+                     for u in self.answers.upstreams()]
         reasons = self.not_ready()
         if reasons:
-            return 503, {"ready": False, "reasons": reasons}
-        return 200, {"ready": True, "generation": self.report.get("generation")}
+            return 503, {"ready": False, "reasons": reasons, "upstreams": upstreams}
+        return 200, {"ready": True, "generation": self.report.get("generation"),
+                     "upstreams": upstreams}
 
     def not_ready(self) -> list[str]:
         report = self.report

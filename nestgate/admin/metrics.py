@@ -94,6 +94,22 @@ def render(state) -> bytes:
                   "are counted in the first bucket.",
                   [({"site": site}, values) for site, values in sorted(sites.items())])
 
+    upstreams = state.answers.upstreams()
+    out.family("upstream_healthy", "gauge",
+               "1 when every running worker can use the upstream (its active check passes "
+               "and passive health has not taken it out), else 0.",
+               [({"route": u["route"], "upstream": u["upstream"]}, int(u["healthy"]))
+                for u in upstreams])
+    for name, key, help_text in (
+            ("upstream_requests", "requests", "Exchanges begun with the upstream."),
+            ("upstream_errors", "errors", "Failures passive health counted: refused, reset, "
+                                          "invalid or timed-out exchanges and connects."),
+            ("upstream_retries", "retries", "Attempts sent to the upstream after another "
+                                            "target of the route failed the request.")):
+        out.family(name, "counter", help_text,
+                   [({"route": u["route"], "upstream": u["upstream"]}, u[key])
+                    for u in upstreams])
+
     processes = [("supervisor", report.get("pid")), ("admin", os.getpid())] + \
         [("worker", f.pid) for f in figures]
     usage = [(role, pid, _usage(pid)) for role, pid in processes if pid]

@@ -26,6 +26,10 @@ _NUM = {"type": "number"}
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
 _BOOL = {"type": "boolean"}
+_UPSTREAMS = {"type": "array", "items": _obj(
+    {"route": _STR, "upstream": _STR, "healthy": _BOOL, "failing_in_workers": _INT,
+     "last_check": {"type": ["number", "null"]}},
+    ("route", "upstream", "healthy", "failing_in_workers", "last_check"))}
 _PROBLEMS = {"type": "array", "items": _obj({"file": _STR, "key": _STR, "message": _STR},
                                              ("file", "key", "message"))}
 _WORKER = _obj({"pid": _INT, "ready": _BOOL, "restarts": _INT, "uptime_s": _NUM,
@@ -69,10 +73,13 @@ def _op(summary: str, responses: dict, *, open_: bool = False, body: dict | None
 PATHS = {
     "/v1/health": {"get": _op("Liveness: the admin process answers", {
         "200": _json(_obj({"status": {"const": "ok"}}, ("status",)), "alive")}, open_=True)},
-    "/v1/ready": {"get": _op("Readiness of the serving generation and its listeners", {
-        "200": _json(_obj({"ready": {"const": True}, "generation": _INT}), "ready"),
+    "/v1/ready": {"get": _op("Readiness of the serving generation and its listeners, with "
+                             "the state of the upstreams (which does not decide it)", {
+        "200": _json(_obj({"ready": {"const": True}, "generation": _INT,
+                           "upstreams": _UPSTREAMS}), "ready"),
         "503": _json(_obj({"ready": {"const": False},
-                           "reasons": {"type": "array", "items": _STR}}), "not ready")})},
+                           "reasons": {"type": "array", "items": _STR},
+                           "upstreams": _UPSTREAMS}), "not ready")})},
     "/v1/status": {"get": _op("Version, uptime, config, generations and workers, reloads", {
         "200": _json(_STATUS, "the status")})},
     "/metrics": {"get": _op("Prometheus text exposition 0.0.4", {

@@ -10,6 +10,7 @@ check passes again.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from nestgate.clock import CLOCK
 
@@ -57,6 +58,7 @@ class Balancer:
                 probe(target, opts.health_path), opts.health_timeout) < 400
         except (OSError, asyncio.TimeoutError, ValueError):
             target.healthy = False
+        target.checked = time.time()
 
 
 async def probe(target, path: str) -> int:

@@ -23,6 +23,7 @@ from nestgate.handlers import Service
 from nestgate.http1 import Request
 from nestgate.proxy.balancer import Balancer
 from nestgate.proxy.upstream import PLAIN_CONNECTION, Exchange, Target, give_back
+from nestgate.tally import TALLY
 
 IDEMPOTENT = frozenset((b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"))
 
@@ -78,6 +79,8 @@ class ProxyHandler(Service):
         # A lone target is picked whenever it is healthy (see Balancer.pick).
         self.single = self.targets[0] if len(self.targets) == 1 else None
         self.strip = route.prefix.rstrip("/").encode() if opts.strip_prefix else b""
+        self.label = route.label
+        TALLY.proxies.append(self)              # its targets' figures are published
         self.host_from_target = opts.host_header == "target"
         self.forwarded = opts.forwarded
         drop = set(HOP_BY_HOP)
@@ -167,6 +170,7 @@ class ProxyHandler(Service):
         ex.target = target
         ex.sent_all = True
         target.active += 1
+        target.requests += 1
         req.cancel = ex.cancel
         conn.transport.write(head)
         return True
@@ -221,6 +225,8 @@ class ProxyHandler(Service):
             picked = None
             if target is None:
                 break
+            if excluded:
+                target.retries += 1             # another target failed this request first
             head = self._head(req, target)      # a refused request never costs a connection
             conn = target.idle_connection()
             if conn is None:
@@ -353,6 +359,7 @@ class ProxyHandler(Service):
     async def _exchange(self, req, target: Target, conn, head: bytes) -> None:
         ex = Exchange.on(conn, req)
         target.active += 1
+        target.requests += 1
         try:
             if not ex.h1:
                 # Room for the first part of the body before the upstream is asked: a

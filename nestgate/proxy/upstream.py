@@ -633,7 +633,8 @@ class Target:
     __slots__ = ("cfg", "host", "port", "ssl", "server_hostname", "authority", "weight",
                  "idle", "open", "active", "max_idle", "max_connections", "fails",
                  "fail_since", "down_until", "healthy", "current", "max_fails", "fail_timeout",
-                 "name", "conns", "private", "compress")
+                 "name", "conns", "private", "compress", "requests", "errors", "retries",
+                 "checked")
 
     def __init__(self, cfg, opts, ssl_context, private: bool = False) -> None:
         self.cfg = cfg
@@ -659,6 +660,11 @@ class Target:
         self.down_until = 0.0
         self.healthy = True           # the active check's verdict
         self.current = 0              # smooth weighted round-robin state
+        # Figures for the admin process (published with the worker's tally).
+        self.requests = 0             # exchanges begun
+        self.errors = 0               # failures counted by passive health
+        self.retries = 0              # attempts that came here after another failed
+        self.checked = 0.0            # wall clock of the last active health check
 
     # ------------------------------------------------------ pool
     def idle_connection(self) -> UpstreamConnection | None:
@@ -712,6 +718,7 @@ class Target:
         return self.healthy and now >= self.down_until
 
     def failed(self, now: float) -> None:
+        self.errors += 1
         if now - self.fail_since > self.fail_timeout:
             self.fail_since, self.fails = now, 0
         self.fails += 1
