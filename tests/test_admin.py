@@ -58,7 +58,7 @@ def test_health_ready_and_status_count_the_requests_served(start_server):
     admin = server.admin_port()
     assert admin_get(admin, "/v1/health")[:1] == (200,)
     status, _headers, ready = poll(lambda: admin_get(admin, "/v1/ready"), lambda r: r[0] == 200)
-    assert status == 200 and ready == {"ready": True, "generation": 1, "upstreams": []}
+    assert status == 200 and ready == {"ready": True, "generation": 1, "upstreams": [], "certificates": []}
 
     sent = 37
     for _ in range(sent):
@@ -164,7 +164,7 @@ def test_reload_results_are_reported(start_server):
                   lambda a: a["generation"] == 2 and len(a["reloads"]) == 2)
     assert answer["reloads"][-1] == {**answer["reloads"][-1], "ok": True,
                                      "message": "generation 2 serving"}
-    assert admin_get(admin, "/v1/ready")[2] == {"ready": True, "generation": 2, "upstreams": []}
+    assert admin_get(admin, "/v1/ready")[2] == {"ready": True, "generation": 2, "upstreams": [], "certificates": []}
     # The old workers stop accepting a moment after the new ones serve: SIGHUP makes
     # no promise about the very next request (the admin API's reload does, below).
     assert poll(lambda: site_get(server.port()), lambda a: a == (200, b"two")) == (200, b"two")
@@ -825,3 +825,16 @@ def test_metrics_count_http2_answers(start_server, certs):
                               for l, v in s.get("nestgate_requests_total", [])} == expected)
     assert {(l["site"], l["route"], l["code"]): v
             for l, v in samples["nestgate_requests_total"]} == expected
+    # The listener's certificates, with their expiry, in /v1/ready and /metrics.
+    from cryptography import x509
+    status, _h, ready = admin_get(server.admin_port(), "/v1/ready")
+    assert status == 200
+    shown = {c["file"]: c for c in ready["certificates"]}
+    assert set(shown) == {certs["local"][0], certs["other"][0]}
+    for pem, names in ((certs["local"][0], ["localhost", "127.0.0.1"]),
+                       (certs["other"][0], ["other.test"])):
+        leaf = x509.load_pem_x509_certificate(Path(pem).read_bytes())
+        assert shown[pem]["not_after"] == leaf.not_valid_after_utc.timestamp()
+        assert shown[pem]["names"] == names and shown[pem]["expires_in_days"] > 300
+    expiry = {l["file"]: v for l, v in samples["nestgate_certificate_expiry_seconds"]}
+    assert expiry == {pem: c["not_after"] for pem, c in shown.items()}

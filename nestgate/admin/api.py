@@ -185,11 +185,15 @@ class AdminState:
         upstreams = [{key: u[key] for key in ("route", "upstream", "healthy",
                                                "failing_in_workers", "last_check")}
                      for u in self.answers.upstreams()]
+        now = time.time()
+        certificates = [{**c, "expires_in_days": round((c["not_after"] - now) / 86400, 1)}
+                        if "not_after" in c else c
+                        for c in self.report.get("certificates", ())]
+        shown = {"upstreams": upstreams, "certificates": certificates}
         reasons = self.not_ready()
         if reasons:
-            return 503, {"ready": False, "reasons": reasons, "upstreams": upstreams}
-        return 200, {"ready": True, "generation": self.report.get("generation"),
-                     "upstreams": upstreams}
+            return 503, {"ready": False, "reasons": reasons, **shown}
+        return 200, {"ready": True, "generation": self.report.get("generation"), **shown}
 
     def not_ready(self) -> list[str]:
         report = self.report

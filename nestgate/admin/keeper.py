@@ -16,6 +16,7 @@ from collections import deque
 from nestgate.admin.process import (ADMIN_PROCESS_NAME, REPORT_MAX, admin_listener,
                                     name_process, process_name, run_admin)
 from nestgate.admin.stats import WorkerTable
+from nestgate.certinfo import certificate_expiry
 
 REPORT_EVERY = 1.0           # seconds between reports when nothing changes
 RESTART_DELAY = 0.5          # an admin process that died is started again after this
@@ -37,6 +38,7 @@ class AdminKeeper:
         self.started = time.time()
         self.supervisor_pid = os.getpid()
         self.config_hash = ""
+        self.certificates: list[dict] = []      # of the serving config (nestgate.certinfo)
         self._last_report = b""
         # Workers gone since the last report, with the last answer counts they
         # published: the admin process adds them to its totals (nestgate/admin/answers.py).
@@ -49,6 +51,7 @@ class AdminKeeper:
         binder, which names the config key when the address is taken)."""
         self.config = config
         self.config_hash = _file_hash(config.source)
+        self.certificates = certificate_expiry(config)
         admin = config.admin
         if not admin.enabled:
             return
@@ -65,6 +68,7 @@ class AdminKeeper:
         """A reload is serving: the admin process runs with the new config's token."""
         old, self.config = self.config, config
         self.config_hash = _file_hash(config.source)
+        self.certificates = certificate_expiry(config)
         if self.sock is None:
             return
         if (config.admin.host, config.admin.port, config.admin.enabled) != \
@@ -158,6 +162,7 @@ class AdminKeeper:
             "restarts": sum(s.restarts for g in supervisor.generations for s in g.slots),
             "reloads": list(self.reloads),
             "reload_counts": self.reload_counts,
+            "certificates": self.certificates,
         }
         data = json.dumps(state, separators=(",", ":")).encode()
         now = time.monotonic()

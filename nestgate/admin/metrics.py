@@ -94,6 +94,11 @@ def render(state) -> bytes:
                   "are counted in the first bucket.",
                   [({"site": site}, values) for site, values in sorted(sites.items())])
 
+    out.family("certificate_expiry_seconds", "gauge",
+               "When each configured certificate expires (Unix time; alert when it comes "
+               "near).",
+               [({"listener": c["listener"], "file": c["file"]}, c["not_after"])
+                for c in report.get("certificates", ()) if "not_after" in c])
     upstreams = state.answers.upstreams()
     out.family("upstream_healthy", "gauge",
                "1 when every running worker can use the upstream (its active check passes "

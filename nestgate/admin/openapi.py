@@ -30,6 +30,10 @@ _UPSTREAMS = {"type": "array", "items": _obj(
     {"route": _STR, "upstream": _STR, "healthy": _BOOL, "failing_in_workers": _INT,
      "last_check": {"type": ["number", "null"]}},
     ("route", "upstream", "healthy", "failing_in_workers", "last_check"))}
+_CERTIFICATES = {"type": "array", "items": _obj(
+    {"listener": _STR, "file": _STR, "names": {"type": "array", "items": _STR},
+     "not_after": _NUM, "expires_in_days": _NUM, "error": _STR},
+    ("listener", "file", "names"))}
 _PROBLEMS = {"type": "array", "items": _obj({"file": _STR, "key": _STR, "message": _STR},
                                              ("file", "key", "message"))}
 _WORKER = _obj({"pid": _INT, "ready": _BOOL, "restarts": _INT, "uptime_s": _NUM,
@@ -76,10 +80,11 @@ PATHS = {
     "/v1/ready": {"get": _op("Readiness of the serving generation and its listeners, with "
                              "the state of the upstreams (which does not decide it)", {
         "200": _json(_obj({"ready": {"const": True}, "generation": _INT,
-                           "upstreams": _UPSTREAMS}), "ready"),
+                           "upstreams": _UPSTREAMS, "certificates": _CERTIFICATES}), "ready"),
         "503": _json(_obj({"ready": {"const": False},
                            "reasons": {"type": "array", "items": _STR},
-                           "upstreams": _UPSTREAMS}), "not ready")})},
+                           "upstreams": _UPSTREAMS, "certificates": _CERTIFICATES}),
+                     "not ready")})},
     "/v1/status": {"get": _op("Version, uptime, config, generations and workers, reloads", {
         "200": _json(_STATUS, "the status")})},
     "/metrics": {"get": _op("Prometheus text exposition 0.0.4", {
