@@ -461,20 +461,23 @@ def _read_log(s: _Section) -> LogConfig:
     return cfg
 
 
+def read_certificate(c: _Section) -> Certificate:
+    """A `certificate` table: `cert` and `key` (PEM files that match), `names`."""
+    names = c.strings("names")
+    cert = Certificate(c.readable_file("cert", True), c.readable_file("key", True), names)
+    if cert.cert and cert.key and os.path.isfile(cert.cert) and os.path.isfile(cert.key):
+        problem = certificate_problem(cert)
+        if problem:
+            c.fail("", f"a matching PEM certificate and key ({problem})")
+    c.check_unknown()
+    return cert
+
+
 def _read_listener(s: _Section) -> Listener:
     host, port = s.get("address", ("127.0.0.1", 8080), parse_address, "")
     if bind_address(host) is None:
         s.fail("address", f"a host name that resolves to an IPv4 address, got {host!r}")
-    certs = []
-    for c in s.tables("certificate"):
-        names = c.strings("names")
-        cert = Certificate(c.readable_file("cert", True), c.readable_file("key", True), names)
-        if cert.cert and cert.key and os.path.isfile(cert.cert) and os.path.isfile(cert.key):
-            problem = certificate_problem(cert)
-            if problem:
-                c.fail("", f"a matching PEM certificate and key ({problem})")
-        certs.append(cert)
-        c.check_unknown()
+    certs = [read_certificate(c) for c in s.tables("certificate")]
     listener = Listener(host, port, tuple(certs),
                         redirect_https=s.bool("redirect_https", False),
                         https_port=s.int("https_port", 443, 1, 65535),
@@ -653,7 +656,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     trusted = client_ip.get("trusted_proxies", (), _cidr_list, "")
     client_ip.check_unknown()
     auth = read_auth(top.table("auth"))
-    admin = read_admin(top.table("admin"), parse_address)
+    admin = read_admin(top.table("admin"), parse_address, read_certificate)
     top.check_unknown()
     if not listeners:
         problems.append(f"{file}: listen: expected at least one [[listen]] table")

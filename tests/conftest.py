@@ -21,7 +21,7 @@ import trustme
 
 REPO = Path(__file__).resolve().parent.parent
 _LISTEN = re.compile(r"listening on (https?)://(\S+):(\d+)")
-_ADMIN = re.compile(r"admin API on http://\S+:(\d+) ")
+_ADMIN = re.compile(r"admin API on https?://\S+:(\d+) ")
 
 
 class Server:

@@ -838,3 +838,33 @@ def test_metrics_count_http2_answers(start_server, certs):
         assert shown[pem]["names"] == names and shown[pem]["expires_in_days"] > 300
     expiry = {l["file"]: v for l, v in samples["nestgate_certificate_expiry_seconds"]}
     assert expiry == {pem: c["not_after"] for pem, c in shown.items()}
+
+
+def test_the_admin_listener_over_https(tmp_path, certs):
+    import ssl
+    from conftest import Server
+    cert, key = certs["local"]
+    config = tmp_path / "nestgate.toml"
+    config.write_text(CONFIG.format(body="x", admin=(
+        f'[admin]\ntoken = "{TOKEN}"\ncertificate = {{ cert = "{cert}", key = "{key}" }}')))
+    env = _env() | {"NESTGATE_ADMIN": f"127.0.0.1:{free_port()}"}
+    server = Server(config, env=env)
+    try:
+        assert "admin API on https://" in server.wait_for("admin API on")
+        admin = server.admin_port()
+        ctx = ssl.create_default_context(cafile=certs["ca"])
+        conn = http.client.HTTPSConnection("127.0.0.1", admin, timeout=5, context=ctx)
+        conn.request("GET", "/v1/status", headers={"Authorization": f"Bearer {TOKEN}"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and json.loads(resp.read())["pid"] == server.proc.pid
+        conn.close()
+        with socket.create_connection(("127.0.0.1", admin), timeout=5) as raw:  # clear text
+            raw.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert not raw.recv(100).startswith(b"HTTP/1.1 200")
+        poll(lambda: ctl("ready", "--config", str(config), env=env), lambda r: r.returncode == 0)
+        result = ctl("status", "--config", str(config), env=env)   # trusts the cert file
+        assert result.returncode == 0 and "generation 1 (serving):" in result.stdout
+        result = ctl("status", "--config", str(config), "--cafile", certs["other"][0], env=env)
+        assert result.returncode == 3 and "CERTIFICATE_VERIFY_FAILED" in result.stderr
+    finally:
+        server.stop()

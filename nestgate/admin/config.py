@@ -5,6 +5,7 @@
     address = "127.0.0.1:7998"     # fn-knock's port; NESTGATE_ADMIN overrides it (or "off")
     token = "..."                  # or token_file = "admin.token", or NESTGATE_ADMIN_TOKEN
     audit_log = "admin-audit.log"  # the changes made through the API; "-" (stderr) default
+    certificate = { cert = "admin.pem", key = "admin.key" }   # optional: HTTPS
 
 Without a token the listener answers loopback clients only; with one, every endpoint
 but liveness needs `Authorization: Bearer <token>`.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ADDRESS_ENV = "NESTGATE_ADMIN"        # like Caddy's CADDY_ADMIN: an address, or "off"
 TOKEN_ENV = "NESTGATE_ADMIN_TOKEN"
@@ -30,13 +32,14 @@ class AdminConfig:
     token: str = ""
     audit_log: str = "-"              # a file for the API's changes; "-" is stderr
     key: str = "admin.address"        # where the address was set, for bind errors
+    certificate: Any = None           # nestgate.config.Certificate: the listener is HTTPS
 
     @property
     def scheme(self) -> str:
-        return "http"
+        return "https" if self.certificate is not None else "http"
 
 
-def read_admin(s, parse_address) -> AdminConfig:
+def read_admin(s, parse_address, read_certificate) -> AdminConfig:
     """The table as written, then the environment's overrides (which a deployment sets
     without editing the file: a container's port, a secret from the service manager)."""
     d = AdminConfig()
@@ -75,5 +78,6 @@ def read_admin(s, parse_address) -> AdminConfig:
         if Path(audit_log).is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
             s.fail("audit_log", "a file in a writable directory, or \"-\" for stderr",
                    audit_log)
+    certificate = read_certificate(s.table("certificate")) if "certificate" in s.data else None
     s.check_unknown()
-    return AdminConfig(enabled, host, port, token, audit_log or "-", key)
+    return AdminConfig(enabled, host, port, token, audit_log or "-", key, certificate)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import ssl
 import sys
 import time
 from urllib.parse import quote
@@ -40,6 +41,8 @@ def ctl_main(argv: list[str]) -> int:
     parser.add_argument("--config", metavar="FILE", help="the server's config file")
     parser.add_argument("--address", metavar="HOST:PORT", help="the admin listener")
     parser.add_argument("--token", help="the admin token (default: the config's)")
+    parser.add_argument("--cafile", help="HTTPS: the certificate (or CA) to trust "
+                        "(default: [admin] certificate's cert; with --address: plain HTTP)")
     parser.add_argument("--json", action="store_true", help="print the API's JSON as it is")
     args = parser.parse_args(argv)
 
@@ -48,11 +51,13 @@ def ctl_main(argv: list[str]) -> int:
         parser.print_usage(sys.stderr)
         return CONFIG_PROBLEMS
     method, path, payload = request
-    host, port, token = _target(args)
+    host, port, token, certificate = _target(args)
     if host is None:
         return CONFIG_PROBLEMS
     try:
-        conn = http.client.HTTPConnection(host, port, timeout=90)
+        conn = http.client.HTTPConnection(host, port, timeout=90) if not certificate else \
+            http.client.HTTPSConnection(host, port, timeout=90,
+                                        context=pinned_context(certificate))
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         if payload is not None:
             headers["Content-Type"] = "application/json"
@@ -133,30 +138,41 @@ def _when(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
-def _target(args) -> tuple[str | None, int, str]:
+def pinned_context(cert_file: str) -> ssl.SSLContext:
+    """TLS to the admin listener trusting exactly the configured certificate (the
+    address is usually loopback, which the certificate need not name)."""
+    ctx = ssl.create_default_context(cafile=cert_file)
+    ctx.check_hostname = False        # the certificate itself is the trust anchor
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN   # a leaf may be its own anchor
+    return ctx
+
+
+def _target(args) -> tuple[str | None, int, str, str]:
     if args.address:
         from nestgate.config import parse_address
         try:
             host, port = parse_address(args.address)
         except ValueError as exc:
             print(f"nestgate ctl: --address: expected {exc}", file=sys.stderr)
-            return None, 0, ""
-        return host, port, args.token or ""
+            return None, 0, "", ""
+        return host, port, args.token or "", args.cafile or ""
     from nestgate.cli import report_config_problems
     from nestgate.config import ConfigError, read_config
     try:
         config = read_config(args.config)
     except ConfigError as exc:
         report_config_problems(exc)
-        return None, 0, ""
+        return None, 0, "", ""
     admin = config.admin
     if not admin.enabled:
         print(f"nestgate ctl: {config.source}: the admin listener is off "
               "([admin] enabled = false or NESTGATE_ADMIN=off)", file=sys.stderr)
-        return None, 0, ""
+        return None, 0, "", ""
     host = "127.0.0.1" if admin.host in ("0.0.0.0", "") else \
         "::1" if admin.host == "::" else admin.host
-    return host, admin.port, args.token or admin.token
+    certificate = admin.certificate.cert if admin.certificate is not None else ""
+    return host, admin.port, args.token or admin.token, args.cafile or certificate
 
 
 def _status_text(status: dict) -> str:

@@ -62,7 +62,7 @@ class AdminKeeper:
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         access = "bearer token required" if admin.token else \
             "no token set: loopback clients only"
-        say(f"admin API on http://{shown} ({access})")
+        say(f"admin API on {admin.scheme}://{shown} ({access})")
 
     def config_changed(self, config, say) -> None:
         """A reload is serving: the admin process runs with the new config's token."""
@@ -74,8 +74,9 @@ class AdminKeeper:
         if (config.admin.host, config.admin.port, config.admin.enabled) != \
                 (old.admin.host, old.admin.port, old.admin.enabled):
             say("warning: [admin] address or enabled changed: it takes effect at restart")
-        if config.admin.token != old.admin.token and self.pid:
-            _signal(self.pid, signal.SIGTERM)      # restarted with the new token
+        if (config.admin.token, config.admin.certificate) != \
+                (old.admin.token, old.admin.certificate) and self.pid:
+            _signal(self.pid, signal.SIGTERM)      # restarted with the new token or cert
 
     # ------------------------------------------------------------ the process
     def fork(self, ready_w: int, close_in_child) -> None:

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from nestgate.admin.api import AdminState, admin_router
 from nestgate.config import Listener
+from nestgate.tls import server_context
 from nestgate.worker import run_worker
 
 REPORT_MAX = 1 << 20         # bytes of one report datagram
@@ -19,7 +20,10 @@ ADMIN_PROCESS_NAME = "nestgate-admin"
 
 
 def admin_listener(admin) -> Listener:
-    return Listener(admin.host, admin.port, key=admin.key)
+    """The admin address as a listener: HTTPS with `[admin] certificate`, HTTP/1.1 only
+    (curl, Prometheus and the ctl speak it; there is nothing for HTTP/2 to speed up)."""
+    certificates = (admin.certificate,) if admin.certificate is not None else ()
+    return Listener(admin.host, admin.port, certificates, http2=False, key=admin.key)
 
 
 def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_fd: int):
@@ -57,8 +61,10 @@ def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_
     router.services.append(Reports())
     # The admin's own requests are not the sites' traffic: they go to no request log,
     # and X-Forwarded-For is never believed on it.
-    run_worker(replace(config, trusted_proxies=()), [(admin_listener(config.admin), sock)],
-               {}, ready_fd, router=router, log_requests=False)
+    listener = admin_listener(config.admin)
+    contexts = {listener: server_context(listener)} if listener.tls else {}
+    run_worker(replace(config, trusted_proxies=()), [(listener, sock)],
+               contexts, ready_fd, router=router, log_requests=False)
 
 
 def process_name() -> str:
