@@ -788,6 +788,9 @@ def test_metrics_count_answers_by_site_route_and_code_across_a_reload(start_serv
     assert shown["/app/*"]["healthy"] is True and shown["/app/*"]["last_check"] is None
     assert shown["/dead/*"]["healthy"] is False and shown["/dead/*"]["failing_in_workers"] == 2
     assert shown["/dead/*"]["last_check"] > time.time() - 10
+    status, _h, page = page_get(admin)                  # the status page shows them too
+    assert status == 200 and f"<td>{up.url}</td><td class=\"\">healthy</td>" in page
+    assert "failing in 2 workers" in page and "<td>no TLS listener</td>" in page
 
     server.config_path.write_text(ANSWERS_SITE.format(body="two", upstream=up.url, dead=dead))
     mark = len(server.lines)
@@ -838,6 +841,8 @@ def test_metrics_count_http2_answers(start_server, certs):
         assert shown[pem]["names"] == names and shown[pem]["expires_in_days"] > 300
     expiry = {l["file"]: v for l, v in samples["nestgate_certificate_expiry_seconds"]}
     assert expiry == {pem: c["not_after"] for pem, c in shown.items()}
+    page = page_get(server.admin_port())[2]
+    assert "<td>127.0.0.1:" in page and "<td>other.test</td>" in page and " days)</td>" in page
 
 
 def test_the_admin_listener_over_https(tmp_path, certs):

@@ -182,6 +182,20 @@ class StatusPage:
             f"<tr><td>{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['at']))}</td>"
             f"<td class=\"{'' if r['ok'] else 'bad'}\">{'ok' if r['ok'] else 'refused'}</td>"
             f"<td>{esc(r['message'])}</td></tr>" for r in reversed(status["reloads"]))
+        upstreams = "".join(
+            f"<tr><td>{esc(u['route'])}</td><td>{esc(u['upstream'])}</td>"
+            f"<td class=\"{'' if u['healthy'] else 'bad'}\">"
+            f"{'healthy' if u['healthy'] else 'failing in %d workers' % u['failing_in_workers']}"
+            f"</td><td>{u['requests']:,}</td><td>{u['errors']:,}</td></tr>"
+            for u in self.state.answers.upstreams())
+        now = time.time()
+        certificates = "".join(
+            f"<tr><td>{esc(c['listener'])}</td><td>{esc(', '.join(c['names']))}</td>"
+            + (f"<td class=\"bad\">{esc(c['error'])}</td>" if "error" in c else
+               f"<td class=\"{'bad' if c['not_after'] - now < 14 * 86400 else ''}\">"
+               f"{time.strftime('%Y-%m-%d', time.gmtime(c['not_after']))} "
+               f"({(c['not_after'] - now) / 86400:.0f} days)</td>") + "</tr>"
+            for c in self.state.report.get("certificates", ()))
         counts = self.store_counts()
         state = ("<p>No [auth] store: no allow-list or sessions.</p>" if counts is None else
                  f"<p>{counts[0]} allow-list entries, {counts[1]} live sessions.</p>")
@@ -192,6 +206,12 @@ class StatusPage:
                 "<h2>Workers</h2><table><tr><th>generation</th><th>pid</th><th>state</th>"
                 "<th>uptime</th><th>requests</th><th>connections</th><th>restarts</th></tr>"
                 f"{''.join(rows)}</table><h2>Listeners</h2><ul>{listeners}</ul>"
+                "<h2>Upstreams</h2><table><tr><th>route</th><th>upstream</th><th>health</th>"
+                f"<th>requests</th><th>errors</th></tr>"
+                f"{upstreams or '<tr><td>no proxy routes</td></tr>'}</table>"
+                "<h2>Certificates</h2><table><tr><th>listener</th><th>names</th>"
+                f"<th>expires</th></tr>{certificates or '<tr><td>no TLS listener</td></tr>'}"
+                "</table>"
                 f"<h2>Gateway state</h2>{state}"
                 f"<h2>Reloads</h2><table>{reloads or '<tr><td>none yet</td></tr>'}</table>")
 
