@@ -522,7 +522,8 @@ def test_sessions_are_listed_and_revoked_on_every_worker(start_server, upstream,
     status, listed = admin_call(admin, "GET", "/v1/sessions")
     assert status == 200 and [s["user"] for s in listed["sessions"]] == ["demo", "demo"]
     first = listed["sessions"][0]
-    assert set(first) == {"id", "user", "client", "created", "expires"}
+    assert set(first) == {"id", "user", "client", "created", "last_seen", "expires"}
+    assert first["last_seen"] == first["created"]            # signed in, not used since
     assert first["client"] == "127.0.0.1" and len(first["id"]) == 16
     for browser in (alice, again):            # the id is not the cookie's token
         assert first["id"] not in browser.jar["nestgate_session"]
@@ -531,6 +532,16 @@ def test_sessions_are_listed_and_revoked_on_every_worker(start_server, upstream,
         return {browser.request("GET", "/echo")[0].status for _ in range(6)}
 
     assert statuses(alice) == {200} and statuses(again) == {200}
+    # Use is written as last_seen, at most once a minute per session (store.SEEN_EVERY).
+    import sqlite3
+    db = sqlite3.connect(str(tmp_path / "state.db"), isolation_level=None)
+    db.execute("UPDATE sessions SET last_seen = last_seen - 120")     # two minutes ago
+    db.close()
+    time.sleep(1.1)                                      # past the workers' RECHECK
+    assert statuses(alice) == {200}
+    seen = poll(lambda: admin_call(admin, "GET", "/v1/sessions")[1]["sessions"],
+                lambda rows: max(r["last_seen"] for r in rows) > time.time() - 10)
+    assert sum(r["last_seen"] > time.time() - 10 for r in seen) == 1   # alice's only
     revoked = next(s for s in listed["sessions"]
                    if s["id"] == first["id"])
     assert admin_call(admin, "DELETE", f"/v1/sessions/{revoked['id']}") == (204, None)

@@ -107,3 +107,21 @@ def test_a_store_that_cannot_be_made_stops_the_start(tmp_path):
                          capture_output=True, text=True, timeout=60, env=_env())
     assert out.returncode == 1
     assert f"cannot start: store {tmp_path / 'state.db'}: file is not a database" in out.stderr
+
+
+def test_a_store_from_an_older_version_gains_the_new_columns(tmp_path):
+    path = str(tmp_path / "old.db")
+    old = sqlite3.connect(path, isolation_level=None)
+    old.execute("PRAGMA journal_mode=WAL")
+    old.execute("CREATE TABLE sessions (token_hash BLOB PRIMARY KEY, user TEXT NOT NULL, "
+                "created REAL NOT NULL, expires REAL NOT NULL, ip TEXT NOT NULL DEFAULT '')")
+    old.execute("INSERT INTO sessions VALUES (x'01', 'ops', 1.0, 4102444800.0, '10.0.0.1')")
+    old.close()
+    store = Store(path)
+    try:
+        assert store.ready()
+        assert store.live_sessions() == [(b"\x01", "ops", 1.0, 4102444800.0, "10.0.0.1", 0.0)]
+        assert store.session(b"\x01") == ("ops", 4102444800.0)        # seen: written now
+        assert store.live_sessions()[0][5] > 1_000_000_000
+    finally:
+        store.close()

@@ -99,7 +99,8 @@ def ctl_main(argv: list[str]) -> int:
         print(answer["id"])
     elif args.what == "sessions":
         for s in answer["sessions"]:
-            print(f"{s['id']}  {s['user']:<16}  {s['client']:<40}  until {_when(s['expires'])}")
+            print(f"{s['id']}  {s['user']:<16}  {s['client']:<40}  "
+                  f"seen {_when(s['last_seen'])}  until {_when(s['expires'])}")
     elif args.what == "revoke":
         print(f"revoked {answer['revoked']}")
     elif args.what == "ready":

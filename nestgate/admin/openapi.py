@@ -52,8 +52,9 @@ _STATUS = _obj({
 }, ("version", "generations", "listeners", "reloads"))
 _ALLOW_ENTRY = _obj({"id": _INT, "cidr": _STR, "expires": _NUM, "comment": _STR},
                     ("id", "cidr", "expires", "comment"))
-_SESSION = _obj({"id": _STR, "user": _STR, "client": _STR, "created": _NUM, "expires": _NUM},
-                ("id", "user", "client", "created", "expires"))
+_SESSION = _obj({"id": _STR, "user": _STR, "client": _STR, "created": _NUM,
+                 "last_seen": _NUM, "expires": _NUM},
+                ("id", "user", "client", "created", "last_seen", "expires"))
 _CHANGE = _obj({"added": {"type": "array", "items": _STR},
                 "removed": {"type": "array", "items": _STR}}, ("added", "removed"))
 

@@ -164,8 +164,9 @@ class Sessions(StoreEndpoint):
                 store.close()
             await self.reply(request, 200, {"sessions": [
                 {"id": hashed.hex()[:SESSION_ID_HEX], "user": user, "client": ip,
-                 "created": round(created, 3), "expires": round(expires, 3)}
-                for hashed, user, created, expires, ip in rows]})
+                 "created": round(created, 3), "last_seen": round(seen, 3),
+                 "expires": round(expires, 3)}
+                for hashed, user, created, expires, ip, seen in rows]})
         else:
             return "GET, HEAD"
         return ""

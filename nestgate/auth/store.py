@@ -35,7 +35,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     token_hash BLOB PRIMARY KEY, user TEXT NOT NULL, created REAL NOT NULL,
-    expires REAL NOT NULL, ip TEXT NOT NULL DEFAULT '');
+    expires REAL NOT NULL, ip TEXT NOT NULL DEFAULT '', last_seen REAL NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS failures (ip TEXT NOT NULL, at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS failures_ip ON failures (ip, at);
 CREATE TABLE IF NOT EXISTS allow (
@@ -47,6 +47,10 @@ CREATE TABLE IF NOT EXISTS account_failures (
 CREATE TABLE IF NOT EXISTS known_addresses (
     user TEXT NOT NULL, ip TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (user, ip));
 """
+# Columns added after a table was first made: (table, column, definition). `migrate`
+# adds the missing ones to a store made by an older version.
+_ADDED_COLUMNS = (("sessions", "last_seen", "REAL NOT NULL DEFAULT 0"),)
+SEEN_EVERY = 60.0            # seconds: a session's last_seen is written at most this often
 ACCOUNT_MEMORY = 24 * 3600.0   # an account's failures are forgotten after a day of none
 KNOWN_FOR = 90 * 24 * 3600.0   # an address a user signed in from stays known this long
 
@@ -75,7 +79,15 @@ class Store:
         if self.db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             return False
         names = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master")}
-        return SCHEMA_NAMES <= names
+        return SCHEMA_NAMES <= names and not self._missing_columns()
+
+    def _missing_columns(self) -> list[tuple[str, str, str]]:
+        missing = []
+        for table, column, definition in _ADDED_COLUMNS:
+            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+            if have and column not in have:
+                missing.append((table, column, definition))
+        return missing
 
     def migrate(self) -> None:
         """WAL mode and the tables. Meant for one process at a time (`prepare_store`);
@@ -83,6 +95,8 @@ class Store:
         comes here on its own."""
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(_SCHEMA)
+        for table, column, definition in self._missing_columns():
+            self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 
     def close(self) -> None:
         self.db.close()
@@ -98,20 +112,32 @@ class Store:
 
     # ------------------------------------------------------ sessions
     def create_session(self, hashed: bytes, user: str, expires: float, ip: str) -> None:
-        self.db.execute("INSERT INTO sessions (token_hash, user, created, expires, ip) "
-                        "VALUES (?, ?, ?, ?, ?)", (hashed, user, time.time(), expires, ip))
+        now = time.time()
+        self.db.execute("INSERT INTO sessions (token_hash, user, created, expires, ip, "
+                        "last_seen) VALUES (?, ?, ?, ?, ?, ?)",
+                        (hashed, user, now, expires, ip, now))
 
     def session(self, hashed: bytes) -> tuple[str, float] | None:
-        row = self.db.execute("SELECT user, expires FROM sessions WHERE token_hash = ? "
-                              "AND expires > ?", (hashed, time.time())).fetchone()
-        return (row[0], row[1]) if row else None
+        """(user, expires) of a live session, which is seen now: its `last_seen` is
+        written when older than SEEN_EVERY (workers ask once per `portal.RECHECK` per
+        session in use, so a busy session costs one write a minute)."""
+        now = time.time()
+        row = self.db.execute("SELECT user, expires, last_seen FROM sessions "
+                              "WHERE token_hash = ? AND expires > ?", (hashed, now)).fetchone()
+        if row is None:
+            return None
+        if now - row[2] >= SEEN_EVERY:
+            self.db.execute("UPDATE sessions SET last_seen = ? WHERE token_hash = ?",
+                            (now, hashed))
+        return row[0], row[1]
 
     def delete_session(self, hashed: bytes) -> None:
         self.db.execute("DELETE FROM sessions WHERE token_hash = ?", (hashed,))
 
-    def live_sessions(self) -> list[tuple[bytes, str, float, float, str]]:
-        return self.db.execute("SELECT token_hash, user, created, expires, ip FROM sessions "
-                               "WHERE expires > ? ORDER BY created", (time.time(),)).fetchall()
+    def live_sessions(self) -> list[tuple[bytes, str, float, float, str, float]]:
+        return self.db.execute("SELECT token_hash, user, created, expires, ip, last_seen "
+                               "FROM sessions WHERE expires > ? ORDER BY created",
+                               (time.time(),)).fetchall()
 
     def delete_session_by_id(self, hex_prefix: str) -> bool:
         """Revoke the session whose token hash begins with `hex_prefix` (the id the admin
