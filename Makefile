@@ -16,8 +16,8 @@ serve: $(STAMP)
 	$(PY) -m nestgate serve
 
 # Debian tools the tests and benchmarks drive (nginx as a peer and upstream, Caddy as a
-# peer, wrk, h2load, headless Chromium for the pages). Installed only when missing and
-# only when running as root.
+# peer, wrk, h2load, headless Chromium for the pages, promtool from the prometheus
+# package for the metrics). Installed only when missing and only when running as root.
 debian-deps:
 	@missing=""; \
 	command -v nginx  >/dev/null || missing="$$missing nginx-light"; \
@@ -25,6 +25,7 @@ debian-deps:
 	command -v wrk    >/dev/null || missing="$$missing wrk"; \
 	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

@@ -825,9 +825,7 @@ class HTTP1Connection(asyncio.Protocol):
                 and self._active is None and not self._queue and not self.write_paused:
             # The common case, answered from here: a ready response, nothing ahead of it.
             handler.write_to(self.transport, KEEP_ALIVE_EXPLICIT, method == b"HEAD")
-            codes = route.tally.codes       # RouteTally.count, inline
-            status = handler.status
-            codes[status] = codes.get(status, 0) + 1
+            route.tally.codes[handler.status] += 1     # RouteTally.count, inline
             return
 
         if not kind:                             # a ready response

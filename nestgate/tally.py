@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
+from collections import defaultdict
 
 from nestgate.clock import CLOCK
 
@@ -57,17 +58,16 @@ class RouteTally:
     def __init__(self, site: str, label: str, times: SiteTimes) -> None:
         self.site = site
         self.label = label
-        self.codes: dict[int, int] = {}
+        # A defaultdict: `codes[status] += 1` stays in C (about half the cost of
+        # `codes.get(status, 0) + 1` on this path).
+        self.codes: defaultdict[int, int] = defaultdict(int)
         self.times = times
 
     def count(self, status: int) -> None:
-        codes = self.codes
-        codes[status] = codes.get(status, 0) + 1
+        self.codes[status] += 1
 
     def timed(self, status: int, seconds: float) -> None:
-        status = status or CLIENT_GONE
-        codes = self.codes
-        codes[status] = codes.get(status, 0) + 1
+        self.codes[status or CLIENT_GONE] += 1
         self.times.observe(seconds)
 
 
@@ -78,6 +78,7 @@ class Tally:
         self.routes: dict[tuple[str, str], RouteTally] = {}
         self.sites: dict[str, SiteTimes] = {}
         self.proxies: list = []          # ProxyHandlers: their targets' figures
+        self.control = 0                 # the operator's requests applied (control.py)
 
     def route(self, site: str, label: str) -> RouteTally:
         found = self.routes.get((site, label))
@@ -95,11 +96,12 @@ class Tally:
             "routes": [[t.site, t.label, t.codes] for t in self.routes.values() if t.codes],
             "sites": {site: [*times.buckets, times.sum, times.count]
                       for site, times in self.sites.items() if times.count},
-            # route, upstream, healthy (active check), taken out (passive), requests,
-            # errors, retries, last check (wall clock, 0: none)
+            # route, upstream, healthy (active check, not drained), taken out (passive),
+            # requests, errors, retries, last check (wall clock, 0: none), drained
             "upstreams": [[proxy.label, t.name, t.healthy, now < t.down_until, t.requests,
-                           t.errors, t.retries, t.checked]
+                           t.errors, t.retries, t.checked, t.drained]
                           for proxy in self.proxies for t in proxy.targets],
+            "control": self.control,
         }, separators=(",", ":")).encode()
 
 

@@ -23,6 +23,7 @@ from nestgate.http1 import HTTP1Connection, ProxyProtocolConnection
 from nestgate.http2 import ALPNSwitch, HTTP2Connection
 from nestgate.proxytls import ProxyThenTLS, TLSHandshake
 from nestgate.site import build_router, https_redirect_router
+from nestgate.control import CONTROLS
 from nestgate.tally import TALLY
 
 _PR_SET_PDEATHSIG = 1
@@ -202,6 +203,8 @@ class Worker:
                     tls, handshakes, CLOCK.wall)
         if not self.tally_shown:
             return                  # the admin process: its own requests are not the sites'
+        CONTROLS.poll(table)
+        TALLY.control = CONTROLS.seq
         if not table.write_tally(slot, TALLY.snapshot()) and not self.tally_too_big:
             self.tally_too_big = True
             print(f"nestgate: worker {os.getpid()}: the answer counts outgrew their "

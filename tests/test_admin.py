@@ -307,7 +307,7 @@ def test_ctl_reads_the_address_and_token_from_the_config(tmp_path):
         result = ctl("ready", "--config", str(config), env=env)
         assert (result.returncode, result.stdout) == (0, "ready\n")
         result = ctl("metrics", "--config", str(config), env=env)
-        assert result.returncode == 0 and "# TYPE nestgate_requests_served counter" in result.stdout
+        assert result.returncode == 0 and "# TYPE nestgate_requests_served_total counter" in result.stdout
         config.write_text(config.read_text().replace('body = "x"', 'body = "y"\nbogus = 1'))
         # A broken file is refused before the server is asked (ctl reads it for the
         # address and token): the same problems, exit 2; the server is not touched.
@@ -781,6 +781,23 @@ def test_metrics_count_answers_by_site_route_and_code_across_a_reload(start_serv
     sums = {l["site"]: v for l, v in samples["nestgate_request_duration_seconds_sum"]}
     assert 0 < sums["main"] < 7 * 5                # only the 7 proxied answers were timed
 
+    # Drained by hand: no new request goes to it in any worker; then back.
+    app = {"route": "/app/*", "upstream": up.url}
+    assert admin_call(admin, "POST", "/v1/upstreams/drain", app, token="") == \
+        (200, {"applied_by_workers": 2, **app})
+    assert {site_get(port, "/app/hi")[0] for _ in range(6)} == {502}
+    listed = {u["route"]: u for u in admin_call(admin, "GET", "/v1/upstreams", token="")[1][
+        "upstreams"]}
+    assert listed["/app/*"]["drained"] is True and listed["/app/*"]["healthy"] is False
+    assert admin_call(admin, "POST", "/v1/upstreams/undrain", app, token="")[0] == 200
+    assert {site_get(port, "/app/hi") for _ in range(6)} == {(200, b"hi")}
+    assert admin_call(admin, "POST", "/v1/upstreams/drain",
+                      {"route": "/app/*", "upstream": "http://nowhere:1"}, token="")[0] == 404
+    assert admin_call(admin, "POST", "/v1/upstreams/drain", {"route": 1}, token="")[0] == 422
+    assert admin_call(admin, "GET", "/v1/upstreams/drain", token="")[0] == 405
+    expected[("main", "/app/*", "502")] = 6
+    expected[("main", "/app/*", "200")] += 6
+
     # A reload replaces both workers: what they counted is kept, and new answers add up.
     # Upstreams: counted over the workers, and their health shown in /v1/ready (which
     # an unhealthy upstream does not fail).
@@ -819,6 +836,19 @@ def test_metrics_count_answers_by_site_route_and_code_across_a_reload(start_serv
     after = poll(lambda: scrape(admin)[2],
                  lambda s: answers(s).get(("main", "/", "200"), 0) >= served)
     assert answers(after) == {**expected, ("main", "/", "200"): served}
+    # promtool (Debian's prometheus package, installed by `make test`) accepts it all.
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is installed by `make test` (debian-deps)"
+    conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=5)
+    conn.request("GET", "/metrics")
+    exposition = conn.getresponse().read()
+    conn.close()
+    linted = subprocess.run([promtool, "check", "metrics"], input=exposition,
+                            capture_output=True, timeout=30)
+    assert linted.returncode == 0, linted.stdout.decode() + linted.stderr.decode()
+    assert {u["route"]: u["drained"] for u in admin_call(admin, "GET", "/v1/upstreams",
+                                                        token="")[1]["upstreams"]} == \
+        {"/app/*": False, "/dead/*": False}
 
 
 def test_metrics_count_http2_answers(start_server, certs):
@@ -884,3 +914,44 @@ def test_the_admin_listener_over_https(tmp_path, certs):
         assert result.returncode == 3 and "CERTIFICATE_VERIFY_FAILED" in result.stderr
     finally:
         server.stop()
+
+
+NOTES_SITE = """
+[server]
+workers = 2
+
+[[listen]]
+address = "127.0.0.1:0"
+
+[[site]]
+hosts = ["*"]
+base_url = "http://notes.test"
+
+[site.notes]
+dir = "{notes}"
+"""
+
+
+def test_notes_are_purged_and_read_again_through_the_api(start_server, tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    note = folder / "hello.md"
+    note.write_text("---\ntitle: Hello\ndate: 2026-01-01\n---\n\nfirst text\n")
+    server = start_server(NOTES_SITE.format(notes=folder))
+    admin, port = server.admin_port(), server.port()
+    assert all(b"first text" in site_get(port, "/notes/hello")[1] for _ in range(6))
+    # An edit that keeps the file's size and mtime: the folder check cannot see it.
+    st = note.stat()
+    note.write_text(note.read_text().replace("first text", "fixed text"))
+    os.utime(note, ns=(st.st_atime_ns, st.st_mtime_ns))
+    time.sleep(1.5)                                   # two folder checks later
+    assert all(b"first text" in site_get(port, "/notes/hello")[1] for _ in range(6))
+    assert admin_call(admin, "POST", "/v1/notes/purge", token="") == \
+        (200, {"applied_by_workers": 2})
+    assert admin_call(admin, "POST", "/v1/notes/reread", token="") == \
+        (200, {"applied_by_workers": 2})
+    pages = [site_get(port, "/notes/hello")[1] for _ in range(8)]   # both workers
+    assert all(b"fixed text" in page for page in pages)
+    audit = [json.loads(line.split("nestgate: audit ", 1)[1])["action"]
+             for line in server.lines if "nestgate: audit " in line]
+    assert audit == ["notes.purge", "notes.reread"]

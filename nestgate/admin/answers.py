@@ -89,25 +89,29 @@ class AnswerCounts:
         health has not taken it out)."""
         counters = {key: list(values) for key, values in self.departed_upstreams.items()}
         usable: dict[tuple[str, str], list[bool]] = {}
+        drained: set[tuple[str, str]] = set()
         checked: dict[tuple[str, str], float] = {}
         for snapshot in self.latest.values():
             _add_upstreams(counters, snapshot)
-            for route, url, healthy, taken_out, *_counts, last_check in \
+            for route, url, healthy, taken_out, _r, _e, _t, last_check, is_drained in \
                     snapshot.get("upstreams", ()):
                 usable.setdefault((route, url), []).append(healthy and not taken_out)
                 checked[(route, url)] = max(checked.get((route, url), 0.0), last_check)
+                if is_drained:
+                    drained.add((route, url))
         shown = []
         for (route, url), views in sorted(usable.items()):
             requests, errors, retries = counters.get((route, url), (0, 0, 0))
             shown.append({"route": route, "upstream": url, "healthy": all(views),
                           "failing_in_workers": views.count(False),
+                          "drained": (route, url) in drained,
                           "last_check": checked[(route, url)] or None,
                           "requests": requests, "errors": errors, "retries": retries})
         return shown
 
 
 def _add_upstreams(counters: dict, snapshot: dict) -> None:
-    for route, url, _healthy, _taken_out, requests, errors, retries, _checked in \
+    for route, url, _healthy, _taken_out, requests, errors, retries, *_rest in \
             snapshot.get("upstreams", ()):
         have = counters.setdefault((route, url), [0, 0, 0])
         have[0] += requests

@@ -26,6 +26,7 @@ from nestgate.admin import metrics, openapi
 from nestgate.admin.answers import AnswerCounts
 from nestgate.admin.stateapi import AllowList, Sessions
 from nestgate.admin.configapi import ConfigAPI
+from nestgate.admin.operations import Operations
 from nestgate.clock import CLOCK
 from nestgate.handlers import GATED
 from nestgate.responses import Prebuilt
@@ -195,6 +196,12 @@ class AdminState:
             return 503, {"ready": False, "reasons": reasons, **shown}
         return 200, {"ready": True, "generation": self.report.get("generation"), **shown}
 
+    def serving_pids(self) -> list[int]:
+        """The workers of the serving generation that are up."""
+        current = self.report.get("generation")
+        return [w["pid"] for g in self.report.get("generations", ()) if g["number"] == current
+                for w in g["workers"] if w["pid"]]
+
     def not_ready(self) -> list[str]:
         report = self.report
         if not report:
@@ -294,6 +301,10 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     site.add_exact("/v1/sessions", sessions)
     site.add_exact("/v1/sessions/{id}", sessions)
     site.add_exact("/v1/users/{user}/sessions", sessions)
+    operations = Operations(state, error, reply)
+    for path in ("/v1/notes/purge", "/v1/notes/reread", "/v1/upstreams",
+                 "/v1/upstreams/drain", "/v1/upstreams/undrain"):
+        site.add_exact(path, operations)
     settings = ConfigAPI(state, config, error, reply)
     for path in ("/v1/config", "/v1/config/validate", "/v1/config/reload"):
         site.add_exact(path, settings)

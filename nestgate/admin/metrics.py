@@ -22,9 +22,11 @@ class Exposition:
         self.lines: list[str] = []
 
     def family(self, name: str, kind: str, help_text: str, samples) -> None:
-        self.lines.append(f"# HELP nestgate_{name} {help_text}")
-        self.lines.append(f"# TYPE nestgate_{name} {kind}")
+        # Format 0.0.4 names a counter's HELP and TYPE by its samples' name, `_total`
+        # included (OpenMetrics would leave it out; promtool checks the former).
         suffix = "_total" if kind == "counter" else ""
+        self.lines.append(f"# HELP nestgate_{name}{suffix} {help_text}")
+        self.lines.append(f"# TYPE nestgate_{name}{suffix} {kind}")
         for labels, value in samples:
             shown = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
             self.lines.append(f"nestgate_{name}{suffix}{{{shown}}} {_number(value)}"

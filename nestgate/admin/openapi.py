@@ -30,6 +30,17 @@ _UPSTREAMS = {"type": "array", "items": _obj(
     {"route": _STR, "upstream": _STR, "healthy": _BOOL, "failing_in_workers": _INT,
      "last_check": {"type": ["number", "null"]}},
     ("route", "upstream", "healthy", "failing_in_workers", "last_check"))}
+_UPSTREAM_NAME = _obj({"route": _STR, "upstream": _STR}, ("route", "upstream"))
+_UPSTREAM_FULL = _obj(
+    {"route": _STR, "upstream": _STR, "healthy": _BOOL, "failing_in_workers": _INT,
+     "drained": _BOOL, "last_check": {"type": ["number", "null"]}, "requests": _INT,
+     "errors": _INT, "retries": _INT},
+    ("route", "upstream", "healthy", "failing_in_workers", "drained", "last_check",
+     "requests", "errors", "retries"))
+_UPSTREAM_CHANGE = {
+    "200": _json(_obj({"applied_by_workers": _INT, "route": _STR, "upstream": _STR},
+                      ("applied_by_workers", "route", "upstream")), "done"),
+    "404": _ERROR, "422": _ERROR, "504": _ERROR}
 _CERTIFICATES = {"type": "array", "items": _obj(
     {"listener": _STR, "file": _STR, "names": {"type": "array", "items": _STR},
      "not_after": _NUM, "expires_in_days": _NUM, "error": _STR},
@@ -112,6 +123,21 @@ PATHS = {
     "/v1/allow/{id}": {"delete": _op("Remove an entry", {
         "204": {"description": "removed"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
         parameters=("id",))},
+    "/v1/notes/purge": {"post": _op("Forget every rendered page in every worker", {
+        "200": _json(_obj({"applied_by_workers": _INT}, ("applied_by_workers",)), "done"),
+        "504": _ERROR})},
+    "/v1/notes/reread": {"post": _op("Read the notes folders again, and purge the pages", {
+        "200": _json(_obj({"applied_by_workers": _INT}, ("applied_by_workers",)), "done"),
+        "504": _ERROR})},
+    "/v1/upstreams": {"get": _op("The proxy routes' upstreams: health, drained, counters", {
+        "200": _json(_obj({"upstreams": {"type": "array", "items": _UPSTREAM_FULL}},
+                          ("upstreams",)), "the upstreams")})},
+    "/v1/upstreams/drain": {"post": _op(
+        "Send no new request to an upstream (those under way finish)", _UPSTREAM_CHANGE,
+        body={_JSON: {"schema": _UPSTREAM_NAME}})},
+    "/v1/upstreams/undrain": {"post": _op(
+        "Put a drained upstream back into picking", _UPSTREAM_CHANGE,
+        body={_JSON: {"schema": _UPSTREAM_NAME}})},
     "/v1/sessions": {"get": _op("The live sign-in sessions", {
         "200": _json(_obj({"sessions": {"type": "array", "items": _SESSION}}, ("sessions",)),
                      "the sessions"), "409": _ERROR, "503": _ERROR})},

@@ -13,8 +13,10 @@ listener's total, and the tick adds the open connections' counts to that.
 
 Beside each slot, a second table holds the worker's answer counts and durations
 (`nestgate.tally`) as a JSON blob of at most `TALLY_BYTES`, written on the same tick.
-A blob is framed by a sequence number made odd while it is written and even after,
-so the reader can tell a torn one and read again.
+One more blob goes the other way: the operator's requests (purge the pages, drain an
+upstream; nestgate/control.py), written by the admin process, read by every worker on
+its tick. A blob is framed by a sequence number made odd while it is written and even
+after, so the reader can tell a torn one and read again.
 """
 
 from __future__ import annotations
@@ -28,7 +30,33 @@ from dataclasses import dataclass
 _SLOT = struct.Struct("<qqdqqqqqd")
 SLOTS = 256                  # workers of every live generation, and room for restarts
 TALLY_BYTES = 64 * 1024      # a worker's tally blob; pages are touched only when used
+CONTROL_BYTES = 64 * 1024    # the admin process's requests to the workers
 _FRAME = struct.Struct("<QI")                # sequence, length
+
+
+def _write_frame(memory: mmap.mmap, base: int, size: int, data: bytes) -> bool:
+    """`data` at `base`, framed by a sequence number that is odd while it is written;
+    False (nothing written) when it does not fit in `size`."""
+    if len(data) > size - _FRAME.size:
+        return False
+    seq = _FRAME.unpack_from(memory, base)[0]
+    _FRAME.pack_into(memory, base, seq + 1, 0)
+    memory[base + _FRAME.size:base + _FRAME.size + len(data)] = data
+    _FRAME.pack_into(memory, base, seq + 2, len(data))
+    return True
+
+
+def _read_frame(memory: mmap.mmap, base: int) -> tuple[int, bytes | None]:
+    """(sequence, data) of a whole frame; data None if it was being written at every
+    try (sequence 0: never written)."""
+    for _ in range(5):
+        seq, length = _FRAME.unpack_from(memory, base)
+        if seq & 1:
+            continue
+        data = memory[base + _FRAME.size:base + _FRAME.size + length]
+        if _FRAME.unpack_from(memory, base)[0] == seq:
+            return seq, data
+    return 0, None
 
 
 @dataclass(frozen=True)
@@ -56,6 +84,7 @@ class WorkerTable:
         self.slots = slots
         self.memory = mmap.mmap(-1, _SLOT.size * slots)   # MAP_SHARED | MAP_ANONYMOUS
         self.tallies = mmap.mmap(-1, TALLY_BYTES * slots)
+        self.control = mmap.mmap(-1, CONTROL_BYTES)        # admin process -> workers
         self.taken: set[int] = set()                        # the supervisor's book
 
     # ---------------------------------------------------------- the supervisor
@@ -83,27 +112,20 @@ class WorkerTable:
 
     def write_tally(self, slot: int, data: bytes) -> bool:
         """The worker's tally blob; False (nothing written) when it does not fit."""
-        if slot < 0 or len(data) > TALLY_BYTES - _FRAME.size:
-            return False
-        base = slot * TALLY_BYTES
-        seq = _FRAME.unpack_from(self.tallies, base)[0]
-        _FRAME.pack_into(self.tallies, base, seq + 1, 0)              # odd: being written
-        self.tallies[base + _FRAME.size:base + _FRAME.size + len(data)] = data
-        _FRAME.pack_into(self.tallies, base, seq + 2, len(data))
-        return True
+        return slot >= 0 and _write_frame(self.tallies, slot * TALLY_BYTES, TALLY_BYTES, data)
+
+    def read_control(self) -> tuple[int, bytes | None]:
+        """(sequence, the operator's requests as JSON) from the admin process."""
+        return _read_frame(self.control, 0)
 
     # ---------------------------------------------------------- the admin process
     def read_tally(self, slot: int) -> bytes | None:
         """A slot's tally blob, whole; None if it was being written at every try."""
-        base = slot * TALLY_BYTES
-        for _ in range(5):
-            seq, length = _FRAME.unpack_from(self.tallies, base)
-            if seq & 1:
-                continue
-            data = self.tallies[base + _FRAME.size:base + _FRAME.size + length]
-            if _FRAME.unpack_from(self.tallies, base)[0] == seq:
-                return data
-        return None
+        return _read_frame(self.tallies, slot * TALLY_BYTES)[1]
+
+    def write_control(self, data: bytes) -> bool:
+        """The operator's requests for every worker (see nestgate/control.py)."""
+        return _write_frame(self.control, 0, CONTROL_BYTES, data)
 
     def read(self) -> list[WorkerFigures]:
         figures = []

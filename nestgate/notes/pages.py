@@ -38,6 +38,7 @@ import threading
 from urllib.parse import quote
 
 from nestgate.compress import Encoded
+from nestgate.control import CONTROLS
 from nestgate.handlers import PEEK
 from nestgate.handlers.static import send_ready
 from nestgate.notes.render import Renderer
@@ -75,6 +76,7 @@ class SitePages:
         self.by_slug: dict = {}
         self.by_tag: dict[str, list] = {}
         self._watching = False
+        CONTROLS.pages.append(self)      # the operator can purge them (admin API)
 
     # ------------------------------------------------------------ wiring
     def attach(self, routes) -> None:
@@ -218,6 +220,20 @@ class SitePages:
             old, _ = self.rendered.popitem(last=False)
             old.page = None
         self._register(page)
+
+    def reread(self) -> None:
+        """The admin API's re-read: every note parsed and rendered again, their kept
+        renderings included."""
+        if self.store is not None:
+            for slug in self.store.reread():
+                self.renderer.forget(slug)
+
+    def purge(self) -> None:
+        """Forget every rendered page (the admin API's purge): each renders again on
+        its next request."""
+        for page in self.rendered:
+            page.page = None
+        self.rendered.clear()
 
     def drop(self, page: CachedPage) -> None:
         page.page = None

@@ -197,6 +197,17 @@ class NoteStore:
             self.changed_outside()
         self._checked = signature
 
+    def reread(self) -> list[str]:
+        """Forget every note read so far, so the next scan parses each file again, even
+        one edited in a way its (inode, mtime, size) does not show (a tool that keeps
+        the mtime); this process's pages are then stale. The slugs forgotten."""
+        with self._lock:
+            slugs = list(self._notes)
+            self._notes = {}
+            self.scanned_signature = None
+        self.changed_outside()
+        return slugs
+
     # ---- reading
     def path(self, slug: str) -> str:
         return os.path.join(self.dir, slug + _SUFFIX)

@@ -10,7 +10,6 @@ check passes again.
 from __future__ import annotations
 
 import asyncio
-import time
 
 from nestgate.clock import CLOCK
 
@@ -54,11 +53,11 @@ class Balancer:
     async def check(self, target) -> None:
         opts = self.opts
         try:
-            target.healthy = 200 <= await asyncio.wait_for(
+            ok = 200 <= await asyncio.wait_for(
                 probe(target, opts.health_path), opts.health_timeout) < 400
         except (OSError, asyncio.TimeoutError, ValueError):
-            target.healthy = False
-        target.checked = time.time()
+            ok = False
+        target.checked_now(ok)
 
 
 async def probe(target, path: str) -> int:

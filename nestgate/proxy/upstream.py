@@ -27,6 +27,7 @@ after that, the only honest thing left is to cut the client connection.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httptools
 
@@ -634,7 +635,7 @@ class Target:
                  "idle", "open", "active", "max_idle", "max_connections", "fails",
                  "fail_since", "down_until", "healthy", "current", "max_fails", "fail_timeout",
                  "name", "conns", "private", "compress", "requests", "errors", "retries",
-                 "checked")
+                 "checked", "check_ok", "drained")
 
     def __init__(self, cfg, opts, ssl_context, private: bool = False) -> None:
         self.cfg = cfg
@@ -658,7 +659,11 @@ class Target:
         self.fails = 0
         self.fail_since = 0.0
         self.down_until = 0.0
-        self.healthy = True           # the active check's verdict
+        # `healthy` is what picking reads: the active check passes (`check_ok`) and the
+        # operator has not drained the target by hand (`drained`, the admin API).
+        self.healthy = True
+        self.check_ok = True
+        self.drained = False
         self.current = 0              # smooth weighted round-robin state
         # Figures for the admin process (published with the worker's tally).
         self.requests = 0             # exchanges begun
@@ -712,6 +717,16 @@ class Target:
             else:
                 keep.append(conn)
         self.idle = keep
+
+    def checked_now(self, ok: bool) -> None:
+        self.check_ok = ok
+        self.healthy = ok and not self.drained
+        self.checked = time.time()
+
+    def drain(self, drained: bool) -> None:
+        """Taken out of (or put back into) picking by hand: requests under way finish."""
+        self.drained = drained
+        self.healthy = self.check_ok and not drained
 
     # ------------------------------------------------------ passive health
     def available(self, now: float) -> bool:
