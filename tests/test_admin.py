@@ -916,27 +916,13 @@ def test_the_admin_listener_over_https(tmp_path, certs):
         server.stop()
 
 
-NOTES_SITE = """
-[server]
-workers = 2
-
-[[listen]]
-address = "127.0.0.1:0"
-
-[[site]]
-hosts = ["*"]
-base_url = "http://notes.test"
-
-[site.notes]
-dir = "{notes}"
-"""
-
 
 def test_notes_are_purged_and_read_again_through_the_api(start_server, tmp_path):
     folder = tmp_path / "notes"
     folder.mkdir()
     note = folder / "hello.md"
     note.write_text("---\ntitle: Hello\ndate: 2026-01-01\n---\n\nfirst text\n")
+    from test_notes_outside_edits import SITE as NOTES_SITE      # two workers, notes
     server = start_server(NOTES_SITE.format(notes=folder))
     admin, port = server.admin_port(), server.port()
     assert all(b"first text" in site_get(port, "/notes/hello")[1] for _ in range(6))
