@@ -108,7 +108,8 @@ def _build_static(route, site_config, config):
     from nestgate.handlers.static import StaticFiles
     from nestgate.site import error_pages, site_headers
     return StaticFiles(route.options, route.prefix or route.path,
-                       site_headers(site_config, config), error_pages(config, site_config)[404].page)
+                       site_headers(site_config, config), error_pages(config, site_config)[404].page,
+                       site=site_config.name)
 
 
 def _build_proxy(route, site_config, config):

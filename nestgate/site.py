@@ -60,7 +60,8 @@ def add_site_pages(site: SiteRoutes, site_config, config, not_found) -> None:
     from nestgate.routetypes import StaticOptions
     headers = site_headers(site_config, config)
     assets = StaticOptions(root=str(ASSETS_DIR), cache_control="public, max-age=3600")
-    site.add_prefix(ASSETS_PREFIX, StaticFiles(assets, ASSETS_PREFIX, headers, not_found),
+    site.add_prefix(ASSETS_PREFIX, StaticFiles(assets, ASSETS_PREFIX, headers, not_found,
+                                               site=site_config.name),
                     "built-in-assets")
     pages = SitePages(site_config, headers, not_found)
     pages.attach(site)

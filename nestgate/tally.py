@@ -31,6 +31,11 @@ from nestgate.clock import CLOCK
 # Upper bounds in seconds (Prometheus' default buckets); the last bucket is +Inf.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CLIENT_GONE = 499
+# Events counted beside the answers, away from the hot path (sign-in, notes writes).
+# Every key exists from the start: a thread (the notes API writes in the executor) may
+# count while the loop writes the snapshot, and a dict that never grows can be read so.
+EVENTS = ("signin_success", "signin_failure", "signin_refused", "notes_written",
+          "notes_deleted")
 
 
 class SiteTimes:
@@ -78,7 +83,13 @@ class Tally:
         self.routes: dict[tuple[str, str], RouteTally] = {}
         self.sites: dict[str, SiteTimes] = {}
         self.proxies: list = []          # ProxyHandlers: their targets' figures
+        self.caches: list = []           # StaticFiles and SitePages: hits, misses, bytes
+        self.events = dict.fromkeys(EVENTS, 0)
+        self.log_dropped = 0             # request-log records lost (the worker sets it)
         self.control = 0                 # the operator's requests applied (control.py)
+
+    def event(self, name: str) -> None:
+        self.events[name] += 1
 
     def route(self, site: str, label: str) -> RouteTally:
         found = self.routes.get((site, label))
@@ -102,6 +113,10 @@ class Tally:
                            t.errors, t.retries, t.checked, t.drained]
                           for proxy in self.proxies for t in proxy.targets],
             "control": self.control,
+            "events": self.events,
+            "log_dropped": self.log_dropped,
+            # kind ("static" or "pages"), site, route, hits, misses, bytes held
+            "caches": [cache.cache_figures() for cache in self.caches],
         }, separators=(",", ":")).encode()
 
 

@@ -205,6 +205,8 @@ class Worker:
             return                  # the admin process: its own requests are not the sites'
         CONTROLS.poll(table)
         TALLY.control = CONTROLS.seq
+        if self.access_log is not None:
+            TALLY.log_dropped = self.access_log.dropped
         if not table.write_tally(slot, TALLY.snapshot()) and not self.tally_too_big:
             self.tally_too_big = True
             print(f"nestgate: worker {os.getpid()}: the answer counts outgrew their "

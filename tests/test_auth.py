@@ -244,6 +244,9 @@ def test_csrf_and_origin_checks(gate):
     b = Browser(server.port())
     resp, _ = b.sign_in(csrf="0" * 64)
     assert resp.status == 403
+    b.login_form()                                    # the form's cookie is set
+    resp, _ = b.sign_in(csrf="é" * 64)                 # non-ASCII: refused, not a 500
+    assert resp.status == 403
     other = Browser(server.port())                    # a form from a page without our cookie
     token = b.login_form()
     resp, _ = other.sign_in(csrf=token)

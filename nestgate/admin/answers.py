@@ -29,6 +29,9 @@ class AnswerCounts:
         self.departed_routes: dict[tuple[str, str, str], int] = {}
         self.departed_sites: dict[str, list[float]] = {}
         self.departed_upstreams: dict[tuple[str, str], list[int]] = {}
+        self.departed_events: dict[str, int] = {}
+        self.departed_caches: dict[tuple[str, str, str], list[int]] = {}   # hits, misses
+        self.departed_log_dropped = 0
 
     def refresh(self, table) -> None:
         """Read every running worker's snapshot."""
@@ -62,6 +65,12 @@ class AnswerCounts:
         if snapshot:
             _add(self.departed_routes, self.departed_sites, snapshot)
             _add_upstreams(self.departed_upstreams, snapshot)
+            _add_events(self.departed_events, snapshot)
+            for kind, site, route, hits, misses, _bytes in snapshot.get("caches", ()):
+                have = self.departed_caches.setdefault((kind, site, route), [0, 0])
+                have[0] += hits
+                have[1] += misses
+            self.departed_log_dropped += snapshot.get("log_dropped", 0)
 
     def totals(self) -> tuple[dict, dict]:
         """({(site, route, code): answers}, {site: [buckets..., sum, count]}), with the
@@ -108,6 +117,36 @@ class AnswerCounts:
                           "last_check": checked[(route, url)] or None,
                           "requests": requests, "errors": errors, "retries": retries})
         return shown
+
+
+    def events(self) -> dict[str, int]:
+        """Sign-in and notes events, over every worker that ever ran."""
+        events = dict(self.departed_events)
+        for snapshot in self.latest.values():
+            _add_events(events, snapshot)
+        return events
+
+    def caches(self) -> dict[tuple[str, str, str], list[int]]:
+        """(kind, site, route) -> [hits, misses (both over every worker that ran),
+        bytes held now (by the running workers)]."""
+        caches = {key: [hits, misses, 0]
+                  for key, (hits, misses) in self.departed_caches.items()}
+        for snapshot in self.latest.values():
+            for kind, site, route, hits, misses, held in snapshot.get("caches", ()):
+                have = caches.setdefault((kind, site, route), [0, 0, 0])
+                have[0] += hits
+                have[1] += misses
+                have[2] += held
+        return caches
+
+    def log_dropped(self) -> int:
+        return self.departed_log_dropped + sum(s.get("log_dropped", 0)
+                                               for s in self.latest.values())
+
+
+def _add_events(events: dict, snapshot: dict) -> None:
+    for name, count in snapshot.get("events", {}).items():
+        events[name] = events.get(name, 0) + count
 
 
 def _add_upstreams(counters: dict, snapshot: dict) -> None:

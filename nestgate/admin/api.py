@@ -28,7 +28,7 @@ from nestgate.admin.stateapi import AllowList, Sessions
 from nestgate.admin.configapi import ConfigAPI
 from nestgate.admin.operations import Operations
 from nestgate.clock import CLOCK
-from nestgate.handlers import GATED
+from nestgate.handlers import GATED, ReadyChoice
 from nestgate.responses import Prebuilt
 from nestgate.routing import Router, SiteRoutes
 
@@ -147,6 +147,7 @@ class AdminState:
         from nestgate.admin.page import History
         self.history = History()          # for the status page's chart
         self.answers = AnswerCounts()     # the sites' answers, over every worker
+        self.store_counts = None          # () -> (allow entries, live sessions), or None
 
     def reported(self, report: dict) -> None:
         """A report from the supervisor (about once a second): keep it, and a sample of
@@ -278,7 +279,8 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     site.add_exact("/v1/health", Endpoint(state.health), sign_in=False)
     # The status page decides access itself (a browser goes to the sign-in form).
     from nestgate.admin.page import StatusPage
-    page = StatusPage(state, config.admin.token, failures, lambda: store_counts(store_path))
+    state.store_counts = lambda: store_counts(store_path)
+    page = StatusPage(state, config.admin.token, failures, state.store_counts)
     site.add_exact("/", page, sign_in=False)
     site.add_exact("/login", page, sign_in=False)
     # The API's description holds nothing secret: open, so that a client (or Swagger
@@ -289,7 +291,7 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     # the internet, and a page that loads outside scripts could be made to leak the
     # token). Open like the document it shows; its requests carry the token typed
     # into "Authorize".
-    site.add_exact("/docs", swagger_page(), sign_in=False)
+    site.add_exact("/docs", GetOnly(swagger_page()), sign_in=False)
     site.add_prefix("/docs/", swagger_assets(), "/docs/*", sign_in=False)
     site.add_exact("/v1/ready", Endpoint(state.ready))
     site.add_exact("/v1/status", Endpoint(state.status))
@@ -318,6 +320,21 @@ SWAGGER_DIR = Path(__file__).parent / "swagger_ui"
 SWAGGER_CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
                "img-src 'self' data:; connect-src 'self'; font-src 'self' data:; "
                "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+
+
+class GetOnly(ReadyChoice):
+    """A ready page for GET and HEAD; 405 (with Allow) for any other method."""
+
+    __slots__ = ("page",)
+
+    def __init__(self, page: Prebuilt) -> None:
+        self.page = page
+
+    def peek(self, path: str, method: bytes, headers) -> Prebuilt:
+        return self.page if method in (b"GET", b"HEAD") else METHOD
+
+    def choose(self, headers) -> Prebuilt:
+        return self.page
 
 
 def swagger_page() -> Prebuilt:

@@ -6,6 +6,7 @@ nothing is counted on the request path for it."""
 from __future__ import annotations
 
 import os
+import sqlite3
 
 from nestgate import __version__
 from nestgate.tally import BUCKETS
@@ -101,6 +102,34 @@ def render(state) -> bytes:
                "near).",
                [({"listener": c["listener"], "file": c["file"]}, c["not_after"])
                 for c in report.get("certificates", ()) if "not_after" in c])
+    events = state.answers.events()
+    out.family("signins", "counter", "Sign-in attempts by result: success, failure (wrong "
+               "user, password or code), refused (back-off, 429).",
+               [({"result": result}, events.get(f"signin_{result}", 0))
+                for result in ("success", "failure", "refused")])
+    out.family("notes_written", "counter", "Notes created or replaced through the API.",
+               [({}, events.get("notes_written", 0))])
+    out.family("notes_deleted", "counter", "Notes deleted through the API.",
+               [({}, events.get("notes_deleted", 0))])
+    caches = sorted(state.answers.caches().items())
+    for name, index, kind, help_text in (
+            ("cache_hits", 0, "counter", "Answers from memory: static files and pages."),
+            ("cache_misses", 1, "counter", "Files loaded and pages rendered for an answer."),
+            ("cache_bytes", 2, "gauge", "Bytes held by the running workers' caches.")):
+        out.family(name, kind, help_text,
+                   [({"cache": kind_, "site": site, "route": route}, values[index])
+                    for (kind_, site, route), values in caches])
+    out.family("request_log_dropped", "counter",
+               "Request-log records lost to write errors (a full disk, a closed pipe).",
+               [({}, state.answers.log_dropped())])
+    try:
+        counts = state.store_counts() if state.store_counts else None
+    except sqlite3.Error:
+        counts = None                      # the store cannot be read now: left out
+    if counts is not None:
+        out.family("allow_entries", "gauge", "Dynamic allow-list entries in force.",
+                   [({}, counts[0])])
+        out.family("sessions_active", "gauge", "Live sign-in sessions.", [({}, counts[1])])
     upstreams = state.answers.upstreams()
     out.family("upstream_healthy", "gauge",
                "1 when every running worker can use the upstream (its active check passes "

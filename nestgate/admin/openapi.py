@@ -72,12 +72,13 @@ _CHANGE = _obj({"added": {"type": "array", "items": _STR},
 
 def _op(summary: str, responses: dict, *, open_: bool = False, body: dict | None = None,
         parameters=()) -> dict:
-    op = {"summary": summary, "responses": {**responses, "401": _ERROR, "403": _ERROR,
-                                            "429": _ERROR}}
+    op = {"summary": summary, "responses": {"401": _ERROR, "403": _ERROR, "429": _ERROR,
+                                            **responses}}
     if open_:
         op["security"] = []
         for code in ("401", "403", "429"):
-            del op["responses"][code]
+            if code not in responses:          # the endpoint's own answers stay
+                del op["responses"][code]
     if body is not None:
         op["requestBody"] = {"required": True, "content": body}
     if parameters:

@@ -103,7 +103,8 @@ class StatusPage:
             await self._login(request)
             return
         if request.method not in (b"GET", b"HEAD"):
-            await self._send(request, 405, "<p>GET only.</p>")
+            await self._send(request, 405, "<p>GET only.</p>",
+                             extra=[(b"allow", b"GET, HEAD")])
             return
         if not self._allowed(request):
             if not self.token:
@@ -141,7 +142,8 @@ class StatusPage:
                         "SameSite=Strict; Max-Age=600".encode())])
             return
         if request.method != b"POST":
-            await self._send(request, 405, "<p>GET or POST.</p>")
+            await self._send(request, 405, "<p>GET or POST.</p>",
+                             extra=[(b"allow", b"GET, HEAD, POST")])
             return
         client, now = request.client, time.monotonic()
         recent = [t for t in self.failures.get(client, ()) if now - t < FAILURE_WINDOW]
@@ -149,13 +151,18 @@ class StatusPage:
             await self._send(request, 429, "<p>Too many failed attempts; wait a minute.</p>")
             return
         raw = await request.body.read_all() if request.body is not None else b""
-        form = {k: v[0] for k, v in parse_qs(raw.decode("latin-1"), max_num_fields=8).items()}
-        nonce = _cookies(request.headers).get(CSRF_COOKIE, "")
-        if not nonce or not hmac.compare_digest(nonce, form.get("csrf", "")):
+        try:
+            fields = parse_qs(raw.decode("latin-1"), max_num_fields=8, encoding="latin-1")
+        except ValueError:                       # more fields than the form has
+            fields = {}
+        # Compared as bytes: compare_digest refuses str with non-ASCII characters.
+        form = {k: v[0].encode("latin-1") for k, v in fields.items()}
+        nonce = _cookies(request.headers).get(CSRF_COOKIE, "").encode("latin-1")
+        if not nonce or not hmac.compare_digest(nonce, form.get("csrf", b"")):
             await self._send(request, 403, "<p>The form expired or came from another "
                              'site; <a href="/login">reload it</a>.</p>')
             return
-        if not hmac.compare_digest(form.get("token", "").encode("latin-1"), self.token):
+        if not hmac.compare_digest(form.get("token", b""), self.token):
             self.failures[client] = recent + [now]
             await self._send(request, 401, '<p>Wrong token. <a href="/login">Again</a></p>')
             return

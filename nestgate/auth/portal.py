@@ -45,6 +45,7 @@ from nestgate.auth.store import token_hash
 from nestgate.clock import CLOCK
 from nestgate.handlers import settle
 from nestgate.routing import host_name
+from nestgate.tally import TALLY
 
 LOGIN_PATH = "/__auth__/login"
 LOGOUT_PATH = "/__auth__/logout"
@@ -175,7 +176,10 @@ class SignIn:
         given = form.get("csrf", "")
         if not nonce or not given:
             return False
-        return hmac.compare_digest(await self.csrf_token(nonce), given)
+        # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError,
+        # so a 500) and a form can carry any.
+        return hmac.compare_digest((await self.csrf_token(nonce)).encode(),
+                                   given.encode("utf-8", "surrogateescape"))
 
     def _csrf_cookie(self, request, nonce: str, max_age: int) -> tuple[bytes, bytes]:
         return self.cookie(request, CSRF_COOKIE, nonce, max_age, path="/__auth__/",
@@ -309,6 +313,7 @@ class LoginPage(_FormPath):
         wait = await state.run("take_sign_in", client, cfg.failure_window, cfg.max_failures,
                                account, cfg.account_delays, trusted)
         if wait > 0:
+            TALLY.event("signin_refused")
             await request.send(429, [(b"retry-after", b"%d" % math.ceil(wait)),
                                      (b"content-type", b"text/plain")],
                                b"too many failed sign-ins; try again later\n")
@@ -320,8 +325,10 @@ class LoginPage(_FormPath):
         if ok and user.totp:
             ok = await self._fresh_code(user, form.get("code", ""))
         if not ok:
+            TALLY.event("signin_failure")
             await signin.page(request, 401, next_url, "Wrong user, password or code.")
             return
+        TALLY.event("signin_success")
         await self._signed_in(request, user.name, client, next_url)
 
     async def _fresh_code(self, user, code: str) -> bool:

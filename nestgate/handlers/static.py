@@ -39,6 +39,7 @@ from nestgate.handlers import PEEK
 from nestgate.responses import (CONNECTION_ENDINGS, SERVER, STATUS_LINES, Prebuilt,
                                 header_block, html_page, status_line)
 from nestgate.sendwatch import cut
+from nestgate.tally import TALLY
 
 _READ_CHUNK = 256 * 1024
 _SENDFILE_CHUNK = 4 * 1024 * 1024
@@ -149,7 +150,7 @@ class StaticFiles:
     is_async = PEEK
 
     def __init__(self, options, prefix: str, headers=(), not_found=None,
-                 tls: bool = False) -> None:
+                 tls: bool = False, site: str = "") -> None:
         self.root = os.path.realpath(options.root)
         self._root_slash = self.root.rstrip("/") + "/"
         self.prefix = (prefix or "/").rstrip("/") + "/"
@@ -171,12 +172,18 @@ class StaticFiles:
         self._cache: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         self._cached_bytes = 0
         self._negotiator = compress.Negotiator()
+        self.hits = self.misses = 0     # answered from the cache in `peek`; loaded
+        self.site, self.label = site, prefix + "*"      # for the cache metrics
+        TALLY.caches.append(self)
         self.method_not_allowed = Prebuilt(405, b"method not allowed\n",
                                            "text/plain; charset=utf-8",
                                            [("allow", "GET, HEAD"), *self.extra])
         self.loop = None
         if options.warm:
             self.warm()
+
+    def cache_figures(self) -> list:
+        return ["static", self.site, self.label, self.hits, self.misses, self._cached_bytes]
 
     # ------------------------------------------------------------ the parser callback
     def peek(self, path: str, method: bytes, headers):
@@ -206,6 +213,7 @@ class StaticFiles:
         variant = entry.identity
         if accept is not None and len(entry.variants) > 1:
             variant = entry.variants[self._negotiator.pick(accept, entry.codings)]
+        self.hits += 1
         if (inm is not None or ims is not None) and \
                 _not_modified(inm, ims, variant.etag, entry.mtime):
             return variant.not_modified
@@ -266,6 +274,7 @@ class StaticFiles:
             return
         real, st = found[1], found[2]
         if st.st_size < self.cache_file_max:
+            self.misses += 1
             entry = await loop.run_in_executor(None, self._load, real)
             if entry.weight <= self.cache_bytes:
                 self._remember(rel, entry)

@@ -25,6 +25,7 @@ import os
 from urllib.parse import parse_qs
 
 from nestgate.notes.store import SLUG, BadNote, StoreError, make_note, split_front_matter
+from nestgate.tally import TALLY
 
 TOKEN_ENV = "NESTGATE_NOTES_TOKEN"
 JSON = "application/json"
@@ -186,13 +187,17 @@ class NotesApi:
         except StoreError as exc:
             raise ApiError(exc.status, str(exc)) from None
         self.pages.forget(slug)
+        if deleted:
+            TALLY.event("notes_deleted")
         return deleted
 
     def _save(self, note, create_only: bool = False) -> bool:
         try:
-            return self.store.write(note, create_only)
+            created = self.store.write(note, create_only)
         except StoreError as exc:
             raise ApiError(exc.status, str(exc)) from None
+        TALLY.event("notes_written")
+        return created
 
     def _validated(self, slug: str, meta: dict, body: str):
         summary = meta.get("summary")

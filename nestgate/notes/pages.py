@@ -39,6 +39,7 @@ from urllib.parse import quote
 
 from nestgate.compress import Encoded
 from nestgate.control import CONTROLS
+from nestgate.tally import TALLY
 from nestgate.handlers import PEEK
 from nestgate.handlers.static import send_ready
 from nestgate.notes.render import Renderer
@@ -57,6 +58,7 @@ class SitePages:
 
     def __init__(self, site_config, headers, not_found: Prebuilt) -> None:
         self.home = site_config.home
+        self.site_name = site_config.name
         self.notes = site_config.notes
         self.store = NoteStore(self.notes.dir) if self.notes else None
         self.renderer = Renderer(site_config, self.store.dir if self.store else None)
@@ -77,6 +79,8 @@ class SitePages:
         self.by_tag: dict[str, list] = {}
         self._watching = False
         CONTROLS.pages.append(self)      # the operator can purge them (admin API)
+        self.hits = self.misses = 0      # pages answered from memory in `peek`; built
+        TALLY.caches.append(self)
 
     # ------------------------------------------------------------ wiring
     def attach(self, routes) -> None:
@@ -194,6 +198,7 @@ class SitePages:
         gen_now = self.generation()
         building = self.building.get(page.key)
         if building is None or building[0] != gen_now:
+            self.misses += 1
             future = loop.run_in_executor(None, self.build, page.key)
             building = (gen_now, future)
             self.building[page.key] = building
@@ -227,6 +232,11 @@ class SitePages:
         if self.store is not None:
             for slug in self.store.reread():
                 self.renderer.forget(slug)
+
+    def cache_figures(self) -> list:
+        size = sum(len(p.page.identity.body) for p in self.rendered if p.page is not None)
+        return ["pages", self.site_name, self.notes.path if self.notes else self.home.path,
+                self.hits, self.misses, size]
 
     def purge(self) -> None:
         """Forget every rendered page (the admin API's purge): each renders again on
@@ -288,6 +298,7 @@ class CachedPage:
             return self.site.method_not_allowed
         page = self.page
         if page is not None and self.gen == self.site.generation():
+            self.site.hits += 1
             return page.choose(headers)
         return None
 
