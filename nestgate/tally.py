@@ -121,5 +121,5 @@ class Tally:
 
 
 TALLY = Tally()                      # this process's; the admin process publishes none
-# Answers given before a request was routed (a malformed request, an overload 503).
+# Answers the protocol layer gave itself (a malformed request, a limit, an overload 503).
 UNROUTED = TALLY.route("-", "-")

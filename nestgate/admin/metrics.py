@@ -87,7 +87,7 @@ def render(state) -> bytes:
     routes, sites = state.answers.totals()
     out.family("requests", "counter",
                "Answers the sites gave, by site, route (as configured; '-' when no route "
-               "matched) and status; site '-' is a request refused before routing. "
+               "matched) and status; site '-' is a request the protocol layer refused. "
                "499: the client left before the answer.",
                [({"site": site, "route": route, "code": code}, count)
                 for (site, route, code), count in sorted(routes.items())])
