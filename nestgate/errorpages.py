@@ -3,8 +3,9 @@ refuses a request or the service behind a site fails.
 
 Theory of operation
 -------------------
-Every status nestgate answers by itself has a built-in page: the built-in stylesheet
-inlined (a proxied site has no `/__nestgate__/` path of its own to link to), the status,
+Every status nestgate answers by itself has a built-in page: the built-in stylesheet's
+look inlined in a few rules (a proxied site has no `/__nestgate__/` path of its own to
+link to; the page is under a kilobyte), the status,
 and one sentence saying what happened in words a visitor understands ("the service
 behind this site is not answering"). A client whose `Accept` names JSON and not HTML
 (an API client, `fetch` with `Accept: application/json`) gets the same as
@@ -25,15 +26,22 @@ from __future__ import annotations
 
 import html
 import json
-from pathlib import Path
 
 from nestgate.handlers import ReadyChoice
 from nestgate.responses import SERVER, Prebuilt, reason
 
 HTML = "text/html; charset=utf-8"
 JSON = "application/json"
-STYLE = (Path(__file__).parent / "default" / "public" / "style.css").read_text()
-_FORBIDDEN_MEMO_MAX = 1024
+# The built-in stylesheet's look (colours, type, measure) in the few rules an error page
+# uses: inlined, since a proxied site has no /__nestgate__/ path to link to, and small,
+# so a 404 or 403 stays one short write (scanners ask for thousands of them).
+STYLE = ('body{margin:0;font:17px/1.6 system-ui,-apple-system,"Segoe UI",sans-serif;'
+         'color:#1d2330;background:#fbfaf7}main,footer{max-width:46rem;margin:0 auto;'
+         'padding:0 1.25rem}h1{font-size:1.9rem;line-height:1.25;margin:1.5rem 0 .75rem}'
+         'a{color:#2f6f4f}code{font-family:ui-monospace,Menlo,monospace;background:#eef0f3;'
+         'padding:.1rem .3rem;border-radius:4px}.meta,footer{color:#5c6575;font-size:.9rem}'
+         'footer{padding:2rem 1.25rem}')
+_FORBIDDEN_MEMO_MAX = 64         # 403 pages kept by address: each is several KB
 
 # One sentence per status, as a visitor would want it said.
 EXPLANATIONS = {

@@ -81,7 +81,7 @@ def test_built_in_pages_are_styled_explained_and_json_on_request(start_server, t
                                 ("/api/x", 502, b"The service behind this site is not answering.")):
         got, headers, body = get(port, path, "plain.test", BROWSER)
         assert got == status and headers["content-type"] == "text/html; charset=utf-8"
-        assert words in body and b"<style>" in body and b"--accent" in body
+        assert words in body and b"<style>" in body and b"#2f6f4f" in body
         assert b"0.1" not in body and headers["server"] == "nestgate"   # no version
         got, headers, body = get(port, path, "plain.test", "application/json")
         assert got == status and headers["content-type"] == "application/json"
