@@ -29,6 +29,8 @@ class Controls:
 
     def poll(self, table) -> None:
         """On the worker's publish tick: apply the operator's requests if they changed."""
+        if table.control_seq() == self.seq:
+            return                       # the usual tick: one struct read
         seq, data = table.read_control()
         if seq == self.seq or not data:
             return

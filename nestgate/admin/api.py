@@ -27,6 +27,7 @@ from nestgate.admin.answers import AnswerCounts
 from nestgate.admin.stateapi import AllowList, Sessions
 from nestgate.admin.configapi import ConfigAPI
 from nestgate.admin.operations import Operations
+from nestgate.admin.replies import error, method_not_allowed, reply
 from nestgate.clock import CLOCK
 from nestgate.handlers import GATED, ReadyChoice
 from nestgate.responses import Prebuilt
@@ -41,19 +42,8 @@ _MEMO_LIMIT = 4096            # clients remembered for back-off (bounded: then c
 LOOPBACK = ("127.", "::1")
 
 
-def error(status: int, code: str, message: str, details=None, headers=()) -> Prebuilt:
-    body = {"error": {"code": code, "message": message, "details": details or {}}}
-    return Prebuilt(status, _json(body), "application/json",
-                    [("cache-control", "no-store"), *headers])
-
-
-def _json(value) -> bytes:
-    return json.dumps(value, separators=(",", ":"), sort_keys=False).encode() + b"\n"
-
-
 NOT_FOUND = error(404, "not_found", "no such endpoint on the admin listener")
-METHOD = error(405, "method_not_allowed", "this endpoint answers GET and HEAD",
-               headers=[("allow", "GET, HEAD")])
+METHOD = method_not_allowed("GET, HEAD")
 NO_TOKEN = error(401, "unauthorized", "send Authorization: Bearer <token>",
                  headers=[("www-authenticate", 'Bearer realm="nestgate-admin"')])
 LOCAL_ONLY = error(403, "forbidden", "without an admin token only loopback clients are "
@@ -124,15 +114,6 @@ class Endpoint:
         if request.method == b"GET":
             await request.write(value)
         request.end()
-
-
-async def reply(request, status: int, value) -> None:
-    body = _json(value)
-    request.start(status, [("content-type", "application/json"),
-                           ("cache-control", "no-store")], len(body))
-    if request.method != b"HEAD":
-        await request.write(body)
-    request.end()
 
 
 class AdminState:

@@ -20,6 +20,7 @@ import time
 import tomllib
 from pathlib import Path
 
+from nestgate.admin.replies import method_not_allowed
 from nestgate.config import ConfigError, parse_config, read_config, with_overrides
 
 REDACTED = "<redacted>"
@@ -118,9 +119,7 @@ class ConfigAPI:
             await self._reload(request)
         else:
             allowed = "GET, HEAD" if path == "/v1/config" else "POST"
-            await request.send_prebuilt(self.error(
-                405, "method_not_allowed", f"this endpoint answers {allowed}",
-                headers=[("allow", allowed)]))
+            await request.send_prebuilt(method_not_allowed(allowed))
 
     async def _validate(self, request) -> None:
         raw = await request.body.read_all() if request.body is not None else b""

@@ -20,6 +20,8 @@ import asyncio
 import json
 import time
 
+from nestgate.admin.replies import method_not_allowed
+
 APPLY_WAIT = 5.0             # seconds to wait for every worker to apply a change
 
 
@@ -111,6 +113,4 @@ class Operations:
             await asyncio.sleep(0.1)
 
     async def _refuse(self, request, allowed: str) -> None:
-        await request.send_prebuilt(self.error(
-            405, "method_not_allowed", f"this endpoint answers {allowed}",
-            headers=[("allow", allowed)]))
+        await request.send_prebuilt(method_not_allowed(allowed))

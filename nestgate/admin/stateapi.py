@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
+from nestgate.admin.replies import method_not_allowed
 from nestgate.allowcli import DEFAULT_TTL
 from nestgate.clientip import Networks
 from nestgate.units import parse_duration
@@ -47,9 +48,7 @@ class StoreEndpoint:
                                                    f"the store cannot be used now: {exc}"))
             return
         if allowed:
-            await request.send_prebuilt(self.error(
-                405, "method_not_allowed", f"this endpoint answers {allowed}",
-                headers=[("allow", allowed)]))
+            await request.send_prebuilt(method_not_allowed(allowed))
 
     async def answer(self, request) -> str:
         """Answer the request; or return the methods the path allows (405)."""

@@ -114,6 +114,10 @@ class WorkerTable:
         """The worker's tally blob; False (nothing written) when it does not fit."""
         return slot >= 0 and _write_frame(self.tallies, slot * TALLY_BYTES, TALLY_BYTES, data)
 
+    def control_seq(self) -> int:
+        """The control frame's sequence alone: what a worker's tick reads."""
+        return _FRAME.unpack_from(self.control, 0)[0]
+
     def read_control(self) -> tuple[int, bytes | None]:
         """(sequence, the operator's requests as JSON) from the admin process."""
         return _read_frame(self.control, 0)
