@@ -403,6 +403,11 @@ class HTTP1Connection(asyncio.Protocol):
         self._last_seen = False        # the request that ends the connection is parsed
         self._closing = False        # no more requests are read
         self._requests = 0
+        # HTTP bytes read and written (after TLS), for the worker's figures: reads are
+        # counted as they arrive, ready answers as they are written, a handler's answer
+        # (`Request.sent`) once it is done.
+        self.bytes_in = 0
+        self.bytes_out = 0
         # reading side
         self.state = IDLE
         # Progress bookkeeping for the worker's tick (see the module docstring).
@@ -442,8 +447,7 @@ class HTTP1Connection(asyncio.Protocol):
         if len(ctx.connections) >= self.limits.max_connections:
             # Overload: a ready 503 is cheaper than letting the backlog time out.
             self._closing = True
-            transport.write(ERRORS[503].render(CLOSE))
-            transport.close()
+            self.write_closing(ERRORS[503])
             UNROUTED.count(503)
             return
         if ctx.draining:
@@ -457,8 +461,13 @@ class HTTP1Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self._closing = True
-        self.ctx.connections.discard(self)
-        self.ctx.requests_done += self._requests
+        ctx = self.ctx
+        ctx.connections.discard(self)
+        ctx.requests_done += self._requests
+        if self._active is not None:
+            self.bytes_out += self._active.sent
+        ctx.bytes_in_done += self.bytes_in
+        ctx.bytes_out_done += self.bytes_out
         if self._body is not None:
             self._body.abort()
         if self._active is not None:
@@ -499,8 +508,16 @@ class HTTP1Connection(asyncio.Protocol):
         return self.transport is None or self.transport.is_closing()
 
     def write(self, data: bytes) -> None:
+        """Bytes of a `Request`'s answer (counted in its `sent`)."""
         if not self.transport.is_closing():
             self.transport.write(data)
+
+    def write_closing(self, response) -> None:
+        """A ready `response` as the last thing on this connection, which then closes."""
+        data = response.render(CLOSE)
+        self.bytes_out += len(data)
+        self.transport.write(data)
+        self.transport.close()
 
     def pause_reading_for_body(self) -> None:
         if not self._body_paused:
@@ -571,10 +588,12 @@ class HTTP1Connection(asyncio.Protocol):
 
     def send_continue(self) -> None:
         if self._active is not None and not self._active.started:
+            self.bytes_out += len(CONTINUE)
             self.transport.write(CONTINUE)
 
     # ------------------------------------------------------------ reading
     def data_received(self, data: bytes) -> None:
+        self.bytes_in += len(data)
         if self._closing:
             if self._sink is not None:
                 self._sink(data)
@@ -619,6 +638,7 @@ class HTTP1Connection(asyncio.Protocol):
 
     def _feed_all(self, data) -> None:
         """Parse `data` a slice at a time, stopping when answers pile up."""
+        self.bytes_in -= len(data)       # counted already; each slice counts itself again
         view = memoryview(data)
         for start in range(0, len(view), FEED_SLICE):
             end = start + FEED_SLICE
@@ -824,7 +844,8 @@ class HTTP1Connection(asyncio.Protocol):
         if not kind and not has_body and keep_alive and not self.logging \
                 and self._active is None and not self._queue and not self.write_paused:
             # The common case, answered from here: a ready response, nothing ahead of it.
-            handler.write_to(self.transport, KEEP_ALIVE_EXPLICIT, method == b"HEAD")
+            self.bytes_out += handler.write_to(self.transport, KEEP_ALIVE_EXPLICIT,
+                                               method == b"HEAD")
             route.tally.codes[handler.status] += 1     # RouteTally.count, inline
             return
 
@@ -903,10 +924,10 @@ class HTTP1Connection(asyncio.Protocol):
         if self._active is None and not self._queue and not self.write_paused:
             if mode == CLOSE or self.ctx.draining:
                 self._closing = True
-                response.write_to(self.transport, CLOSE, head_only)
+                self.bytes_out += response.write_to(self.transport, CLOSE, head_only)
                 self.transport.close()
             else:
-                response.write_to(self.transport, mode, head_only)
+                self.bytes_out += response.write_to(self.transport, mode, head_only)
         else:
             self._queue.append((response, mode, head_only))
         if self.logging:
@@ -986,6 +1007,7 @@ class HTTP1Connection(asyncio.Protocol):
 
     def _done(self, req: Request) -> None:
         req.tally.timed(req.status, time.perf_counter() - req._t0)
+        self.bytes_out += req.sent
         self._active = None
         if req.body is not None and not req.body.done:
             if req.keep_alive:
@@ -1010,7 +1032,7 @@ class HTTP1Connection(asyncio.Protocol):
             response, mode, head_only = item
             if self.ctx.draining:
                 mode = CLOSE
-            response.write_to(self.transport, mode, head_only)
+            self.bytes_out += response.write_to(self.transport, mode, head_only)
             if mode == CLOSE:
                 self._closing = True
                 self._queue.clear()
@@ -1039,8 +1061,7 @@ class HTTP1Connection(asyncio.Protocol):
             elif broken in self._queue:
                 self._queue.remove(broken)
         if self._active is None and not self._queue:
-            self.transport.write(response.render(CLOSE))
-            self.transport.close()
+            self.write_closing(response)
         else:
             self._queue.append((response, CLOSE, False))
         UNROUTED.count(status)
@@ -1133,5 +1154,4 @@ class ProxyProtocolConnection(HTTP1Connection):
         self._pp_pending = False
         self._closing = True
         if not self._closing_transport():
-            self.transport.write(ERRORS[400].render(CLOSE))
-            self.transport.close()
+            self.write_closing(ERRORS[400])

@@ -428,6 +428,8 @@ class HTTP2Connection:
         self._send_watch = SendWatch()
         self._draining = False
         self._opened = 0               # streams accepted, for keepalive_requests
+        self.bytes_in = 0              # HTTP/2 bytes read and written, frames and all
+        self.bytes_out = 0
         self._wasted = 0               # streams reset by the client before an answer
         self._last_stream = _NO_GOAWAY  # the last stream a GOAWAY let through
         self._sending: set[int] = set()   # streams answered by a background send
@@ -479,8 +481,11 @@ class HTTP2Connection:
         return self._opened
 
     def connection_lost(self, exc) -> None:
-        self.ctx.connections.discard(self)
-        self.ctx.requests_done += self._opened
+        ctx = self.ctx
+        ctx.connections.discard(self)
+        ctx.requests_done += self._opened
+        ctx.bytes_in_done += self.bytes_in
+        ctx.bytes_out_done += self.bytes_out
         for req in list(self._streams.values()):
             self._abandon(req)
         self._streams.clear()
@@ -522,10 +527,12 @@ class HTTP2Connection:
     def flush(self) -> None:
         data = self.h2.data_to_send()
         if data and not self.transport.is_closing():
+            self.bytes_out += len(data)
             self.transport.write(data)
 
     # ------------------------------------------------------------ events
     def data_received(self, data: bytes) -> None:
+        self.bytes_in += len(data)
         self._stalled = 0.0            # keepalive_timeout counts idle time only
         why = self._guard.feed(data, CLOCK.now)
         if why is not None:
@@ -990,7 +997,9 @@ class HTTP2Connection:
         frame = hyperframe.frame.GoAwayFrame(stream_id=0, last_stream_id=stream_id,
                                              error_code=h2.errors.ErrorCodes.NO_ERROR)
         if not self.transport.is_closing():
-            self.transport.write(frame.serialize())
+            data = frame.serialize()
+            self.bytes_out += len(data)
+            self.transport.write(data)
 
     def tick(self, elapsed: float) -> None:
         """Called by the worker's tick: abort a connection whose client stopped reading

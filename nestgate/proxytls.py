@@ -39,6 +39,7 @@ class TLSHandshake(asyncio.Protocol):
     reports to until the hand-over, keeping any application data that comes early."""
 
     served = 0                         # no request yet (for the worker's figures)
+    bytes_in = bytes_out = 0           # nor HTTP bytes: the handshake's are not counted
 
     def __init__(self, ctx, sslcontext, protocol_factory) -> None:
         self.ctx = ctx

@@ -100,20 +100,26 @@ class Prebuilt:
         tails = self._head_tails if head_only else self._full_tails
         return self._head + CLOCK.date_line + tails[mode]
 
-    def _write_joined(self, transport, mode: int, head_only: bool = False) -> None:
+    # `write_to` returns the number of bytes written, for the connection's figures.
+    def _write_joined(self, transport, mode: int, head_only: bool = False) -> int:
         if mode == KEEP_ALIVE_EXPLICIT and not head_only:
             date_line = CLOCK.date_line
             if self._kept_alive_date is not date_line:
                 self._kept_alive = self._head + date_line + self._full_tails[mode]
                 self._kept_alive_date = date_line
-            transport.write(self._kept_alive)
-            return
-        tails = self._head_tails if head_only else self._full_tails
-        transport.write(self._head + CLOCK.date_line + tails[mode])
+            data = self._kept_alive
+        else:
+            tails = self._head_tails if head_only else self._full_tails
+            data = self._head + CLOCK.date_line + tails[mode]
+        transport.write(data)
+        return len(data)
 
-    def _write_vector(self, transport, mode: int, head_only: bool = False) -> None:
+    def _write_vector(self, transport, mode: int, head_only: bool = False) -> int:
         tails = self._head_tails if head_only else self._full_tails
-        transport.writelines((self._head + CLOCK.date_line, tails[mode]))
+        head = self._head + CLOCK.date_line
+        tail = tails[mode]
+        transport.writelines((head, tail))
+        return len(head) + len(tail)
 
 
 def html_page(status: int, detail: str = "") -> bytes:

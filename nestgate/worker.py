@@ -43,7 +43,10 @@ class ServerContext:
         self.access_log = worker.access_log
         self.scheme = listener.scheme
         self.draining = False            # set by the worker on graceful stop
-        self.requests_done = 0           # by the connections that have closed
+        # by the connections that have closed (open ones are added when published)
+        self.requests_done = 0
+        self.bytes_in_done = 0
+        self.bytes_out_done = 0
         self.router = https_redirect_router(listener, worker.config) \
             if listener.redirect_https else router
         self._log_loopback = worker.config.log.log_loopback
@@ -186,10 +189,16 @@ class Worker:
         if self.figures is None:
             return
         table, slot, generation = self.figures
-        requests = sum(ctx.requests_done for ctx in self.contexts)
+        requests = bytes_in = bytes_out = 0
+        for ctx in self.contexts:
+            requests += ctx.requests_done
+            bytes_in += ctx.bytes_in_done
+            bytes_out += ctx.bytes_out_done
         http1 = http2 = tls = handshakes = 0
         for conn in self.connections:
             requests += conn.served
+            bytes_in += conn.bytes_in
+            bytes_out += conn.bytes_out
             if isinstance(conn, HTTP2Connection):
                 http2 += 1
             elif isinstance(conn, TLSHandshake):
@@ -200,7 +209,7 @@ class Worker:
             if conn.ctx.scheme == "https":
                 tls += 1
         table.write(slot, os.getpid(), generation, self.started, requests, http1, http2,
-                    tls, handshakes, CLOCK.wall)
+                    tls, handshakes, CLOCK.wall, bytes_in, bytes_out)
         if not self.tally_shown:
             return                  # the admin process: its own requests are not the sites'
         CONTROLS.poll(table)

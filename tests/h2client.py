@@ -18,11 +18,12 @@ class H2Client:
         raw = socket.create_connection(("127.0.0.1", port), timeout=10)
         raw.sendall(preamble)               # a PROXY header, sent in clear before TLS
         self.sock = ctx.wrap_socket(raw, server_hostname=server_hostname)
+        self.sent = self.received = 0       # HTTP/2 bytes, inside TLS
         assert self.sock.selected_alpn_protocol() == "h2"
         self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(
             client_side=True, header_encoding=None))
         self.h2.initiate_connection()
-        self.sock.sendall(self.h2.data_to_send())
+        self.send(self.h2.data_to_send())
         self.authority = server_hostname.encode()
 
     def request(self, method: str, path: str, body: bytes = b"", headers=(),
@@ -35,13 +36,13 @@ class H2Client:
                                       *headers], end_stream=not body)
         if body:
             self.h2.send_data(stream, body, end_stream=True)
-        self.sock.sendall(self.h2.data_to_send())
+        self.send(self.h2.data_to_send())
         return self.read(stream)
 
     def read(self, stream: int):
         status, headers, data = 0, {}, b""
         while True:
-            chunk = self.sock.recv(65536)
+            chunk = self.recv()
             if not chunk:
                 raise ConnectionError("server closed the connection")
             for event in self.h2.receive_data(chunk):
@@ -52,11 +53,20 @@ class H2Client:
                     data += event.data
                     self.h2.acknowledge_received_data(event.flow_controlled_length, stream)
                 elif isinstance(event, h2.events.StreamEnded) and event.stream_id == stream:
-                    self.sock.sendall(self.h2.data_to_send())
+                    self.send(self.h2.data_to_send())
                     return status, headers, data
                 elif isinstance(event, h2.events.StreamReset) and event.stream_id == stream:
                     raise ConnectionError(f"stream reset ({event.error_code})")
-            self.sock.sendall(self.h2.data_to_send())
+            self.send(self.h2.data_to_send())
+
+    def send(self, data: bytes) -> None:
+        self.sent += len(data)
+        self.sock.sendall(data)
+
+    def recv(self) -> bytes:
+        data = self.sock.recv(65536)
+        self.received += len(data)
+        return data
 
     def close(self) -> None:
         self.sock.close()

@@ -119,10 +119,14 @@ def test_a_token_is_required_and_guessing_is_slowed(start_server):
     status, headers, body = admin_get(admin, "/v1/status")
     assert status == 401 and headers["www-authenticate"].startswith("Bearer")
     assert body["error"]["code"] == "unauthorized"
+    # No Authorization at all is not a guess (a browser's favicon.ico, a page opened
+    # before signing in): never counted towards the back-off.
+    for _ in range(6):
+        assert admin_get(admin, "/favicon.ico")[0] == 401
     assert admin_get(admin, "/v1/status", TOKEN)[0] == 200
     assert admin_get(admin, "/v1/status", TOKEN[:-1] + "1")[0] == 401
     assert admin_get(admin, "/v1/status", "Basic " + TOKEN)[0] == 401
-    for _ in range(2):              # the 4th and 5th failure (MAX_FAILURES)
+    for _ in range(3):              # the 3rd to 5th failure (MAX_FAILURES)
         assert admin_get(admin, "/v1/ready", "wrong-token-guess-0000")[0] == 401
     status, headers, body = admin_get(admin, "/v1/status", "another-guess-00000000")
     assert status == 429 and int(headers["retry-after"]) > 0
@@ -706,6 +710,38 @@ def test_swagger_ui_is_bundled_and_renders_the_api_in_chromium(start_server):
         assert f'data-path="{path}"' in dom, path
     assert "OAS 3.1" in dom
 
+    # And an operator uses it: Authorize with the token, then "Try it out" on
+    # /v1/status and Execute; the answer shown is the server's status, not a 401.
+    from browser import Browser
+    browser = Browser(f"http://127.0.0.1:{admin}/docs")
+    op = "#operations-default-get_v1_status"
+    try:
+        assert browser.wait_for("document.querySelectorAll('.opblock').length") >= 20
+        browser.evaluate("document.querySelector('.btn.authorize').click()")
+        assert browser.wait_for("!!document.querySelector('.auth-container input')")
+        browser.type_into(".auth-container input", TOKEN)
+        browser.evaluate("document.querySelector('.auth-container .btn.authorize').click()")
+        assert "Authorized" in browser.wait_for(
+            "document.querySelector('.auth-container').innerText.includes('Authorized')"
+            " && document.querySelector('.auth-container').innerText")
+        browser.evaluate("document.querySelector('.auth-container .btn-done').click()")
+        browser.evaluate(f"document.querySelector('{op} .opblock-summary button').click()")
+        assert browser.wait_for(f"!!document.querySelector('{op} .try-out__btn')")
+        browser.evaluate(f"document.querySelector('{op} .try-out__btn').click()")
+        assert browser.wait_for(f"!!document.querySelector('{op} .btn.execute')")
+        browser.evaluate(f"document.querySelector('{op} .btn.execute').click()")
+        row = f"{op} .live-responses-table tbody"
+        code = browser.wait_for(f"document.querySelector('{row} .response-col_status')"
+                                "?.innerText.trim()")
+        shown = browser.evaluate(f"document.querySelector('{row} .response-col_description')"
+                                 ".innerText")
+        curl = browser.evaluate(f"document.querySelector('{op} .curl-command')?.innerText")
+    finally:
+        browser.close()
+    assert code == "200", shown
+    assert '"generations"' in shown and '"version"' in shown
+    assert f"Authorization: Bearer {TOKEN}" in curl
+
 
 def test_the_status_page_renders_in_chromium(start_server):
     import re
@@ -980,3 +1016,79 @@ def test_schemathesis_finds_every_answer_in_the_document(start_server, upstream,
                               "--exclude-path", "/v1/config/validate"],
                              capture_output=True, text=True, timeout=240, cwd=tmp_path)
         assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+
+
+def _bytes_counted(admin: int) -> tuple[float, float]:
+    samples = scrape(admin)[2]
+    return (sum(v for _l, v in samples.get("nestgate_received_bytes_total", [])),
+            sum(v for _l, v in samples.get("nestgate_sent_bytes_total", [])))
+
+
+def _exchange(port: int, data: bytes) -> bytes:
+    """Send `data` on one connection and read until the server closes it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(data)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+def test_metrics_count_the_bytes_both_ways_exactly(start_server, tmp_path):
+    """HTTP/1.1 bytes read and written, over every way an answer leaves: a ready answer
+    from the parser callback, one after its body, HEAD, an error page, a file a handler
+    sends, a protocol error's closing answer."""
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "big.bin").write_bytes(os.urandom(70_000))
+    server = start_server(f"""
+        [server]
+        workers = 2
+        [[listen]]
+        address = "127.0.0.1:0"
+        [[site]]
+        hosts = ["*"]
+        [[site.route]]
+        path = "/"
+        type = "return"
+        body = "hello"
+        [[site.route]]
+        prefix = "/files/"
+        type = "static"
+        root = "{files}"
+        sendfile_min = "64KiB"
+        """)
+    admin, port = server.admin_port(), server.port()
+    assert _bytes_counted(admin) == (0, 0)
+    keep_alive = (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+                  b"HEAD / HTTP/1.1\r\nHost: a\r\n\r\n"
+                  b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc"
+                  b"GET /nothing-here HTTP/1.1\r\nHost: a\r\n\r\n"
+                  b"GET /files/big.bin HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    smuggling = (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n")
+    answers = _exchange(port, keep_alive)
+    assert answers.count(b"HTTP/1.1 200") == 4 and b"HTTP/1.1 404" in answers
+    refused = _exchange(port, smuggling)
+    assert refused.startswith(b"HTTP/1.1 400")
+    expected = (len(keep_alive) + len(smuggling), len(answers) + len(refused))
+    assert poll(lambda: _bytes_counted(admin), lambda r: r == expected) == expected
+
+
+def test_metrics_count_http2_bytes_inside_tls(start_server, certs):
+    from h2client import H2Client
+    from test_e2e_core import TEMPLATE, tls_block
+    server = start_server(TEMPLATE.format(tls=tls_block(certs)))
+    admin = server.admin_port()
+    client = H2Client(server.port("https"), certs["ca"])
+    for path in ("/hello", "/docs/a", "/nothing"):
+        client.request("GET", path)
+    # Ask the server to end the connection and read what it still writes.
+    client.h2.close_connection()
+    client.send(client.h2.data_to_send())
+    while client.recv():
+        pass
+    client.close()
+    expected = (client.sent, client.received)
+    assert expected[0] > 24 and expected[1] > 100        # the preface, three answers
+    assert poll(lambda: _bytes_counted(admin), lambda r: r == expected) == expected

@@ -52,8 +52,9 @@ LOCAL_ONLY = error(403, "forbidden", "without an admin token only loopback clien
 
 class TokenGate:
     """In front of every endpoint but liveness. With a token: `Authorization: Bearer`
-    compared in constant time, and a client that fails MAX_FAILURES times within
-    FAILURE_WINDOW is refused (429) until the window has passed. Without a token:
+    compared in constant time, and a client that sends a wrong one MAX_FAILURES times
+    within FAILURE_WINDOW is refused (429) until the window has passed (a request
+    with no Authorization at all gets 401 and is not counted). Without a token:
     loopback clients only."""
 
     is_async = GATED
@@ -81,6 +82,10 @@ class TokenGate:
             if name == b"authorization":
                 given = value
                 break
+        if not given:
+            # Not an attempt: a browser's own requests (favicon.ico, a page opened
+            # before signing in) must not lock the operator out.
+            return NO_TOKEN
         scheme, _, credential = given.partition(b" ")
         if scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self.token):
             return self.inner

@@ -77,6 +77,14 @@ def render(state) -> bytes:
     out.family("requests_served", "counter",
                "Requests (HTTP/1.1) and streams (HTTP/2) read by each running worker.",
                [({"pid": f.pid, "generation": f.generation}, f.requests) for f in figures])
+    out.family("received_bytes", "counter",
+               "HTTP bytes read from clients by each running worker (after TLS; HTTP/2 "
+               "frames whole).",
+               [({"pid": f.pid, "generation": f.generation}, f.bytes_in) for f in figures])
+    out.family("sent_bytes", "counter",
+               "HTTP bytes written to clients by each running worker (after TLS; HTTP/2 "
+               "frames whole).",
+               [({"pid": f.pid, "generation": f.generation}, f.bytes_out) for f in figures])
     out.family("open_connections", "gauge",
                "Open client connections of every running worker, by protocol.",
                [({"protocol": "http1"}, sum(f.http1 for f in figures)),

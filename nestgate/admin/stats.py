@@ -26,8 +26,9 @@ import struct
 from dataclasses import dataclass
 
 # pid, generation, started (wall clock), requests served, open connections: HTTP/1.1,
-# HTTP/2, of those over TLS, TLS handshakes under way; updated (wall clock)
-_SLOT = struct.Struct("<qqdqqqqqd")
+# HTTP/2, of those over TLS, TLS handshakes under way; updated (wall clock); HTTP bytes
+# read, written
+_SLOT = struct.Struct("<qqdqqqqqdqq")
 SLOTS = 256                  # workers of every live generation, and room for restarts
 TALLY_BYTES = 64 * 1024      # a worker's tally blob; pages are touched only when used
 CONTROL_BYTES = 64 * 1024    # the admin process's requests to the workers
@@ -71,6 +72,8 @@ class WorkerFigures:
     tls: int
     handshakes: int
     updated: float
+    bytes_in: int
+    bytes_out: int
 
     @property
     def connections(self) -> int:
@@ -93,7 +96,7 @@ class WorkerTable:
         for slot in range(self.slots):
             if slot not in self.taken:
                 self.taken.add(slot)
-                self.write(slot, 0, 0, 0.0, 0, 0, 0, 0, 0, 0.0)
+                self.write(slot, 0, 0, 0.0, 0, 0, 0, 0, 0, 0.0, 0, 0)
                 self.write_tally(slot, b"")
                 return slot
         return -1
@@ -101,14 +104,16 @@ class WorkerTable:
     def release(self, slot: int) -> None:
         if slot in self.taken:
             self.taken.discard(slot)
-            self.write(slot, 0, 0, 0.0, 0, 0, 0, 0, 0, 0.0)
+            self.write(slot, 0, 0, 0.0, 0, 0, 0, 0, 0, 0.0, 0, 0)
 
     # ---------------------------------------------------------- a worker
     def write(self, slot: int, pid: int, generation: int, started: float, requests: int,
-              http1: int, http2: int, tls: int, handshakes: int, updated: float) -> None:
+              http1: int, http2: int, tls: int, handshakes: int, updated: float,
+              bytes_in: int, bytes_out: int) -> None:
         if slot >= 0:
             _SLOT.pack_into(self.memory, slot * _SLOT.size, pid, generation, started,
-                            requests, http1, http2, tls, handshakes, updated)
+                            requests, http1, http2, tls, handshakes, updated, bytes_in,
+                            bytes_out)
 
     def write_tally(self, slot: int, data: bytes) -> bool:
         """The worker's tally blob; False (nothing written) when it does not fit."""

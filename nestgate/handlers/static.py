@@ -94,8 +94,10 @@ class Bodiless:
     def render(self, mode: int, head_only: bool = False) -> bytes:
         return self._head + CLOCK.date_line + CONNECTION_ENDINGS[mode]
 
-    def write_to(self, transport, mode: int, head_only: bool = False) -> None:
-        transport.write(self._head + CLOCK.date_line + CONNECTION_ENDINGS[mode])
+    def write_to(self, transport, mode: int, head_only: bool = False) -> int:
+        data = self._head + CLOCK.date_line + CONNECTION_ENDINGS[mode]
+        transport.write(data)
+        return len(data)
 
 
 async def send_ready(request, response) -> None:

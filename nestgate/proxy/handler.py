@@ -460,6 +460,7 @@ class Pipe:
 
     def feed(self, data: bytes) -> None:            # upstream -> client
         client = self.client
+        client.bytes_out += len(data)
         client.write(data)
         if client.write_paused and not self.client_full:
             self.client_full = True
