@@ -184,7 +184,7 @@ class Gateway(Service):
         if site_access is None and not protected and not any(r.access for r in site_config.routes):
             return unguarded
 
-        def guard(handler, access=None, sign_in=True):
+        def guard(handler, access=None, sign_in=True, limit=None, label=""):
             if isinstance(handler, Gate):
                 raise ValueError("a handler is guarded once, by its site")
             return self.gate(handler, access or site_access, protected and sign_in, errors)

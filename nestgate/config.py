@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from nestgate.tls import certificate_problem
 from nestgate.access import _cidr_list, read_access
+from nestgate.ratelimit import read_rate_limit
 from nestgate.admin.config import AdminConfig, read_admin
 from nestgate.auth.config import read_auth
 from nestgate.routetypes import ROUTE_TYPES
@@ -78,6 +79,7 @@ class Listener:
     https_port: int = 443
     http2: bool = True                      # TLS listeners offer h2 by ALPN
     proxy_protocol_from: tuple[str, ...] = ()   # peers that may send a PROXY header
+    max_connections_per_client: int = 0     # open HTTP connections per address; 0: no limit
     key: str = ""                           # where it was set: "listen[0].address", "--listen"
 
     @property
@@ -96,6 +98,7 @@ class Route:
     prefix: str = ""                        # prefix match, longest wins
     options: Any = None                     # the type's options (nestgate.routetypes)
     access: Any = None                      # nestgate.access.AccessConfig, replaces the site's
+    rate_limit: Any = None                  # nestgate.ratelimit.RateLimit, replaces the site's
 
     @property
     def label(self) -> str:
@@ -165,6 +168,7 @@ class Site:
     health: bool = True
     access: Any = None                      # nestgate.access.AccessConfig
     protected: bool = False                 # sign-in before forwarding ([auth])
+    rate_limit: Any = None                  # nestgate.ratelimit.RateLimit
     security: Security = Security()
     home: Home | None = None
     notes: Notes | None = None
@@ -483,6 +487,8 @@ def _read_listener(s: _Section) -> Listener:
                         https_port=s.int("https_port", 443, 1, 65535),
                         http2=s.bool("http2", True),
                         proxy_protocol_from=s.get("proxy_protocol_from", (), _cidr_list, ""),
+                        max_connections_per_client=s.int("max_connections_per_client", 0,
+                                                         0, 1_000_000),
                         key=f"{s.file}: {s.key('address')}")
     if listener.tls and listener.redirect_https:
         s.fail("redirect_https", "false on a TLS listener (it would redirect to itself)")
@@ -505,8 +511,9 @@ def _read_route(s: _Section) -> Route | None:
         return None
     options = ROUTE_TYPES[kind].read(s)
     access = read_access(s)
+    rate_limit = read_rate_limit(s)
     s.check_unknown()
-    return Route(kind, path, prefix, options, access)
+    return Route(kind, path, prefix, options, access, rate_limit)
 
 
 def _proxies_root(routes) -> bool:
@@ -533,6 +540,7 @@ def _read_site(s: _Section, index: int) -> Site:
                 templates=s.directory("templates"),
                 base_url=s.str("base_url").rstrip("/"),
                 access=read_access(s), protected=s.bool("protected", False),
+                rate_limit=read_rate_limit(s),
                 error_pages=_read_error_pages(s.table("error_pages")))
     if site.base_url and not site.base_url.startswith(("http://", "https://")):
         s.fail("base_url", "an absolute http(s) address", site.base_url)
@@ -672,9 +680,26 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
                         "[[auth.user]] when a site is protected")
     if admin.enabled:
         problems += _admin_clashes(admin, listeners, file)
+    problems += _user_keyed_limits(sites, file)
     if problems:
         raise ConfigError(problems)
     return Config(file, server, limits, log, listeners, sites, trusted, auth, admin)
+
+
+def _user_keyed_limits(sites, file: str) -> list[str]:
+    """`key = "user"` counts signed-in users: only a protected site has them."""
+    problems = []
+    for index, site in enumerate(sites):
+        if site.protected:
+            continue
+        where = [("", site.rate_limit)] + [(f".route[{i}]", r.rate_limit)
+                                           for i, r in enumerate(site.routes)]
+        for suffix, limit in where:
+            if limit is not None and limit.key == "user":
+                problems.append(f"{file}: site[{index}]{suffix}.rate_limit.key: expected "
+                                f"\"ip\" on a site without protected = true (only signed-"
+                                f"in visitors have a user), got 'user'")
+    return problems
 
 
 def _admin_clashes(admin, listeners, file: str) -> list[str]:

@@ -42,6 +42,8 @@ STYLE = ('body{margin:0;font:17px/1.6 system-ui,-apple-system,"Segoe UI",sans-se
          'padding:.1rem .3rem;border-radius:4px}.meta,footer{color:#5c6575;font-size:.9rem}'
          'footer{padding:2rem 1.25rem}')
 _FORBIDDEN_MEMO_MAX = 64         # 403 pages kept by address: each is several KB
+_TOO_MANY_MEMO_MAX = 128         # 429 answers kept by Retry-After value
+_RETRY_AFTER_MAX = 3600          # a slower limit still says "within the hour"
 
 # One sentence per status, as a visitor would want it said.
 EXPLANATIONS = {
@@ -128,6 +130,8 @@ class ErrorPages:
         self.answers = {status: ErrorAnswer(status, custom.get(status))
                         for status in (*STATUSES, *custom)}
         self._forbidden: dict[tuple[str, bool], Prebuilt] = {}
+        self._too_many: dict[tuple[int, bool], Prebuilt] = {}
+        self._custom_too_many = custom.get(429)
 
     def answer(self, status: int, headers) -> Prebuilt:
         found = self.answers.get(status)
@@ -152,6 +156,23 @@ class ErrorPages:
                 Prebuilt(403, error_json(403, client), JSON) if as_json else \
                 Prebuilt(403, error_html(403, client=client), HTML)
         return page
+
+
+    def too_many(self, retry_after: int, headers) -> Prebuilt:
+        """The 429 of a rate limit, with `Retry-After` in whole seconds; kept by
+        (seconds, JSON or page), so a refused request costs a ready answer."""
+        retry_after = min(retry_after, _RETRY_AFTER_MAX)
+        as_json = wants_json(headers)
+        key = (retry_after, as_json)
+        found = self._too_many.get(key)
+        if found is None:
+            if len(self._too_many) >= _TOO_MANY_MEMO_MAX:
+                self._too_many.clear()
+            extra = [("retry-after", str(retry_after)), ("cache-control", "no-store")]
+            found = self._too_many[key] = \
+                Prebuilt(429, error_json(429), JSON, extra) if as_json else \
+                Prebuilt(429, self._custom_too_many or error_html(429), HTML, extra)
+        return found
 
 
 # The default site's pages: the engine's own errors before a site is known.

@@ -54,6 +54,7 @@ from nestgate.responses import (CLOSE, CONNECTION_ENDINGS, CONTINUE,
                                 KEEP_ALIVE_EXPLICIT, SERVER, STATUS_LINES, header_block,
                                 status_line)
 from nestgate.sendwatch import SendWatch, cut
+from nestgate.ratelimit import count_connection, uncount_connection
 from nestgate.tally import UNROUTED
 
 log = logging.getLogger("nestgate.http1")
@@ -390,6 +391,7 @@ class HTTP1Connection(asyncio.Protocol):
         self.client = ""
         self.peer = ""                 # socket peer, or the address a PROXY header gave
         self.decisions = None          # access decisions for this peer (nestgate.access)
+        self.client_tag = 0            # counted under max_connections_per_client (ratelimit)
         self.xff_trusted = False      # the peer may tell us the client in X-Forwarded-For
         self._sink = None              # after an upgrade: where client bytes go
         self._upgrade_tail = None      # after an accepted upgrade: the bytes that followed
@@ -450,6 +452,9 @@ class HTTP1Connection(asyncio.Protocol):
             self.write_closing(ERRORS[503])
             UNROUTED.count(503)
             return
+        if ctx.max_per_client and not count_connection(self):
+            self.refuse_over_client_limit()
+            return
         if ctx.draining:
             self.finish_and_close()
         ctx.connections.add(self)
@@ -464,6 +469,7 @@ class HTTP1Connection(asyncio.Protocol):
         ctx = self.ctx
         ctx.connections.discard(self)
         ctx.requests_done += self._requests
+        uncount_connection(self)
         if self._active is not None:
             self.bytes_out += self._active.sent
         ctx.bytes_in_done += self.bytes_in
@@ -585,6 +591,15 @@ class HTTP1Connection(asyncio.Protocol):
         self.logging = ctx.access_log is not None and ctx.should_log(address)
         self.xff_trusted = bool(ctx.trusted_proxies) and address in ctx.trusted_proxies
         self._timing = self.logging or (self.xff_trusted and ctx.access_log is not None)
+        if self.client_tag and not count_connection(self):   # a PROXY header named it
+            self.refuse_over_client_limit()
+
+    def refuse_over_client_limit(self) -> None:
+        """The client has `max_connections_per_client` open already: 503, then close."""
+        self._closing = True
+        if not self._closing_transport():
+            self.write_closing(ERRORS[503])
+        UNROUTED.count(503)
 
     def send_continue(self) -> None:
         if self._active is not None and not self._active.started:

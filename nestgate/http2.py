@@ -59,6 +59,7 @@ from nestgate.errors import HandlerError, RequestError
 from nestgate.http1 import DRAIN_IDLE_GRACE, Body, HTTP1Connection, Request
 from nestgate.errorpages import ERRORS
 from nestgate.responses import SERVER
+from nestgate.ratelimit import count_connection, uncount_connection
 from nestgate.tally import UNROUTED
 from nestgate.sendwatch import SendWatch, cut
 
@@ -421,6 +422,7 @@ class HTTP2Connection:
         self.transport = None
         self.client = self.peer = ""
         self.decisions = None
+        self.client_tag = 0            # counted under max_connections_per_client (ratelimit)
         self.xff_trusted = False       # the peer may tell us the client in X-Forwarded-For
         self.logging = False
         self.write_paused = False
@@ -463,6 +465,10 @@ class HTTP2Connection:
         if len(ctx.connections) >= self.limits.max_connections:
             transport.close()
             return
+        if ctx.max_per_client and not count_connection(self):
+            self.h2.initiate_connection()
+            self.refuse_over_client_limit()
+            return
         ctx.connections.add(self)
         self._draining = ctx.draining
         self.h2.local_settings = _LocalSettings(client=False, initial_values={
@@ -475,6 +481,16 @@ class HTTP2Connection:
     # After connection_made: the client is the one a PROXY header named (nestgate.proxytls).
     set_client = HTTP1Connection.set_client
 
+    def refuse_over_client_limit(self) -> None:
+        """The client has `max_connections_per_client` open already: GOAWAY
+        (ENHANCE_YOUR_CALM) before any stream, then close."""
+        if self.transport.is_closing():
+            return
+        self.h2.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        self.flush()
+        self.transport.close()
+        UNROUTED.count(503)
+
     @property
     def served(self) -> int:
         """Streams opened on this connection so far (for the worker's figures)."""
@@ -484,6 +500,7 @@ class HTTP2Connection:
         ctx = self.ctx
         ctx.connections.discard(self)
         ctx.requests_done += self._opened
+        uncount_connection(self)
         ctx.bytes_in_done += self.bytes_in
         ctx.bytes_out_done += self.bytes_out
         for req in list(self._streams.values()):

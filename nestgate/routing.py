@@ -73,8 +73,10 @@ class Route:
         self.tally = tally
 
 
-def unguarded(handler, access=None, sign_in: bool = True):
-    """The guard of a site without access control: every handler as it is."""
+def unguarded(handler, access=None, sign_in: bool = True, limit=None, label: str = ""):
+    """The guard of a site without access control or limits: every handler as it is.
+    A guard is called with the route's own access list and rate limit (each None:
+    the site's), whether sign-in applies, and the route's label."""
     return handler
 
 
@@ -83,8 +85,8 @@ class SiteRoutes:
 
     Every handler goes through the site's `guard` as it is added, at load or while
     serving (notes pages register themselves when first rendered), so a route cannot
-    exist without the site's access list and sign-in (Caddy compiles each route's
-    chain the same way). Tables are read by the engines, never written outside here.
+    exist without the site's rate limit, access list and sign-in (Caddy compiles each
+    route's chain the same way). Tables are read by the engines, never written outside here.
     """
 
     def __init__(self, name: str, not_found, guard=unguarded, errors=DEFAULT_PAGES) -> None:
@@ -97,7 +99,7 @@ class SiteRoutes:
         self.exact_raw: dict[bytes, Route] = {}
         self.prefixes: list[tuple[str, Any, str, Any]] = []
         self.patterns: dict[int, list[tuple[tuple[str, ...], Any, str, Any]]] = {}
-        self.not_found = guard(not_found)
+        self.not_found = guard(not_found, label="-")
         self.unmatched = TALLY.route(name, "-")     # answers of paths no route matched
         # Raw paths that needed decoding or a prefix walk, with what they routed to
         # (UVHTTP's hot-route cache): a busy prefix route is then one dict lookup too.
@@ -105,10 +107,11 @@ class SiteRoutes:
         self.found: dict[bytes, Route] = {}
 
     def add_exact(self, path: str, handler, label: str | None = None, *,
-                  access=None, sign_in: bool = True) -> None:
-        """An exact path, or a pattern with `{name}` segments. `access` replaces the
-        site's list for this route; `sign_in=False` leaves sign-in out (the portal)."""
-        handler = self.guard(handler, access, sign_in)
+                  access=None, sign_in: bool = True, limit=None) -> None:
+        """An exact path, or a pattern with `{name}` segments. `access` and `limit`
+        replace the site's list and rate limit for this route; `sign_in=False` leaves
+        sign-in out (the portal)."""
+        handler = self.guard(handler, access, sign_in, limit, label or path)
         self.found.clear()
         if "{" in path:
             segments = tuple(path.strip("/").split("/"))
@@ -121,10 +124,10 @@ class SiteRoutes:
             self.exact_raw[path.encode()] = route
 
     def add_prefix(self, prefix: str, handler, label: str | None = None, *,
-                   access=None, sign_in: bool = True) -> None:
-        handler = self.guard(handler, access, sign_in)
-        self.found.clear()
+                   access=None, sign_in: bool = True, limit=None) -> None:
         label = label or prefix + "*"
+        handler = self.guard(handler, access, sign_in, limit, label)
+        self.found.clear()
         self.prefixes.append((prefix, handler, label, TALLY.route(self.name, label)))
         self.prefixes.sort(key=lambda entry: len(entry[0]), reverse=True)
 

@@ -14,6 +14,7 @@ from nestgate.handlers.health import health_handler
 from nestgate.handlers.redirect import HttpsRedirect
 from nestgate.responses import SERVER
 from nestgate.errorpages import ErrorPages, rebuild_defaults
+from nestgate.ratelimit import limiting
 from nestgate.routetypes import ROUTE_TYPES
 from nestgate.routing import Router, SiteRoutes, unguarded
 
@@ -81,6 +82,7 @@ def build_router(config) -> Router:
     for site_config in config.sites:
         errors = error_pages(config, site_config)
         guard = gateway.site_guard(site_config, errors) if gateway else unguarded
+        guard = limiting(guard, site_config, errors, gateway.signin if gateway else None)
         site = SiteRoutes(site_config.name, errors[404], guard, errors)
         if site_config.health:
             site.add_exact(config.server.health_path, health, "health")
@@ -89,9 +91,11 @@ def build_router(config) -> Router:
             if isinstance(handler, Service):
                 services.append(handler)
             if route.path:
-                site.add_exact(route.path, handler, route.label, access=route.access)
+                site.add_exact(route.path, handler, route.label, access=route.access,
+                               limit=route.rate_limit)
             else:
-                site.add_prefix(route.prefix, handler, route.label, access=route.access)
+                site.add_prefix(route.prefix, handler, route.label, access=route.access,
+                                limit=route.rate_limit)
         if site_config.home or site_config.notes:
             add_site_pages(site, site_config, config, errors[404].page)
         if gateway:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from nestgate.admin.keeper import AdminKeeper
 from nestgate.config import Config, ConfigError, config_warnings, read_config, with_overrides
+from nestgate.ratelimit import shared_limits
 from nestgate.sdnotify import notify
 from nestgate.tls import server_context
 
@@ -93,6 +94,9 @@ class Supervisor:
         os.set_blocking(self.ready_r, False)
         self._first = config
         self.admin = AdminKeeper()
+        # Rate-limit and per-client connection tables: mapped here, before any fork, so
+        # every worker of every generation shares them (nestgate.ratelimit).
+        shared_limits()
 
     # ----------------------------------------------------------- listeners
     @staticmethod
@@ -241,6 +245,7 @@ class Supervisor:
             was_ready = pid in gen.ready
             gen.ready.discard(pid)
             self.admin.worker_gone(pid, slot.figures)
+            shared_limits().connections.clear(slot.figures)   # its clients' connections
             slot.last_pid = pid
             slot.pid = 0
             if gen.stopping or self.stopping:

@@ -87,6 +87,9 @@ class Tally:
         self.events = dict.fromkeys(EVENTS, 0)
         self.log_dropped = 0             # request-log records lost (the worker sets it)
         self.control = 0                 # the operator's requests applied (control.py)
+        # Requests a rate limit refused (429), by (site, route): one-item lists the
+        # routes' `Limited` wrappers increment (nestgate.ratelimit).
+        self.refused: dict[tuple[str, str], list[int]] = {}
 
     def event(self, name: str) -> None:
         self.events[name] += 1
@@ -98,6 +101,12 @@ class Tally:
             if times is None:
                 times = self.sites[site] = SiteTimes()
             found = self.routes[(site, label)] = RouteTally(site, label, times)
+        return found
+
+    def refused_counter(self, site: str, label: str) -> list[int]:
+        found = self.refused.get((site, label))
+        if found is None:
+            found = self.refused[(site, label)] = [0]
         return found
 
     def snapshot(self) -> bytes:
@@ -117,6 +126,8 @@ class Tally:
             "log_dropped": self.log_dropped,
             # kind ("static" or "pages"), site, route, hits, misses, bytes held
             "caches": [cache.cache_figures() for cache in self.caches],
+            "refused": [[site, label, count[0]]
+                        for (site, label), count in self.refused.items() if count[0]],
         }, separators=(",", ":")).encode()
 
 

@@ -22,6 +22,7 @@ from nestgate.clientip import parse_networks
 from nestgate.http1 import HTTP1Connection, ProxyProtocolConnection
 from nestgate.http2 import ALPNSwitch, HTTP2Connection
 from nestgate.proxytls import ProxyThenTLS, TLSHandshake
+from nestgate.ratelimit import shared_limits
 from nestgate.site import build_router, https_redirect_router
 from nestgate.control import CONTROLS
 from nestgate.tally import TALLY
@@ -54,6 +55,7 @@ class ServerContext:
         trusted = worker.config.trusted_proxies
         self.trusted_proxies = parse_networks(trusted) if trusted else None
         self.proxy_protocol_from = parse_networks(listener.proxy_protocol_from)
+        self.max_per_client = listener.max_connections_per_client   # 0: not counted
 
     @staticmethod
     def client_address(peer) -> str:
@@ -104,6 +106,7 @@ class Worker:
         self._stop = None
         self.contexts: list[ServerContext] = []
         self.started = 0.0
+        self.counting_clients = False    # a listener has max_connections_per_client
 
     async def serve(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -112,6 +115,10 @@ class Worker:
             self.access_log = AccessLog(self.config.log)
         router = self.router or build_router(self.config)
         self.started = CLOCK.wall
+        self.counting_clients = self.figures is not None and any(
+            listener.max_connections_per_client for listener, _sock in self.sockets)
+        if self.counting_clients:
+            shared_limits().connections.adopt(self.figures[1])
         servers, contexts = [], self.contexts
         for listener, sock in self.sockets:
             ctx = ServerContext(self, listener, router)
@@ -210,6 +217,11 @@ class Worker:
                 tls += 1
         table.write(slot, os.getpid(), generation, self.started, requests, http1, http2,
                     tls, handshakes, CLOCK.wall, bytes_in, bytes_out)
+        if self.counting_clients:
+            # Every worker's region must be read by a connection check: draining
+            # generations and restarts can take slots beyond the first ones.
+            counts = shared_limits().connections
+            counts.span = max([counts.span] + [f.slot + 1 for f in table.read()])
         if not self.tally_shown:
             return                  # the admin process: its own requests are not the sites'
         CONTROLS.poll(table)

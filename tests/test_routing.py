@@ -58,18 +58,21 @@ def test_bad_paths_are_refused_every_time(site):
 
 
 def test_every_handler_a_guarded_site_is_given_goes_through_its_guard():
-    def guard(handler, access=None, sign_in=True):
-        return ("guarded", handler, access, sign_in)
+    def guard(handler, access=None, sign_in=True, limit=None, label=""):
+        return ("guarded", handler, access, sign_in, limit, label)
     table = SiteRoutes("private", "not-found", guard)
     table.add_exact("/a", "a")
-    table.add_prefix("/files/", "files", access="lan")
+    table.add_prefix("/files/", "files", access="lan", limit="10/s")
     table.add_exact("/login", "portal", sign_in=False)
     table.add_exact("/notes/{slug}", "note")
     # Added while serving, as notes pages are: guarded all the same.
     table.add_exact("/notes/late", "late")
-    assert route(table, b"/a").handler == ("guarded", "a", None, True)
-    assert route(table, b"/files/x").handler == ("guarded", "files", "lan", True)
-    assert route(table, b"/login").handler == ("guarded", "portal", None, False)
-    assert route(table, b"/notes/x").handler == ("guarded", "note", None, True)
-    assert route(table, b"/notes/late").handler == ("guarded", "late", None, True)
-    assert route(table, b"/nowhere").handler == ("guarded", "not-found", None, True)
+    assert route(table, b"/a").handler == ("guarded", "a", None, True, None, "/a")
+    assert route(table, b"/files/x").handler == \
+        ("guarded", "files", "lan", True, "10/s", "/files/*")
+    assert route(table, b"/login").handler == ("guarded", "portal", None, False, None, "/login")
+    assert route(table, b"/notes/x").handler == \
+        ("guarded", "note", None, True, None, "/notes/{slug}")
+    assert route(table, b"/notes/late").handler == \
+        ("guarded", "late", None, True, None, "/notes/late")
+    assert route(table, b"/nowhere").handler == ("guarded", "not-found", None, True, None, "-")

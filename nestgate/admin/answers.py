@@ -32,6 +32,7 @@ class AnswerCounts:
         self.departed_events: dict[str, int] = {}
         self.departed_caches: dict[tuple[str, str, str], list[int]] = {}   # hits, misses
         self.departed_log_dropped = 0
+        self.departed_refused: dict[tuple[str, str], int] = {}
 
     def refresh(self, table) -> None:
         """Read every running worker's snapshot."""
@@ -71,6 +72,7 @@ class AnswerCounts:
                 have[0] += hits
                 have[1] += misses
             self.departed_log_dropped += snapshot.get("log_dropped", 0)
+            _add_refused(self.departed_refused, snapshot)
 
     def totals(self) -> tuple[dict, dict]:
         """({(site, route, code): answers}, {site: [buckets..., sum, count]}), with the
@@ -139,9 +141,21 @@ class AnswerCounts:
                 have[2] += held
         return caches
 
+    def refused(self) -> dict[tuple[str, str], int]:
+        """(site, route) -> requests its rate limit refused, over every worker that ran."""
+        refused = dict(self.departed_refused)
+        for snapshot in self.latest.values():
+            _add_refused(refused, snapshot)
+        return refused
+
     def log_dropped(self) -> int:
         return self.departed_log_dropped + sum(s.get("log_dropped", 0)
                                                for s in self.latest.values())
+
+
+def _add_refused(refused: dict, snapshot: dict) -> None:
+    for site, route, count in snapshot.get("refused", ()):
+        refused[(site, route)] = refused.get((site, route), 0) + count
 
 
 def _add_events(events: dict, snapshot: dict) -> None:

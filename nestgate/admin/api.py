@@ -257,7 +257,7 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     failures: dict = {}
     secret = config.admin.token.encode()
 
-    def guard(handler, access=None, sign_in: bool = True):
+    def guard(handler, access=None, sign_in: bool = True, limit=None, label: str = ""):
         # `sign_in=False` is the open endpoint (liveness); everything else is gated.
         return handler if not sign_in else TokenGate(handler, secret, failures)
 

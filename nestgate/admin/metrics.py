@@ -127,6 +127,10 @@ def render(state) -> bytes:
         out.family(name, kind, help_text,
                    [({"cache": kind_, "site": site, "route": route}, values[index])
                     for (kind_, site, route), values in caches])
+    out.family("rate_limited", "counter",
+               "Requests a rate limit refused (429), by site and route.",
+               [({"site": site, "route": route}, count)
+                for (site, route), count in sorted(state.answers.refused().items())])
     out.family("request_log_dropped", "counter",
                "Request-log records lost to write errors (a full disk, a closed pipe).",
                [({}, state.answers.log_dropped())])

@@ -37,6 +37,7 @@ class Site:
     site_host: str = ""                 # "" = any Host; else only this one (404 scenario)
     cidrs: tuple[str, ...] = ()         # access list checked for the other Hosts
     backend_port: int = 0               # proxy scenarios
+    rate_limit: tuple[int, int] | None = None   # (per second, burst) per client address
     # Bytes nestgate answered for a path, which peers replay (health length, note pages).
     captured: dict[str, tuple[bytes, str]] = field(default_factory=dict)
 
@@ -133,6 +134,7 @@ class Peer:
     """A server measured in the benchmark. Subclasses render configs and name the command."""
     name = ""
     tool = ""
+    limits_rates = True                 # can limit requests per client (health-limited)
 
     def __init__(self, workdir: Path, outdir: Path):
         self.workdir, self.outdir = workdir, outdir
@@ -234,6 +236,9 @@ def render_nestgate(site: Site) -> str:
         lines += ["[[listen.certificate]]", f"cert = {_toml(str(site.certificate.cert))}",
                   f"key = {_toml(str(site.certificate.key))}", 'names = ["localhost"]']
     lines += ["", "[[site]]", f"hosts = {_toml([site.site_host or '*'])}"]
+    if site.rate_limit:
+        rate, burst = site.rate_limit
+        lines.append(f'rate_limit = {{ rate = "{rate}/s", burst = {burst} }}')
     lines += _NESTGATE_ROUTES[site.route.kind](site)
     if site.site_host:
         # Any other Host lands on a catch-all site that checks the access list and has no
@@ -317,6 +322,8 @@ def render_nginx(site: Site, workdir: Path, error_log: Path, locations: list[str
                # nginx 1.22 still offers TLS 1.0-1.2 by default: pin what nestgate is held to.
                "ssl_protocols TLSv1.3;"]
     upstream, geo, default_server = [], [], []
+    if site.rate_limit:
+        geo = [f"limit_req_zone $binary_remote_addr zone=bench:10m rate={site.rate_limit[0]}r/s;"]
     if site.backend_port:
         upstream = [f"upstream backend {{ server 127.0.0.1:{site.backend_port}; keepalive 64; }}"]
     if site.site_host:
@@ -370,6 +377,13 @@ def render_nginx(site: Site, workdir: Path, error_log: Path, locations: list[str
 def _nginx_health(site: Site) -> list[str]:
     body, _ = site.captured.get(site.route.path, (b'{"status":"ok"}', ""))
     fixed = content.health_json(len(body))
+    if site.rate_limit:
+        # `return` runs before limit_req's phase and would skip the limit: a file does not.
+        path = site.content / "health-limited.json"
+        path.write_text(fixed)
+        return [f"location = {site.route.path} {{ limit_req zone=bench "
+                f"burst={site.rate_limit[1]} nodelay; default_type application/json; "
+                f"alias {path}; }}"]
     return [f"location = {site.route.path} {{ default_type application/json; "
             f"return 200 '{fixed}'; }}"]
 
@@ -417,6 +431,7 @@ class Caddy(Peer):
     """Caddy when installed. Its Go runtime is held to the same core count with GOMAXPROCS."""
     name = "caddy"
     tool = "caddy"
+    limits_rates = False                # rate limiting is a plugin, not in Debian's build
 
     def argv(self, config: Path, site: Site) -> list[str]:
         return [tools.require("caddy"), "run", "--config", str(config), "--adapter", "caddyfile"]

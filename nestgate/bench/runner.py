@@ -103,6 +103,8 @@ def _choose_peers(scenario: Scenario, opts: Options, workdir: Path, outdir: Path
     for name in ([] if scenario.nestgate_only else opts.peers):
         peer = PEERS[name](workdir, outdir)
         reason = peer.available()
+        if not reason and scenario.rate_limit and not peer.limits_rates:
+            reason = "no per-client rate limit in its stock build"
         if reason:
             skipped[name] = reason
         else:
@@ -124,7 +126,8 @@ def _sites(scenario: Scenario, opts: Options, workdir: Path, names: list[str]) -
         sites[name] = Site(root, free_port(), opts.workers, scenario.route, cert,
                            site_host="known.example" if scenario.host else "",
                            cidrs=tuple(content.cidr_list()) if scenario.host else (),
-                           backend_port=backend_port, captured=captured)
+                           backend_port=backend_port, captured=captured,
+                           rate_limit=scenario.rate_limit)
     if backend_port:
         sites["backend"] = Site(root, backend_port, 1, Route("static", "/"), captured=captured)
     return sites

@@ -34,6 +34,7 @@ class Scenario:
     nestgate_only: bool = False         # no peer does the same work (notes write path)
     needs: str = ""                     # nestgate feature it depends on, for skip messages
     sweep: bool = False                 # part of the concurrency sweep when asked for
+    rate_limit: tuple[int, int] | None = None   # (requests per second, burst) on the route
 
     @property
     def scheme(self) -> str:
@@ -70,6 +71,10 @@ SCENARIOS: tuple[Scenario, ...] = (
              "/proxy/2b", needs="reverse proxy"),
     Scenario("proxy-4k", "reverse proxy, 4 KB answers, keep-alive both sides", _proxy,
              "/proxy/4k", needs="reverse proxy"),
+    # A limit far above what the load reaches: what checking one costs per request.
+    Scenario("health-limited", "health JSON behind a per-client rate limit that never "
+             "refuses (nginx: limit_req, its JSON served as a file)", _health, HEALTH,
+             rate_limit=(1_000_000, 1_000_000), needs="rate limits"),
     Scenario("https-health", "health JSON over HTTPS (TLS 1.3), HTTP/1.1", _health, HEALTH,
              tls=True),
     Scenario("h2-health", "health JSON over HTTP/2 + TLS 1.3 (h2load -c64 -m10)", _health, HEALTH,

@@ -1,0 +1,376 @@
+"""Rate and connection limits per client, for the whole server rather than per worker.
+
+Theory of operation
+-------------------
+`rate_limit = { rate = "10/s", burst = 20 }` on a site or a route is GCRA (the
+generic cell rate algorithm, as nginx's `limit_req ... nodelay` behaves): each client
+has a theoretical arrival time (TAT); a request at `now` passes when
+`TAT - now <= (burst - 1) / rate`, and then moves TAT on by `1 / rate` from
+`max(TAT, now)`. So `burst` requests pass at once, then `rate` per second, and one
+number per client is all the state.
+
+That number lives in `RateTable`, one shared, anonymous memory table that the
+supervisor maps before it forks any worker, so every worker of every generation reads
+and writes the same TATs: a client that spreads its connections over the workers gets
+the configured total, not one per worker. An entry is a 64-bit tag (the hash of the
+limit and the client key; workers are forked from the supervisor and share its hash
+seed) and the TAT, found by linear probing over PROBES entries. An entry whose TAT has
+passed carries no state and is reused; when all probes are live, the one nearest to
+expiring is replaced. Two workers may read the same TAT at the same instant and both
+let a request through: a limit can be overrun by one request in such a race, never
+more, and no lock or syscall is taken. The time is CLOCK_MONOTONIC (a vDSO read, the
+same clock in every process).
+
+A request that no `rate_limit` covers never reaches this module: the limit is a
+GATED wrapper put around a route's handler when the route is compiled
+(`SiteRoutes.add_exact`/`add_prefix` call the site's guard, which adds it), ahead of
+the access list and sign-in, as nginx's `limit_req` runs before `allow`/`deny`.
+The client key is worked out once per connection and client address (kept on the
+connection, like access decisions): the address after trusted proxies and PROXY
+protocol, its /64 for IPv6 (`ipv6_prefix`), or with `key = "user"` the signed-in
+user of a live session the worker already knows (else the address).
+
+`max_connections_per_client` on a listener (nginx's `limit_conn`) counts open HTTP
+connections per client address in `ConnectionCounts`: each worker writes only its
+own region of another shared table (so there is nothing to race on; the region is
+the worker's slot in the admin's worker table), and a new connection is checked
+against the sum over the regions in use. The supervisor empties a region when its
+worker exits, so a dead worker's connections stop counting at once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import mmap
+import time
+from dataclasses import dataclass
+
+from nestgate.clientip import parse_networks
+from nestgate.handlers import GATED
+from nestgate.tally import TALLY
+
+RATE_ENTRIES = 1 << 17          # clients tracked at once, over every limit (2 MiB)
+PROBES = 8
+CONNECTION_ENTRIES = 4096       # client addresses per worker region (64 KiB each)
+SPAN_MIN = 16                   # worker regions a connection check reads at least
+_TAG_MASK = (1 << 64) - 1
+_SLACK = 1e-6                   # TATs are sums of floats: a microsecond of rounding is no excess
+_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
+
+
+# ---------------------------------------------------------------- configuration
+@dataclass(frozen=True)
+class RateLimit:
+    rate: float                   # requests per second
+    burst: int                    # requests that may pass at once
+    key: str = "ip"               # "ip" or "user"
+    ipv6_prefix: int = 64         # IPv6 clients share a limit per this prefix
+    exempt: tuple[str, ...] = ()  # CIDRs never limited (none by default: loopback too)
+    text: str = ""                # the rate as written, for messages
+
+    @property
+    def interval(self) -> float:
+        return 1.0 / self.rate
+
+    @property
+    def tolerance(self) -> float:
+        return (self.burst - 1) / self.rate
+
+
+def parse_rate(value) -> float:
+    """"10/s", "600/m" (or /min, /minute) -> requests per second."""
+    if not isinstance(value, str) or "/" not in value:
+        raise ValueError('a rate such as "10/s" or "300/m"')
+    count, _, unit = value.partition("/")
+    try:
+        number = float(count.strip())
+    except ValueError:
+        raise ValueError('a rate such as "10/s" or "300/m"') from None
+    seconds = _UNITS.get(unit.strip().lower())
+    if seconds is None or not number > 0 or number == float("inf"):
+        raise ValueError('a rate above 0 per "s" or "m", such as "10/s" or "300/m"')
+    return number / seconds
+
+
+def rate_limit_from(value) -> RateLimit:
+    """A `rate_limit` inline table, checked; ValueError names what is wrong."""
+    if not isinstance(value, dict):
+        raise ValueError('a table such as { rate = "10/s", burst = 20 }')
+    unknown = set(value) - {"rate", "burst", "key", "ipv6_prefix", "exempt"}
+    if unknown:
+        raise ValueError(f"keys rate, burst, key, ipv6_prefix, exempt (unknown: "
+                         f"{', '.join(sorted(unknown))})")
+    if "rate" not in value:
+        raise ValueError('a rate, such as { rate = "10/s", burst = 20 }')
+    rate = parse_rate(value["rate"])
+    # Default burst: a second's worth of the rate (a page and its assets arrive together).
+    burst = value.get("burst", max(1, round(rate)))
+    if not isinstance(burst, int) or isinstance(burst, bool) or not 1 <= burst <= 1_000_000:
+        raise ValueError("burst: an integer 1..1000000")
+    key = value.get("key", "ip")
+    if key not in ("ip", "user"):
+        raise ValueError("key: \"ip\" or \"user\"")
+    prefix = value.get("ipv6_prefix", 64)
+    if not isinstance(prefix, int) or isinstance(prefix, bool) or not 1 <= prefix <= 128:
+        raise ValueError("ipv6_prefix: an integer 1..128")
+    exempt = value.get("exempt", [])
+    if not isinstance(exempt, list) or not all(isinstance(x, str) for x in exempt):
+        raise ValueError("exempt: a list of IP addresses or CIDRs")
+    parse_networks(exempt)
+    return RateLimit(rate, burst, key, prefix, tuple(exempt), value["rate"])
+
+
+def read_rate_limit(s) -> RateLimit | None:
+    """The `rate_limit` key of a [[site]] or [[site.route]] table (config `_Section`)."""
+    return s.get("rate_limit", None, rate_limit_from, "")
+
+
+# ---------------------------------------------------------------- shared state
+class RateTable:
+    """The TAT of every limited client, shared by all workers (see the module doc)."""
+
+    def __init__(self, entries: int = RATE_ENTRIES) -> None:
+        self.memory = mmap.mmap(-1, entries * 16)          # MAP_SHARED | MAP_ANONYMOUS
+        self.tags = memoryview(self.memory).cast("Q")      # entry i: tags[2i]
+        self.tats = memoryview(self.memory).cast("d")      # entry i: tats[2i + 1]
+        self.mask = entries - 1
+
+    def take(self, key_hash: int, now: float, interval: float, tolerance: float) -> float:
+        """0.0 when a request under this key may pass now (it is counted); else the
+        seconds until one may."""
+        tags, tats, mask = self.tags, self.tats, self.mask
+        tag = (key_hash & _TAG_MASK) | 1
+        base = key_hash & mask
+        found = spare = -1
+        for probe in range(PROBES):
+            at = (base + probe) & mask
+            held = tags[2 * at]
+            if held == tag:
+                found = at
+                break
+            if spare < 0 and (held == 0 or tats[2 * at + 1] <= now):
+                spare = at
+        if found >= 0:
+            tat = tats[2 * found + 1]
+            if tat < now:
+                tat = now
+        else:
+            if spare < 0:        # every probe live: replace the one nearest to expiring
+                spare = min(((base + p) & mask for p in range(PROBES)),
+                            key=lambda i: tats[2 * i + 1])
+            found, tat = spare, now
+            tats[2 * found + 1] = now
+            tags[2 * found] = tag
+        wait = tat - now - tolerance
+        if wait > _SLACK:
+            return wait
+        tats[2 * found + 1] = tat + interval
+        return 0.0
+
+
+class ConnectionCounts:
+    """Open connections per client address: one region per worker slot, written only
+    by its worker; a check adds up the live workers' regions."""
+
+    def __init__(self, slots: int, entries: int = CONNECTION_ENTRIES) -> None:
+        self.entries = entries
+        self.memory = mmap.mmap(-1, slots * entries * 16)   # pages touched only when used
+        self.tags = memoryview(self.memory).cast("Q")
+        self.counts = memoryview(self.memory).cast("q")
+        self.slots = slots
+        self.mine = -1                    # this worker's region (-1: not counting)
+        # Regions a check reads: 0 .. span-1. Slots are claimed lowest first, so this
+        # covers every worker of the live generations; the worker's tick widens it.
+        self.span = min(slots, SPAN_MIN)
+
+    def adopt(self, slot: int) -> None:
+        """A worker takes its region."""
+        if 0 <= slot < self.slots:
+            self.mine = slot
+            self.clear(slot)
+            self.span = max(self.span, slot + 1)
+
+    def clear(self, slot: int) -> None:
+        """Empty a region: its worker has exited (the supervisor) or starts (itself)."""
+        if 0 <= slot < self.slots:
+            size = self.entries * 16
+            self.memory[slot * size:(slot + 1) * size] = bytes(size)
+
+    def _entry(self, region: int, tag: int, insert: bool) -> int:
+        """The index of `tag`'s entry in `region`; when it has none, -1, or with
+        `insert` the entry it may take (one never used, or one whose count fell to 0;
+        -1 when there is no room). Tags are never cleared, so probing stops at the
+        first entry never used."""
+        tags, counts = self.tags, self.counts
+        first = region * self.entries
+        base = tag % self.entries
+        spare = -1
+        for probe in range(PROBES):
+            at = first + (base + probe) % self.entries
+            held = tags[2 * at]
+            if held == tag:
+                return at
+            if held == 0:
+                if spare < 0:
+                    spare = at
+                break
+            if spare < 0 and counts[2 * at + 1] == 0:
+                spare = at
+        return spare if insert else -1
+
+    def total(self, tag: int) -> int:
+        count = 0
+        for region in range(self.span):
+            at = self._entry(region, tag, False)
+            if at >= 0:
+                count += self.counts[2 * at + 1]
+        return count
+
+    def opened(self, tag: int) -> bool:
+        """Count a connection in this worker's region; False when there is no room
+        (the connection is then not limited)."""
+        if self.mine < 0:
+            return False
+        at = self._entry(self.mine, tag, True)
+        if at < 0:
+            return False
+        self.tags[2 * at] = tag
+        self.counts[2 * at + 1] += 1
+        return True
+
+    def closed(self, tag: int) -> None:
+        at = self._entry(self.mine, tag, False)
+        if at >= 0 and self.counts[2 * at + 1] > 0:
+            self.counts[2 * at + 1] -= 1
+
+
+class SharedLimits:
+    """The tables every worker shares; made once, by the supervisor, before forking."""
+
+    def __init__(self, slots: int) -> None:
+        self.rates = RateTable()
+        self.connections = ConnectionCounts(slots)
+
+
+_SHARED: SharedLimits | None = None
+
+
+def shared_limits() -> SharedLimits:
+    """This process tree's tables: the supervisor makes them before its first fork
+    (`Supervisor.__init__`); a process without a supervisor (tests) makes its own."""
+    global _SHARED
+    if _SHARED is None:
+        from nestgate.admin.stats import SLOTS
+        _SHARED = SharedLimits(SLOTS)
+    return _SHARED
+
+
+# ---------------------------------------------------------------- connections
+def count_connection(conn) -> bool:
+    """Count `conn` against its listener's `max_connections_per_client` under its
+    client's address (again, under the new address, when a PROXY header changed it);
+    False when the client already has that many open."""
+    counts = shared_limits().connections
+    if conn.client_tag:
+        counts.closed(conn.client_tag)
+        conn.client_tag = 0
+    tag = (hash(("connections", conn.client)) & _TAG_MASK) | 1
+    if counts.total(tag) >= conn.ctx.max_per_client:
+        return False
+    if counts.opened(tag):
+        conn.client_tag = tag
+    return True
+
+
+def uncount_connection(conn) -> None:
+    if conn.client_tag:
+        shared_limits().connections.closed(conn.client_tag)
+        conn.client_tag = 0
+
+
+# ---------------------------------------------------------------- the request path
+def client_key(client: str, ipv6_prefix: int) -> str:
+    """The address a limit counts by: IPv6 clients by their prefix (one host often
+    holds a whole /64, so a limit per address would be no limit)."""
+    if ":" not in client or ipv6_prefix >= 128:
+        return client
+    try:
+        network = ipaddress.IPv6Network((client, ipv6_prefix), strict=False)
+    except ValueError:
+        return client
+    return str(network)
+
+
+def limiting(guard, site_config, errors, signin=None):
+    """The site's guard with its rate limits in front: a route's own `rate_limit`,
+    else the site's. The guard as it was when neither the site nor a route has one."""
+    site_limit = site_config.rate_limit
+    if site_limit is None and not any(r.rate_limit for r in site_config.routes):
+        return guard
+    table = shared_limits().rates
+    site = site_config.name
+
+    def limited_guard(handler, access=None, sign_in=True, limit=None, label=""):
+        handler = guard(handler, access, sign_in, limit, label)
+        if limit is not None:
+            identity = hash(("route", site, label))     # its own bucket per client
+        elif site_limit is not None:
+            limit, identity = site_limit, hash(("site", site))   # one for the whole site
+        else:
+            return handler
+        return Limited(handler, limit, identity, table, errors, signin,
+                       TALLY.refused_counter(site, label))
+    return limited_guard
+
+
+class Limited:
+    """A route behind a rate limit: `admit` answers 429 or hands on to what it wraps
+    (the route's handler, or the access gate in front of it)."""
+
+    is_async = GATED
+    __slots__ = ("inner", "limit", "table", "errors", "exempt", "identity", "signin",
+                 "interval", "tolerance", "upgrades", "refused")
+
+    def __init__(self, inner, limit: RateLimit, identity: int, table: RateTable, errors,
+                 signin=None, refused: list | None = None) -> None:
+        self.inner = inner
+        self.limit = limit
+        self.identity = identity          # which limit: the same in every worker
+        self.table = table
+        self.errors = errors              # the site's ErrorPages: its 429
+        self.exempt = parse_networks(limit.exempt) if limit.exempt else None
+        self.signin = signin if limit.key == "user" else None
+        self.interval = limit.interval
+        self.tolerance = limit.tolerance
+        self.upgrades = getattr(inner, "upgrades", False)
+        # Requests answered 429, shared by the route's Limited objects over reloads of
+        # its pages (a one-item list: `nestgate.tally`'s refused counts).
+        self.refused = refused if refused is not None else [0]
+
+    def admit(self, conn, headers):
+        client = conn.client
+        cache = conn.decisions
+        if cache is None:
+            cache = conn.decisions = {}
+        hit = cache.get(self)
+        if hit is not None and hit[0] == client:
+            key_hash = hit[1]
+        else:
+            key_hash = self.key_hash(client)
+            cache[self] = (client, key_hash)
+        if key_hash is None:
+            return self.inner                               # exempt
+        if self.signin is not None:
+            user = self.signin.known_user(headers)
+            if user is not None:
+                key_hash = hash((self.identity, "user", user))
+        wait = self.table.take(key_hash, time.monotonic(), self.interval, self.tolerance)
+        if not wait:
+            return self.inner
+        self.refused[0] += 1
+        return self.errors.too_many(int(wait) + 1, headers)
+
+    def key_hash(self, client: str) -> int | None:
+        if self.exempt is not None and client in self.exempt:
+            return None
+        return hash((self.identity, client_key(client, self.limit.ipv6_prefix)))
