@@ -135,37 +135,47 @@ class RateTable:
         self.tats = memoryview(self.memory).cast("d")      # entry i: tats[2i + 1]
         self.mask = entries - 1
 
-    def take(self, key_hash: int, now: float, interval: float, tolerance: float) -> float:
-        """0.0 when a request under this key may pass now (it is counted); else the
-        seconds until one may."""
-        tags, tats, mask = self.tags, self.tats, self.mask
-        tag = (key_hash & _TAG_MASK) | 1
-        base = key_hash & mask
-        found = spare = -1
-        for probe in range(PROBES):
-            at = (base + probe) & mask
-            held = tags[2 * at]
-            if held == tag:
-                found = at
-                break
-            if spare < 0 and (held == 0 or tats[2 * at + 1] <= now):
-                spare = at
-        if found >= 0:
-            tat = tats[2 * found + 1]
-            if tat < now:
-                tat = now
-        else:
-            if spare < 0:        # every probe live: replace the one nearest to expiring
-                spare = min(((base + p) & mask for p in range(PROBES)),
-                            key=lambda i: tats[2 * i + 1])
-            found, tat = spare, now
-            tats[2 * found + 1] = now
-            tags[2 * found] = tag
+    def place(self, key_hash: int) -> tuple[int, int]:
+        """(tag, 2 x first probe) of a key: what `take` needs, worked out once per key."""
+        return (key_hash & _TAG_MASK) | 1, 2 * (key_hash & self.mask)
+
+    def take(self, tag: int, at: int, now: float, interval: float, tolerance: float) -> float:
+        """0.0 when a request under this key (`place`) may pass now (it is counted);
+        else the seconds until one may."""
+        if self.tags[at] != tag:
+            at = self._find(tag, at // 2, now)
+        # (The usual case, a client found at its first probe, costs two reads and a
+        # write of shared memory: this path is on every limited request.)
+        tats = self.tats
+        tat = tats[at + 1]
+        if tat < now:
+            tat = now
         wait = tat - now - tolerance
         if wait > _SLACK:
             return wait
-        tats[2 * found + 1] = tat + interval
+        tats[at + 1] = tat + interval
         return 0.0
+
+    def _find(self, tag: int, first: int, now: float) -> int:
+        """The entry for `tag` (2 x its index) among the probes from `first`, else a
+        new one: the first never used or expired, else the one nearest to expiring."""
+        tags, tats, mask = self.tags, self.tats, self.mask
+        spare = -1
+        for probe in range(1, PROBES):
+            at = 2 * ((first + probe) & mask)
+            if tags[at] == tag:
+                return at
+        for probe in range(PROBES):
+            at = 2 * ((first + probe) & mask)
+            if tags[at] == 0 or tats[at + 1] <= now:
+                spare = at
+                break
+        if spare < 0:
+            spare = min((2 * ((first + p) & mask) for p in range(PROBES)),
+                        key=lambda i: tats[i + 1])
+        tats[spare + 1] = now
+        tags[spare] = tag
+        return spare
 
 
 class ConnectionCounts:
@@ -353,18 +363,18 @@ class Limited:
         if cache is None:
             cache = conn.decisions = {}
         hit = cache.get(self)
-        if hit is not None and hit[0] == client:
-            key_hash = hit[1]
-        else:
+        if hit is None or hit[0] != client:
             key_hash = self.key_hash(client)
-            cache[self] = (client, key_hash)
-        if key_hash is None:
+            hit = cache[self] = (client, *self.table.place(key_hash)) if key_hash is not None \
+                else (client, 0, 0)
+        tag, at = hit[1], hit[2]
+        if not tag:
             return self.inner                               # exempt
         if self.signin is not None:
             user = self.signin.known_user(headers)
             if user is not None:
-                key_hash = hash((self.identity, "user", user))
-        wait = self.table.take(key_hash, time.monotonic(), self.interval, self.tolerance)
+                tag, at = self.table.place(hash((self.identity, "user", user)))
+        wait = self.table.take(tag, at, time.monotonic(), self.interval, self.tolerance)
         if not wait:
             return self.inner
         self.refused[0] += 1

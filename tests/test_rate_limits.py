@@ -69,34 +69,35 @@ def test_gcra_lets_the_burst_through_then_the_rate():
     table = RateTable(entries=1024)
     interval, tolerance = 0.1, 19 * 0.1            # 10/s, burst 20
     now = 1000.0
-    passed = [table.take(42, now, interval, tolerance) == 0.0 for _ in range(25)]
+    passed = [table.take(*table.place(42), now, interval, tolerance) == 0.0
+              for _ in range(25)]
     assert passed == [True] * 20 + [False] * 5
-    wait = table.take(42, now, interval, tolerance)
+    wait = table.take(*table.place(42), now, interval, tolerance)
     assert wait == pytest.approx(0.1)              # one interval until the next
-    assert table.take(42, now + 0.1, interval, tolerance) == 0.0
-    assert table.take(42, now + 0.1, interval, tolerance) > 0
+    assert table.take(*table.place(42), now + 0.1, interval, tolerance) == 0.0
+    assert table.take(*table.place(42), now + 0.1, interval, tolerance) > 0
     # Asking every millisecond from 0 to 9.999 s: the burst at 0, then one at each of
     # 0.1, 0.2 ... 9.9 s.
     table = RateTable(entries=1024)
-    allowed = sum(table.take(7, now + i * 0.001, interval, tolerance) == 0.0
+    allowed = sum(table.take(*table.place(7), now + i * 0.001, interval, tolerance) == 0.0
                   for i in range(10_000))
     assert allowed == 20 + 99
     # Another key is unaffected.
-    assert table.take(43, now, interval, tolerance) == 0.0
+    assert table.take(*table.place(43), now, interval, tolerance) == 0.0
 
 
 def test_the_table_is_bounded_and_reuses_what_expired():
     table = RateTable(entries=64)
     now = 50.0
     for key in range(10_000):                      # far more clients than entries
-        table.take(key, now, 1.0, 0.0)
+        table.take(*table.place(key), now, 1.0, 0.0)
     assert len(table.memory) == 64 * 16            # fixed: nothing grows per client
     # A key whose entry was replaced starts afresh (fails open, never locks out)...
-    assert table.take(0, now, 1.0, 0.0) == 0.0
+    assert table.take(*table.place(0), now, 1.0, 0.0) == 0.0
     # ... and once every entry has expired, a client is limited again from its burst.
     later = now + 10
-    assert table.take(99_999, later, 1.0, 0.0) == 0.0
-    assert table.take(99_999, later, 1.0, 0.0) > 0
+    assert table.take(*table.place(99_999), later, 1.0, 0.0) == 0.0
+    assert table.take(*table.place(99_999), later, 1.0, 0.0) > 0
 
 
 @pytest.mark.parametrize("text, per_second", [("10/s", 10.0), ("300/m", 5.0),
