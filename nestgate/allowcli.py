@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sqlite3
 import sys
 from datetime import datetime, timezone
 
@@ -109,7 +108,8 @@ def store_path(config) -> str:
 
 
 def allow_main(argv: list[str]) -> int:
-    from nestgate.auth.store import Store, prepare_store
+    from nestgate.auth.redisstore import shown
+    from nestgate.auth.store import open_store, prepare_store, store_errors
     from nestgate.cli import report_config_problems
     from nestgate.config import DEFAULT_CONFIG_NAME, ConfigError, read_config
     args = _parser().parse_args(argv)
@@ -124,11 +124,11 @@ def allow_main(argv: list[str]) -> int:
         return report_config_problems(exc)
     try:
         prepare_store(path)
-        store = Store(path)
+        store = open_store(path)
         try:
             return args.run(store, args)
         finally:
             store.close()
-    except (sqlite3.Error, OSError) as exc:
-        print(f"nestgate allow: store {path}: {exc}", file=sys.stderr)
+    except (*store_errors(), OSError) as exc:
+        print(f"nestgate allow: store {shown(path)}: {exc}", file=sys.stderr)
         return 1

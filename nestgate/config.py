@@ -13,7 +13,7 @@ import os
 import re
 import socket
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -191,6 +191,30 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class StateConfig:
+    """`[state]`: where the state instances share lives. SQLite (the `[auth] store`
+    file) for one machine; Redis for several instances that must be one gateway."""
+    backend: str = "sqlite"                 # "sqlite" | "redis"
+    url: str = ""                           # redis://[:password@]host:port/db, rediss://, unix://
+    prefix: str = "nestgate:"               # before every key, for instances of one gateway
+
+
+def _read_state(s: _Section) -> StateConfig:
+    d = StateConfig()
+    backend = s.choice("backend", d.backend, ("sqlite", "redis"))
+    url = s.str("url")
+    prefix = s.str("prefix", d.prefix)
+    if backend == "redis" and not url.startswith(("redis://", "rediss://", "unix://")):
+        s.fail("url", "a redis://, rediss:// or unix:// address of the Redis server", url)
+    elif backend == "sqlite" and url:
+        s.fail("url", "no url with backend = \"sqlite\" (the [auth] store file is used)", url)
+    if not prefix or any(c.isspace() for c in prefix):
+        s.fail("prefix", "a key prefix without spaces", prefix)
+    s.check_unknown()
+    return StateConfig(backend, url, prefix)
+
+
+@dataclass(frozen=True)
 class Config:
     source: str
     server: ServerConfig
@@ -201,6 +225,7 @@ class Config:
     trusted_proxies: tuple[str, ...] = ()   # X-Forwarded-For is walked through these
     auth: Any = None                        # nestgate.auth.config.AuthConfig
     admin: AdminConfig = AdminConfig()      # the operator's listener (nestgate.admin)
+    state: StateConfig = StateConfig()      # where shared state lives ([state])
 
     @property
     def worker_count(self) -> int:
@@ -664,6 +689,10 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     trusted = client_ip.get("trusted_proxies", (), _cidr_list, "")
     client_ip.check_unknown()
     auth = read_auth(top.table("auth"))
+    state = _read_state(top.table("state"))
+    if auth is not None and state.backend == "redis":
+        from nestgate.auth.redisstore import redis_locator
+        auth = replace(auth, store=redis_locator(state.url, state.prefix))
     admin = read_admin(top.table("admin"), parse_address, read_certificate)
     top.check_unknown()
     if not listeners:
@@ -683,7 +712,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     problems += _user_keyed_limits(sites, file)
     if problems:
         raise ConfigError(problems)
-    return Config(file, server, limits, log, listeners, sites, trusted, auth, admin)
+    return Config(file, server, limits, log, listeners, sites, trusted, auth, admin, state)
 
 
 def _user_keyed_limits(sites, file: str) -> list[str]:

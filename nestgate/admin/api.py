@@ -342,8 +342,8 @@ def store_counts(store_path: str):
     """(allow-list entries, live sessions) for the status page; None without a store."""
     if not store_path:
         return None
-    from nestgate.auth.store import Store
-    store = Store(store_path)
+    from nestgate.auth.store import open_store
+    store = open_store(store_path)
     try:
         return len(store.allow_entries()), len(store.live_sessions())
     finally:

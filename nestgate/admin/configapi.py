@@ -41,6 +41,9 @@ def redacted(value):
                 for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [redacted(v) for v in value]
+    if isinstance(value, str) and "://" in value:
+        from nestgate.auth.redisstore import shown
+        return shown(value) if value.startswith(("redis", "unix")) else value
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)

@@ -6,9 +6,9 @@ nothing is counted on the request path for it."""
 from __future__ import annotations
 
 import os
-import sqlite3
 
 from nestgate import __version__
+from nestgate.auth.store import store_errors
 from nestgate.tally import BUCKETS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -136,7 +136,7 @@ def render(state) -> bytes:
                [({}, state.answers.log_dropped())])
     try:
         counts = state.store_counts() if state.store_counts else None
-    except sqlite3.Error:
+    except store_errors():
         counts = None                      # the store cannot be read now: left out
     if counts is not None:
         out.family("allow_entries", "gauge", "Dynamic allow-list entries in force.",

@@ -203,8 +203,14 @@ class StatusPage:
                f"{time.strftime('%Y-%m-%d', time.gmtime(c['not_after']))} "
                f"({(c['not_after'] - now) / 86400:.0f} days)</td>") + "</tr>"
             for c in self.state.report.get("certificates", ()))
-        counts = self.store_counts()
+        from nestgate.auth.store import store_errors
+        try:
+            counts = self.store_counts()
+        except store_errors() as exc:
+            counts = exc
         state = ("<p>No [auth] store: no allow-list or sessions.</p>" if counts is None else
+                 f"<p>The store cannot be read now: {esc(str(counts))}</p>"
+                 if isinstance(counts, Exception) else
                  f"<p>{counts[0]} allow-list entries, {counts[1]} live sessions.</p>")
         return (f"<h1>nestgate {esc(status['version'])}</h1>"
                 f"<p>up {status['uptime_s']:.0f} s, generation {status['generation']}, "

@@ -13,7 +13,6 @@ a reload.
 from __future__ import annotations
 
 import json
-import sqlite3
 
 from nestgate.admin.replies import method_not_allowed
 from nestgate.allowcli import DEFAULT_TTL
@@ -41,9 +40,10 @@ class StoreEndpoint:
             await request.send_prebuilt(self.error(
                 409, "no_store", "the config has no [auth] store to keep this in"))
             return
+        from nestgate.auth.store import store_errors
         try:
             allowed = await self.answer(request)
-        except sqlite3.Error as exc:
+        except store_errors() as exc:
             await request.send_prebuilt(self.error(503, "store_unavailable",
                                                    f"the store cannot be used now: {exc}"))
             return
@@ -55,8 +55,8 @@ class StoreEndpoint:
         raise NotImplementedError
 
     def store(self):
-        from nestgate.auth.store import Store
-        return Store(self.store_path)
+        from nestgate.auth.store import open_store
+        return open_store(self.store_path)
 
     async def not_found(self, request, what: str) -> None:
         await request.send_prebuilt(self.error(404, "not_found", f"no such {what}"))

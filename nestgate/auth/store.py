@@ -27,6 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from nestgate.clientip import Networks
+from nestgate.errors import HandlerError
 
 POLL_INTERVAL = 0.5          # seconds: a change through one worker is seen by all within 1 s
 BUSY_TIMEOUT_S = 5.0         # how long a statement waits for another process's lock
@@ -269,9 +270,33 @@ def address_key(ip: str) -> str:
     return str(parsed)
 
 
+def open_store(locator: str):
+    """The store a locator names: a SQLite file (`Store`), or Redis (`redis://`,
+    `rediss://`, `unix://`: `nestgate.auth.redisstore.RedisStore`). Both answer the
+    same operations."""
+    from nestgate.auth.redisstore import RedisStore, is_redis
+    return RedisStore(locator) if is_redis(locator) else Store(locator)
+
+
+def store_errors() -> tuple[type[Exception], ...]:
+    """What a store raises when it cannot be used now (a locked file, Redis down)."""
+    import redis
+    return (sqlite3.Error, redis.RedisError)
+
+
+class StoreUnavailable(HandlerError):
+    """The shared store cannot be asked: whoever needed it (a session check, a sign-in)
+    is answered 503, and nobody is let in without the check."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(503, f"the shared store is unavailable: {detail}")
+
+
 def prepare_store(path: str) -> None:
-    """Create and migrate the store file, and its secret, before workers open it."""
-    if path == ":memory:":
+    """Create and migrate the store file, and its secret, before workers open it.
+    Redis needs no set-up; one that is down now is waited for by the workers."""
+    from nestgate.auth.redisstore import is_redis
+    if path == ":memory:" or is_redis(path):
         return
     store = Store(path)
     try:
@@ -305,7 +330,11 @@ class SharedState:
     """A worker's handle on the store: a thread for SQLite, the allow-list poller."""
 
     def __init__(self, path: str) -> None:
+        from nestgate.auth.redisstore import shown
         self.path = path
+        self._shown = shown(path)          # without a password, for messages
+        self._errors = store_errors()
+        self._down = False                 # the last use failed: say when it is back
         self.dynamic = DynamicAllow()
         self._executor: ThreadPoolExecutor | None = None
         self._store: Store | None = None
@@ -314,16 +343,28 @@ class SharedState:
         self._secret: bytes | None = None
 
     async def run(self, method: str, *args):
-        """`Store.<method>(*args)` on the store's thread."""
+        """`Store.<method>(*args)` on the store's thread; StoreUnavailable (503) when
+        the store cannot be used now."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="nestgate-store")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._call, method, args)
+        try:
+            return await loop.run_in_executor(self._executor, self._call, method, args)
+        except self._errors as exc:
+            self._complain(exc)
+            raise StoreUnavailable(str(exc)) from None
 
     def _call(self, method: str, args):
         if self._store is None:
-            self._store = Store(self.path)
+            self._store = open_store(self.path)
         return getattr(self._store, method)(*args)
+
+    def _complain(self, exc: Exception) -> None:
+        """Say once per outage that the store cannot be used (and when it is back)."""
+        if not self._down:
+            self._down = True
+            print(f"nestgate: store {self._shown}: {exc}; private sites answer 503 "
+                  f"until it is back", file=sys.stderr, flush=True)
 
     async def secret(self) -> bytes:
         if self._secret is None:
@@ -344,17 +385,24 @@ class SharedState:
                 if time.monotonic() - purged > 600:
                     purged = time.monotonic()
                     await self.run("purge")
-            except sqlite3.Error as exc:
-                print(f"nestgate: store {self.path}: {exc}", file=sys.stderr, flush=True)
+                if self._down:
+                    self._down = False
+                    print(f"nestgate: store {self._shown}: back", file=sys.stderr, flush=True)
+            except StoreUnavailable:
+                pass                       # said once by `run`; the allow entries are kept
             await asyncio.sleep(POLL_INTERVAL)
 
     def start(self) -> None:
-        """Load the allow entries before the first request, then poll for changes."""
+        """Load the allow entries before the first request (when the store answers),
+        then poll for changes."""
         if self._task is None:
-            if self._store is None:
-                self._store = Store(self.path)
-            self._data_version = self._store.data_version()
-            self.dynamic.load(self._store.allow_entries())
+            try:
+                if self._store is None:
+                    self._store = open_store(self.path)
+                self._data_version = self._store.data_version()
+                self.dynamic.load(self._store.allow_entries())
+            except self._errors as exc:
+                self._complain(exc)        # the poller loads them once it answers
             self._task = asyncio.get_running_loop().create_task(self._poll())
 
     def stop(self) -> None:

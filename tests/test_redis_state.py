@@ -1,0 +1,185 @@
+"""Two nestgate instances (two `nestgate serve` trees, two workers each) sharing their
+state through a real redis-server: sessions, sign-out and revocation, the sign-in
+back-off, the TOTP replay guard, the dynamic allow-list with its expiry; and what
+happens while Redis does not answer (private sites 503, nobody let in, recovery by
+itself)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import _env
+from test_admin import poll
+from test_auth import Browser, otp_code, protected, settled_step
+from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
+
+REDIS_PASSWORD = "redis-pass-for-the-tests"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A redis-server of our own on a free port, with a password and no persistence."""
+    server = shutil.which("redis-server")
+    assert server, "redis-server is installed by `make test` (debian-deps)"
+    port = _free_port()
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
+                             "--requirepass", REDIS_PASSWORD],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import redis
+    client = redis.Redis(port=port, password=REDIS_PASSWORD)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+    client.close()
+    yield f"redis://:{REDIS_PASSWORD}@127.0.0.1:{port}/3", proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def two(start_server, redis_url, upstream, tmp_path):
+    """Two instances of the sign-in gateway of test_auth, with their state in Redis."""
+    url, proc = redis_url
+    shared = (f'cookie_secure = false\nmax_failures = 4\n\n'
+              f'[state]\nbackend = "redis"\nurl = "{url}"\nprefix = "gw1:"\n')
+    config = protected(upstream().url, str(tmp_path / "unused.db"), extra_auth=shared)
+    first = start_server(config, name="a.toml")
+    second = start_server(config, name="b.toml")
+    return first, second, proc
+
+
+def status(port: int, path: str, host: str = "private.test", cookie: str = "") -> int:
+    browser = Browser(port, host)
+    if cookie:
+        browser.jar["nestgate_session"] = cookie
+    return browser.request("GET", path, headers={"Accept": "application/json"})[0].status
+
+
+def test_a_session_made_on_one_instance_works_on_the_other_until_signed_out(two):
+    a, b, _ = two
+    visitor = Browser(a.port())
+    assert visitor.request("GET", "/secret")[0].status == 401
+    resp, _ = visitor.sign_in(next_url="/secret")
+    assert resp.status == 303
+    cookie = visitor.jar["nestgate_session"]
+    resp, body = Browser(b.port()).request("GET", "/secret", headers={"Cookie":
+                                                                     f"nestgate_session={cookie}"})
+    assert resp.status == 200 and json.loads(body)["target"] == "/secret"   # the upstream
+    # Signing out on one instance ends the session on every instance within a second.
+    assert visitor.sign_out()[0].status == 303
+    assert poll(lambda: {status(b.port(), "/secret", cookie=cookie) for _ in range(4)},
+                lambda s: s == {401}, timeout=3) == {401}
+    # Nothing secret in either instance's output: not the Redis password.
+    assert not any(REDIS_PASSWORD in line for line in a.lines + b.lines)
+
+
+def test_revoking_through_one_admin_api_signs_out_everywhere(two):
+    a, b, _ = two
+    visitor = Browser(b.port())
+    assert visitor.sign_in()[0].status == 303
+    cookie = visitor.jar["nestgate_session"]
+    assert status(a.port(), "/secret", cookie=cookie) == 200
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", a.admin_port(), timeout=5)
+    conn.request("GET", "/v1/sessions")
+    sessions = json.loads(conn.getresponse().read())["sessions"]
+    assert [s["user"] for s in sessions] == ["demo"]
+    conn.request("DELETE", "/v1/users/demo/sessions")
+    answer = conn.getresponse()
+    assert answer.status == 200 and json.loads(answer.read())["revoked"] == 1
+    conn.close()
+    for instance in (a, b):
+        assert poll(lambda: status(instance.port(), "/secret", cookie=cookie),
+                    lambda s: s == 401, timeout=3) == 401
+
+
+def test_the_sign_in_back_off_counts_over_both_instances(two):
+    a, b, _ = two
+    # The account's delay: after 3 failures in a row (account_failures), the next
+    # attempt waits, on whichever instance it comes to.
+    wrong = [Browser(port).sign_in(password="wrong")[0].status
+             for port in (a.port(), b.port(), a.port(), b.port())]
+    assert wrong == [401, 401, 401, 429]
+    # The address's count: 4 failures (max_failures), over both instances, then 429
+    # for everything from it, even the right password.
+    assert Browser(a.port()).sign_in(user="nobody", password="wrong")[0].status == 401
+    for port in (a.port(), b.port()):
+        assert Browser(port).sign_in(user="otp", code="000000")[0].status == 429
+
+
+def test_a_totp_code_is_good_once_on_either_instance(two):
+    a, b, _ = two
+    step = settled_step()
+    code = otp_code(step)
+    assert Browser(a.port()).sign_in(user="otp", code=code)[0].status == 303
+    assert Browser(b.port()).sign_in(user="otp", code=code)[0].status == 401
+
+
+def test_allow_entries_reach_both_instances_and_expire(two, tmp_path):
+    a, b, _ = two
+    config = tmp_path / "a.toml"
+    for instance in (a, b):
+        assert status(instance.port(), "/hello", host="lan.test") == 403
+    out = subprocess.run([sys.executable, "-m", "nestgate", "allow", "add", "127.0.0.1",
+                          "--for", "3s", "--comment", "test", "--config", str(config)],
+                         capture_output=True, text=True, env=_env(), timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert REDIS_PASSWORD not in out.stdout + out.stderr
+    for instance in (a, b):
+        assert poll(lambda: status(instance.port(), "/hello", host="lan.test"),
+                    lambda s: s == 200, timeout=2) == 200
+    listed = subprocess.run([sys.executable, "-m", "nestgate", "allow", "list", "--config",
+                             str(config)], capture_output=True, text=True, env=_env(), timeout=30)
+    assert "127.0.0.1" in listed.stdout and "test" in listed.stdout
+    for instance in (a, b):                                   # the entry's time runs out
+        assert poll(lambda: status(instance.port(), "/hello", host="lan.test"),
+                    lambda s: s == 403, timeout=6) == 403
+
+
+def test_while_redis_does_not_answer_private_sites_say_503_and_recover(two):
+    a, b, proc = two
+    visitor = Browser(a.port())
+    assert visitor.sign_in()[0].status == 303
+    cookie = visitor.jar["nestgate_session"]
+    os.kill(proc.pid, signal.SIGSTOP)                         # Redis hangs
+    try:
+        time.sleep(1.2)                                       # past the 1 s session cache
+        for instance in (a, b):
+            resp, body = Browser(instance.port()).request(
+                "GET", "/secret", headers={"Cookie": f"nestgate_session={cookie}",
+                                           "Accept": "text/html"})
+            assert resp.status == 503 and b"target" not in body
+            assert b"try again soon" in body
+            # A visitor without a session is not let in either.
+            assert status(instance.port(), "/secret") in (401, 503)
+        # Sites without sign-in go on as before.
+        assert status(a.port(), "/hello", host="lan.test") == 403
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    for instance in (a, b):
+        assert poll(lambda: status(instance.port(), "/secret", cookie=cookie),
+                    lambda s: s == 200, timeout=10) == 200
+    assert any("private sites answer 503" in line for line in a.lines)
+    assert any(": back" in line for line in a.lines)
+    assert not any(REDIS_PASSWORD in line for line in a.lines + b.lines)
