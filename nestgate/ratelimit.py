@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import ipaddress
 import mmap
+import sys
 import time
 from dataclasses import dataclass
 
 from nestgate.clientip import parse_networks
-from nestgate.handlers import GATED
+from nestgate.handlers import GATED, Service
 from nestgate.tally import TALLY
 
 RATE_ENTRIES = 1 << 17          # clients tracked at once, over every limit (2 MiB)
@@ -54,6 +55,7 @@ PROBES = 8
 CONNECTION_ENTRIES = 4096       # client addresses per worker region (64 KiB each)
 SPAN_MIN = 16                   # worker regions a connection check reads at least
 _TAG_MASK = (1 << 64) - 1
+SYNC_INTERVAL = 0.1             # seconds between a worker's sends of what its limits used
 _SLACK = 1e-6                   # TATs are sums of floats: a microsecond of rounding is no excess
 _UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
 
@@ -155,6 +157,13 @@ class RateTable:
             return wait
         tats[at + 1] = tat + interval
         return 0.0
+
+    def raise_to(self, tag: int, at: int, tat: float) -> None:
+        """Move a client's TAT up to `tat` (what other instances used), never down."""
+        if self.tags[at] != tag:
+            at = self._find(tag, at // 2, time.monotonic())
+        if self.tats[at + 1] < tat:
+            self.tats[at + 1] = tat
 
     def _find(self, tag: int, first: int, now: float) -> int:
         """The entry for `tag` (2 x its index) among the probes from `first`, else a
@@ -311,9 +320,10 @@ def client_key(client: str, ipv6_prefix: int) -> str:
     return str(network)
 
 
-def limiting(guard, site_config, errors, signin=None):
+def limiting(guard, site_config, errors, signin=None, sync=None):
     """The site's guard with its rate limits in front: a route's own `rate_limit`,
-    else the site's. The guard as it was when neither the site nor a route has one."""
+    else the site's. The guard as it was when neither the site nor a route has one.
+    `sync` (a RateSync) shares the limits with other instances through Redis."""
     site_limit = site_config.rate_limit
     if site_limit is None and not any(r.rate_limit for r in site_config.routes):
         return guard
@@ -323,13 +333,13 @@ def limiting(guard, site_config, errors, signin=None):
     def limited_guard(handler, access=None, sign_in=True, limit=None, label=""):
         handler = guard(handler, access, sign_in, limit, label)
         if limit is not None:
-            identity = hash(("route", site, label))     # its own bucket per client
+            identity = f"route:{site}:{label}"          # its own bucket per client
         elif site_limit is not None:
-            limit, identity = site_limit, hash(("site", site))   # one for the whole site
+            limit, identity = site_limit, f"site:{site}"   # one for the whole site
         else:
             return handler
         return Limited(handler, limit, identity, table, errors, signin,
-                       TALLY.refused_counter(site, label))
+                       TALLY.refused_counter(site, label), sync)
     return limited_guard
 
 
@@ -339,13 +349,14 @@ class Limited:
 
     is_async = GATED
     __slots__ = ("inner", "limit", "table", "errors", "exempt", "identity", "signin",
-                 "interval", "tolerance", "upgrades", "refused")
+                 "interval", "tolerance", "upgrades", "refused", "sync")
 
-    def __init__(self, inner, limit: RateLimit, identity: int, table: RateTable, errors,
-                 signin=None, refused: list | None = None) -> None:
+    def __init__(self, inner, limit: RateLimit, identity: str, table: RateTable, errors,
+                 signin=None, refused: list | None = None, sync=None) -> None:
         self.inner = inner
         self.limit = limit
-        self.identity = identity          # which limit: the same in every worker
+        self.identity = identity          # which limit, the same in every worker and instance
+        self.sync = sync                  # RateSync: other instances' use, through Redis
         self.table = table
         self.errors = errors              # the site's ErrorPages: its 429
         self.exempt = parse_networks(limit.exempt) if limit.exempt else None
@@ -364,23 +375,130 @@ class Limited:
             cache = conn.decisions = {}
         hit = cache.get(self)
         if hit is None or hit[0] != client:
-            key_hash = self.key_hash(client)
-            hit = cache[self] = (client, *self.table.place(key_hash)) if key_hash is not None \
-                else (client, 0, 0)
-        tag, at = hit[1], hit[2]
+            hit = cache[self] = self.place(client)
+        tag, at, key = hit[1], hit[2], hit[3]
         if not tag:
             return self.inner                               # exempt
         if self.signin is not None:
             user = self.signin.known_user(headers)
             if user is not None:
-                tag, at = self.table.place(hash((self.identity, "user", user)))
+                key = f"{self.identity}|user|{user}"
+                tag, at = self.table.place(hash(key))
         wait = self.table.take(tag, at, time.monotonic(), self.interval, self.tolerance)
         if not wait:
+            if self.sync is not None:
+                self.sync.used(key, tag, at, self.interval)
             return self.inner
         self.refused[0] += 1
         return self.errors.too_many(int(wait) + 1, headers)
 
-    def key_hash(self, client: str) -> int | None:
+    def place(self, client: str) -> tuple:
+        """(client, tag, table place, key as other instances know it); tag 0: exempt."""
         if self.exempt is not None and client in self.exempt:
-            return None
-        return hash((self.identity, client_key(client, self.limit.ipv6_prefix)))
+            return client, 0, 0, ""
+        key = f"{self.identity}|{client_key(client, self.limit.ipv6_prefix)}"
+        return (client, *self.table.place(hash(key)), key)
+
+
+def rate_sync(config):
+    """The RateSync of a config whose limits are shared through Redis, else None."""
+    if config.state.backend != "redis" or not any(
+            site.rate_limit or any(r.rate_limit for r in site.routes) for site in config.sites):
+        return None
+    return RateSync(config.state, shared_limits().rates)
+
+
+class RateSync(Service):
+    """Rate limits shared with the other instances of a gateway through Redis
+    (`[state] backend = "redis"`), without a round trip per request.
+
+    Each worker notes the requests its limits let through (a dict increment); every
+    SYNC_INTERVAL it sends them to Redis in one pipeline, where a script moves each
+    client's shared TAT on by what was used (on the wall clock, which the machines
+    share) and returns it. The worker then moves its own table's TAT up to that, so
+    what the other instances let through counts here too. Between two syncs an
+    instance judges by itself: all the instances together can let through one sync
+    interval's worth more than the limit, which the shared TAT then takes back from
+    the following requests. Redis not answering: each instance limits alone (fail
+    open to the per-instance limit), said once, until it answers again."""
+
+    def __init__(self, state, table: RateTable) -> None:
+        self.state = state                  # config.StateConfig
+        self.table = table
+        self.pending: dict[str, list] = {}  # key -> [count, tag, place, interval]
+        self.down = False
+        self._task = None
+        self._executor = None
+        self._client = None
+        self._script = None
+
+    def used(self, key: str, tag: int, at: int, interval: float) -> None:
+        found = self.pending.get(key)
+        if found is None:
+            self.pending[key] = [1, tag, at, interval]
+        else:
+            found[0] += 1
+
+    def start(self) -> None:
+        import asyncio
+        from concurrent.futures import ThreadPoolExecutor
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="nestgate-ratesync")
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+    async def _run(self) -> None:
+        import asyncio
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(SYNC_INTERVAL)
+            if not self.pending:
+                continue
+            batch, self.pending = self.pending, {}
+            try:
+                shared = await loop.run_in_executor(self._executor, self._send, batch)
+            except Exception as exc:  # noqa: BLE001 - any Redis failure: limit alone
+                if not self.down:
+                    self.down = True
+                    print(f"nestgate: rate limits: Redis does not answer ({exc}); each "
+                          f"instance limits alone until it does", file=sys.stderr, flush=True)
+                continue
+            if self.down:
+                self.down = False
+                print("nestgate: rate limits: shared through Redis again", file=sys.stderr,
+                      flush=True)
+            # The shared TATs are on the wall clock; the table is on the monotonic one.
+            offset = time.monotonic() - time.time()
+            for (count, tag, at, interval), tat in zip(batch.values(), shared):
+                self.table.raise_to(tag, at, float(tat) + offset)
+
+    def _send(self, batch: dict) -> list:
+        if self._client is None:
+            import redis
+            from urllib.parse import urlsplit, urlunsplit
+            url = urlunsplit(urlsplit(self.state.url)._replace(fragment=""))
+            self._client = redis.Redis.from_url(url, socket_timeout=2.0,
+                                                socket_connect_timeout=2.0)
+            self._script = self._client.register_script(_SHARED_TAT)
+        now = time.time()
+        with self._client.pipeline(transaction=False) as pipe:
+            for key, (count, _tag, _at, interval) in batch.items():
+                self._script(keys=[f"{self.state.prefix}rate:{key}"],
+                             args=[now, count * interval], client=pipe)
+            return pipe.execute()
+
+
+# KEYS: the client's shared TAT; ARGV: now (wall clock), seconds used. The new TAT,
+# kept until it has passed.
+_SHARED_TAT = """
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+local now = tonumber(ARGV[1])
+if tat < now then tat = now end
+tat = tat + tonumber(ARGV[2])
+redis.call('SET', KEYS[1], tostring(tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
+return tostring(tat)
+"""

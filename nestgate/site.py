@@ -14,7 +14,7 @@ from nestgate.handlers.health import health_handler
 from nestgate.handlers.redirect import HttpsRedirect
 from nestgate.responses import SERVER
 from nestgate.errorpages import ErrorPages, rebuild_defaults
-from nestgate.ratelimit import limiting
+from nestgate.ratelimit import limiting, rate_sync
 from nestgate.routetypes import ROUTE_TYPES
 from nestgate.routing import Router, SiteRoutes, unguarded
 
@@ -79,10 +79,13 @@ def build_router(config) -> Router:
     health = health_handler(config.server.health_details)
     gateway = Gateway(config) if needs_gateway(config) else None
     services = [gateway] if gateway else []      # started by the worker on its loop
+    sync = rate_sync(config)
+    if sync is not None:
+        services.append(sync)
     for site_config in config.sites:
         errors = error_pages(config, site_config)
         guard = gateway.site_guard(site_config, errors) if gateway else unguarded
-        guard = limiting(guard, site_config, errors, gateway.signin if gateway else None)
+        guard = limiting(guard, site_config, errors, gateway.signin if gateway else None, sync)
         site = SiteRoutes(site_config.name, errors[404], guard, errors)
         if site_config.health:
             site.add_exact(config.server.health_path, health, "health")

@@ -183,3 +183,46 @@ def test_while_redis_does_not_answer_private_sites_say_503_and_recover(two):
     assert any("private sites answer 503" in line for line in a.lines)
     assert any(": back" in line for line in a.lines)
     assert not any(REDIS_PASSWORD in line for line in a.lines + b.lines)
+
+
+def test_a_rate_limit_holds_over_both_instances(start_server, redis_url):
+    """10/s with a burst of 20 on each of two instances sharing Redis, 25 connections
+    to each for 8 s: what both let through together is the limit's, not twice it (the
+    instances share what they used every 0.1 s)."""
+    import asyncio
+
+    from test_rate_limits import SITE, _load
+    url, _proc = redis_url
+    config = f'[state]\nbackend = "redis"\nurl = "{url}"\n' + SITE.format(
+        listen="", route="", site='rate_limit = { rate = "10/s", burst = 20 }')
+    a = start_server(config, name="a.toml")
+    b = start_server(config, name="b.toml")
+
+    async def both():
+        return await asyncio.gather(_load(a.port(), 25, 8.0), _load(b.port(), 25, 8.0))
+    started = time.monotonic()
+    first, second = asyncio.run(both())
+    elapsed = time.monotonic() - started
+    passed = first.get(200, 0) + second.get(200, 0)
+    expected = 20 + 10 * elapsed
+    assert first.get(200) and second.get(200)                # both instances served
+    assert abs(passed - expected) <= 0.15 * expected, (first, second, elapsed)
+
+
+def test_rate_limits_go_on_alone_while_redis_does_not_answer(start_server, redis_url):
+    from test_rate_limits import SITE, get
+    url, proc = redis_url
+    server = start_server(f'[state]\nbackend = "redis"\nurl = "{url}"\n' + SITE.format(
+        listen="", route="", site='rate_limit = { rate = "100/s", burst = 100 }'))
+    port = server.port()
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        assert {get(port, "/")[0] for _ in range(5)} == {200}     # limited here alone
+        server.wait_for("each instance limits alone", timeout=10)
+        assert {get(port, "/")[0] for _ in range(5)} == {200}
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    start = len(server.lines)
+    assert get(port, "/")[0] == 200
+    server.wait_for("shared through Redis again", timeout=10, start=start)
+    assert not any(REDIS_PASSWORD in line for line in server.lines)
