@@ -31,42 +31,60 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def redis_url(tmp_path):
-    """A redis-server of our own on a free port, with a password and no persistence."""
-    server = shutil.which("redis-server")
-    assert server, "redis-server is installed by `make test` (debian-deps)"
-    port = _free_port()
-    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
-                             "--requirepass", REDIS_PASSWORD],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import redis
-    client = redis.Redis(port=port, password=REDIS_PASSWORD)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-    client.close()
-    yield f"redis://:{REDIS_PASSWORD}@127.0.0.1:{port}/3", proc
-    proc.kill()
-    proc.wait()
+class RedisServer:
+    """A redis-server of our own on a free port, with a password, keeping its data in
+    an append-only file so that a restart finds it again."""
+
+    def __init__(self, folder) -> None:
+        self.binary = shutil.which("redis-server")
+        assert self.binary, "redis-server is installed by `make test` (debian-deps)"
+        self.folder = folder
+        self.port = _free_port()
+        self.url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{self.port}/3"
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes", "--dir", str(self.folder), "--requirepass", REDIS_PASSWORD],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+        client = redis.Redis(port=self.port, password=REDIS_PASSWORD)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+        client.close()
+
+    def stop(self) -> None:
+        """As an operator stops it (SIGTERM: the append-only file is flushed)."""
+        self.proc.terminate()
+        self.proc.wait(10)
 
 
 @pytest.fixture
-def two(start_server, redis_url, upstream, tmp_path):
+def redis_server(tmp_path):
+    server = RedisServer(tmp_path)
+    yield server
+    server.proc.kill()
+    server.proc.wait()
+
+
+@pytest.fixture
+def two(start_server, redis_server, upstream, tmp_path):
     """Two instances of the sign-in gateway of test_auth, with their state in Redis."""
-    url, proc = redis_url
+    url = redis_server.url
     shared = (f'cookie_secure = false\nmax_failures = 4\n\n'
               f'[state]\nbackend = "redis"\nurl = "{url}"\nprefix = "gw1:"\n')
     config = protected(upstream().url, str(tmp_path / "unused.db"), extra_auth=shared)
     first = start_server(config, name="a.toml")
     second = start_server(config, name="b.toml")
-    return first, second, proc
+    return first, second, redis_server
 
 
 def status(port: int, path: str, host: str = "private.test", cookie: str = "") -> int:
@@ -158,7 +176,8 @@ def test_allow_entries_reach_both_instances_and_expire(two, tmp_path):
 
 
 def test_while_redis_does_not_answer_private_sites_say_503_and_recover(two):
-    a, b, proc = two
+    a, b, redis_server = two
+    proc = redis_server.proc
     visitor = Browser(a.port())
     assert visitor.sign_in()[0].status == 303
     cookie = visitor.jar["nestgate_session"]
@@ -185,14 +204,14 @@ def test_while_redis_does_not_answer_private_sites_say_503_and_recover(two):
     assert not any(REDIS_PASSWORD in line for line in a.lines + b.lines)
 
 
-def test_a_rate_limit_holds_over_both_instances(start_server, redis_url):
+def test_a_rate_limit_holds_over_both_instances(start_server, redis_server):
     """10/s with a burst of 20 on each of two instances sharing Redis, 25 connections
     to each for 8 s: what both let through together is the limit's, not twice it (the
     instances share what they used every 0.1 s)."""
     import asyncio
 
     from test_rate_limits import SITE, _load
-    url, _proc = redis_url
+    url = redis_server.url
     config = f'[state]\nbackend = "redis"\nurl = "{url}"\n' + SITE.format(
         listen="", route="", site='rate_limit = { rate = "10/s", burst = 20 }')
     a = start_server(config, name="a.toml")
@@ -206,12 +225,12 @@ def test_a_rate_limit_holds_over_both_instances(start_server, redis_url):
     passed = first.get(200, 0) + second.get(200, 0)
     expected = 20 + 10 * elapsed
     assert first.get(200) and second.get(200)                # both instances served
-    assert abs(passed - expected) <= 0.15 * expected, (first, second, elapsed)
+    assert abs(passed - expected) <= 0.1 * expected, (first, second, elapsed)
 
 
-def test_rate_limits_go_on_alone_while_redis_does_not_answer(start_server, redis_url):
+def test_rate_limits_go_on_alone_while_redis_does_not_answer(start_server, redis_server):
     from test_rate_limits import SITE, get
-    url, proc = redis_url
+    url, proc = redis_server.url, redis_server.proc
     server = start_server(f'[state]\nbackend = "redis"\nurl = "{url}"\n' + SITE.format(
         listen="", route="", site='rate_limit = { rate = "100/s", burst = 100 }'))
     port = server.port()
@@ -226,3 +245,52 @@ def test_rate_limits_go_on_alone_while_redis_does_not_answer(start_server, redis
     assert get(port, "/")[0] == 200
     server.wait_for("shared through Redis again", timeout=10, start=start)
     assert not any(REDIS_PASSWORD in line for line in server.lines)
+
+
+def test_redis_stopped_and_started_again_under_load(two):
+    """Nothing crashes while Redis is away: private sites answer 503 (never the page
+    without a session check), other sites as before; once Redis is back (with its
+    append-only file) the same session is valid again on both instances."""
+    import threading
+    a, b, redis_server = two
+    visitor = Browser(a.port())
+    assert visitor.sign_in()[0].status == 303
+    cookie = visitor.jar["nestgate_session"]
+    pids = {s: sorted(s.worker_pids()) for s in (a, b)}
+    seen: list[tuple[float, int]] = []
+    errors: list[Exception] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            for instance in (a, b):
+                try:
+                    seen.append((time.monotonic(), status(instance.port(), "/secret",
+                                                          cookie=cookie)))
+                    assert status(instance.port(), "/hello", host="lan.test") == 403
+                except Exception as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+    worker = threading.Thread(target=load)
+    worker.start()
+    try:
+        time.sleep(0.5)
+        redis_server.stop()
+        stopped = time.monotonic()
+        time.sleep(2.5)
+        restarting = time.monotonic()
+        redis_server.start()
+        started = time.monotonic()
+        deadline = started + 10
+        while time.monotonic() < deadline and not any(
+                t > started and code == 200 for t, code in seen[-4:]):
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        worker.join(30)
+    assert not errors, errors[:3]
+    statuses = {code for _t, code in seen}
+    assert statuses <= {200, 503}, statuses
+    # A checked session is honoured for at most 1 s; after that, 503 until Redis is back.
+    assert {code for t, code in seen if stopped + 1.2 < t < restarting} == {503}
+    assert seen[-1][1] == 200
+    assert {s: sorted(s.worker_pids()) for s in (a, b)} == pids    # no worker restarted

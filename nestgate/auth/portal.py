@@ -145,7 +145,9 @@ class SignIn:
     def _recently_checked(self, hashed: bytes) -> str | None:
         """The session's user when the store said it was live less than RECHECK ago."""
         hit = self._sessions.get(hashed)
-        if hit is not None and hit[1] > CLOCK.wall and CLOCK.now - hit[2] < RECHECK:
+        # The precise clock, not the worker's ticking one (which may be a second behind):
+        # RECHECK is how long a sign-out or a store outage can go unnoticed.
+        if hit is not None and hit[1] > CLOCK.wall and time.monotonic() - hit[2] < RECHECK:
             return hit[0]
         return None
 
@@ -161,7 +163,7 @@ class SignIn:
             return None
         if len(self._sessions) >= _CACHE_LIMIT:
             self._sessions.clear()
-        self._sessions[hashed] = (found[0], found[1], CLOCK.now)
+        self._sessions[hashed] = (found[0], found[1], time.monotonic())
         return found[0]
 
     # ------------------------------------------------------ cookies and tokens
@@ -366,7 +368,7 @@ class LoginPage(_FormPath):
         expires = time.time() + cfg.session_ttl
         await state.run("create_session", hashed, user, expires, client)
         await state.run("signed_in", user, client)
-        signin._sessions[hashed] = (user, expires, CLOCK.now)
+        signin._sessions[hashed] = (user, expires, time.monotonic())
         if cfg.ip_grant > 0 and client:
             await state.run("add_allow", client, cfg.ip_grant, f"signed in: {user}")
             await state.refresh(force=True)
