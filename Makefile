@@ -27,6 +27,7 @@ debian-deps:
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v haproxy >/dev/null || missing="$$missing haproxy"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

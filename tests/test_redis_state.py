@@ -294,3 +294,66 @@ def test_redis_stopped_and_started_again_under_load(two):
     assert {code for t, code in seen if stopped + 1.2 < t < restarting} == {503}
     assert seen[-1][1] == 200
     assert {s: sorted(s.worker_pids()) for s in (a, b)} == pids    # no worker restarted
+
+
+def test_behind_haproxy_a_visitor_keeps_working_while_an_instance_restarts(
+        start_server, redis_server, upstream, tmp_path):
+    """HAProxy (Debian's) as the L4 balancer in front of two instances: a browser-like
+    client signs in through it and keeps being served while one instance is stopped
+    and started again (its session lives in Redis, not in either instance)."""
+    haproxy = shutil.which("haproxy")
+    assert haproxy, "haproxy is installed by `make test` (debian-deps)"
+    shared = (f'cookie_secure = false\n\n'
+              f'[state]\nbackend = "redis"\nurl = "{redis_server.url}"\n')
+    config = protected(upstream().url, str(tmp_path / "unused.db"), extra_auth=shared)
+    ports = [_free_port(), _free_port()]
+    configs = [config.replace('address = "127.0.0.1:0"', f'address = "127.0.0.1:{port}"', 1)
+               for port in ports]
+    instances = [start_server(c, name=f"{n}.toml") for n, c in zip("ab", configs)]
+    front = _free_port()
+    (tmp_path / "haproxy.cfg").write_text(f"""
+global
+    maxconn 256
+defaults
+    mode tcp
+    timeout connect 1s
+    timeout client 10s
+    timeout server 10s
+    retries 3
+    option redispatch
+frontend gateway
+    bind 127.0.0.1:{front}
+    default_backend instances
+backend instances
+    balance roundrobin
+    server a 127.0.0.1:{ports[0]} check inter 200ms fall 1 rise 1
+    server b 127.0.0.1:{ports[1]} check inter 200ms fall 1 rise 1
+""")
+    balancer = subprocess.Popen([haproxy, "-db", "-f", str(tmp_path / "haproxy.cfg")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", front), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "haproxy did not start"
+                time.sleep(0.05)
+        visitor = Browser(front)                   # a new connection per request
+        assert visitor.sign_in(next_url="/app")[0].status == 303
+
+        def served() -> list[int]:
+            return [visitor.request("GET", "/app")[0].status for _ in range(6)]
+        assert served() == [200] * 6
+        instances[0].stop()                        # one instance goes away ...
+        assert served() == [200] * 6
+        restarted = start_server(configs[0], name="a.toml")   # ... and comes back
+        assert restarted.port() == ports[0]
+        time.sleep(0.5)                            # HAProxy's check sees it up
+        assert served() == [200] * 6
+        instances[1].stop()                        # now only the restarted one is left
+        assert served() == [200] * 6
+    finally:
+        balancer.kill()
+        balancer.wait()
