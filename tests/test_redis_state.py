@@ -200,7 +200,7 @@ def test_while_redis_does_not_answer_private_sites_say_503_and_recover(two):
         assert poll(lambda: status(instance.port(), "/secret", cookie=cookie),
                     lambda s: s == 200, timeout=10) == 200
     assert any("private sites answer 503" in line for line in a.lines)
-    assert any(": back" in line for line in a.lines)
+    a.wait_for(": back", timeout=10)
     assert not any(REDIS_PASSWORD in line for line in a.lines + b.lines)
 
 

@@ -107,6 +107,11 @@ class SignIn:
         self.cfg = cfg
         self.state = state                  # nestgate.auth.store.SharedState
         self._sessions: dict[bytes, tuple[str, float, float]] = {}   # hash -> user, exp, checked
+        # Cookie header values as received -> the session token's hash (b"" for none):
+        # a browser sends the same value on every request, so the usual request costs
+        # one lookup instead of splitting the header and hashing the token.
+        self._hashed_by_cookie: dict[bytes, bytes] = {}
+        self._marker = cfg.cookie_name.encode() + b"="
         self._with_code = any(u.totp for u in cfg.users)
         self.challenge = Challenge(self)
         self.login = LoginPage(self)
@@ -114,33 +119,37 @@ class SignIn:
 
     # ------------------------------------------------------ the gate's question
     def admit(self, inner, headers, client: str):
-        token = self._session_token(headers)
-        if not token:
+        hashed = self._session_hash(headers)
+        if not hashed:
             return self.challenge
-        hashed = token_hash(token)
         if self._recently_checked(hashed) is not None:
             return inner
         return SessionCheck(self, inner, hashed)
+
+    def _session_hash(self, headers) -> bytes:
+        """The hash of the request's session token; b"" when it has none."""
+        marker = self._marker
+        for name, value in headers:
+            if name == b"cookie" and marker in value:
+                hashed = self._hashed_by_cookie.get(value)
+                if hashed is None:
+                    token = cookies([(name, value)]).get(self.cfg.cookie_name)
+                    hashed = token_hash(token) if token else b""
+                    if len(self._hashed_by_cookie) >= _CACHE_LIMIT:
+                        self._hashed_by_cookie.clear()
+                    self._hashed_by_cookie[value] = hashed
+                if hashed:
+                    return hashed
+        return b""
 
     def known_user(self, headers) -> str | None:
         """The user of the request's session when the store has vouched for it to this
         worker (at sign-in or a check) and it has not expired; None otherwise. No store
         is asked: this keys a rate limit, where a made-up cookie must not buy a fresh
         allowance, and the gate behind the limit still checks the session itself."""
-        token = self._session_token(headers)
-        if not token:
-            return None
-        hit = self._sessions.get(token_hash(token))
+        hashed = self._session_hash(headers)
+        hit = self._sessions.get(hashed) if hashed else None
         return hit[0] if hit is not None and hit[1] > CLOCK.wall else None
-
-    def _session_token(self, headers) -> str | None:
-        marker = self.cfg.cookie_name.encode() + b"="
-        for name, value in headers:
-            if name == b"cookie" and marker in value:
-                token = cookies([(name, value)]).get(self.cfg.cookie_name)
-                if token:
-                    return token
-        return None
 
     def _recently_checked(self, hashed: bytes) -> str | None:
         """The session's user when the store said it was live less than RECHECK ago."""

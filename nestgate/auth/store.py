@@ -349,10 +349,14 @@ class SharedState:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="nestgate-store")
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, self._call, method, args)
+            result = await loop.run_in_executor(self._executor, self._call, method, args)
         except self._errors as exc:
             self._complain(exc)
             raise StoreUnavailable(str(exc)) from None
+        if self._down:
+            self._down = False
+            print(f"nestgate: store {self._shown}: back", file=sys.stderr, flush=True)
+        return result
 
     def _call(self, method: str, args):
         if self._store is None:
@@ -385,9 +389,6 @@ class SharedState:
                 if time.monotonic() - purged > 600:
                     purged = time.monotonic()
                     await self.run("purge")
-                if self._down:
-                    self._down = False
-                    print(f"nestgate: store {self._shown}: back", file=sys.stderr, flush=True)
             except StoreUnavailable:
                 pass                       # said once by `run`; the allow entries are kept
             await asyncio.sleep(POLL_INTERVAL)

@@ -75,7 +75,8 @@ def run_scenario(scenario: Scenario, opts: Options, env_text: str) -> dict:
     started: list[Peer] = []
     try:
         peers, skipped = _choose_peers(scenario, opts, workdir, outdir)
-        sites = _sites(scenario, opts, workdir, [p.name for p in peers])
+        state_url = _start_redis(workdir, outdir, started) if scenario.state == "redis" else ""
+        sites = _sites(scenario, opts, workdir, [p.name for p in peers], state_url)
         backend = _start_backend(scenario, sites, workdir, outdir, started)
         checks = _start_servers(scenario, peers, sites, started)
         (outdir / "env.txt").write_text(env_text + _ports_text(sites, backend))
@@ -114,7 +115,8 @@ def _choose_peers(scenario: Scenario, opts: Options, workdir: Path, outdir: Path
     return peers, skipped
 
 
-def _sites(scenario: Scenario, opts: Options, workdir: Path, names: list[str]) -> dict[str, Site]:
+def _sites(scenario: Scenario, opts: Options, workdir: Path, names: list[str],
+           state_url: str = "") -> dict[str, Site]:
     from .ports import free_port
     root = workdir / "content"
     content.write_all(root)
@@ -127,10 +129,40 @@ def _sites(scenario: Scenario, opts: Options, workdir: Path, names: list[str]) -
                            site_host="known.example" if scenario.host else "",
                            cidrs=tuple(content.cidr_list()) if scenario.host else (),
                            backend_port=backend_port, captured=captured,
-                           rate_limit=scenario.rate_limit)
+                           rate_limit=scenario.rate_limit, state=scenario.state,
+                           state_url=state_url)
     if backend_port:
         sites["backend"] = Site(root, backend_port, 1, Route("static", "/"), captured=captured)
     return sites
+
+
+def _start_redis(workdir: Path, outdir: Path, started: list) -> str:
+    """A redis-server of the run's own on a free port (no persistence): the state of
+    the Redis scenarios. Its URL."""
+    import redis
+
+    from .peers import ServerProcess
+    from .ports import free_port
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SkipScenario("redis-server is not installed (Debian: redis-server)")
+    port = free_port()
+    server = ServerProcess("redis", [binary, "--port", str(port), "--bind", "127.0.0.1",
+                                     "--save", "", "--appendonly", "no"], outdir)
+    server.start(workdir)
+    started.append(server)
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            return f"redis://127.0.0.1:{port}/0"
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or server.exited() is not None:
+                raise BenchError(f"redis-server did not start:\n{server.stderr_tail()}")
+            time.sleep(0.05)
+        finally:
+            client.close()
 
 
 def _start_backend(scenario, sites, workdir, outdir, started) -> Peer | None:

@@ -9,6 +9,9 @@ nestgate feature is missing is skipped with a message, not failed (see runner.py
 from dataclasses import dataclass
 
 HEALTH = "/api/v1/health"
+# The session a private scenario's requests carry: made in the store before the run.
+BENCH_SESSION = "bench-session-token-not-a-secret-0123456789"
+SESSION_COOKIE = f"Cookie: nestgate_session={BENCH_SESSION}"
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class Scenario:
     needs: str = ""                     # nestgate feature it depends on, for skip messages
     sweep: bool = False                 # part of the concurrency sweep when asked for
     rate_limit: tuple[int, int] | None = None   # (requests per second, burst) on the route
+    state: str = ""                     # behind sign-in, sessions in "sqlite" or "redis"
 
     @property
     def scheme(self) -> str:
@@ -75,6 +79,14 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("health-limited", "health JSON behind a per-client rate limit that never "
              "refuses (nginx: limit_req, its JSON served as a file)", _health, HEALTH,
              rate_limit=(1_000_000, 1_000_000), needs="rate limits"),
+    # The proxy-4k route behind sign-in, each request with a valid session cookie: what
+    # the session check costs (nginx, with no sign-in of its own, proxies as in proxy-4k).
+    Scenario("private-proxy-4k", "proxy-4k behind sign-in, a valid session cookie, SQLite "
+             "state (nginx: no sign-in)", _proxy, "/proxy/4k", headers=(SESSION_COOKIE,),
+             state="sqlite", needs="sign-in"),
+    Scenario("private-proxy-4k-redis", "proxy-4k behind sign-in, a valid session cookie, "
+             "state in Redis (nginx: no sign-in)", _proxy, "/proxy/4k",
+             headers=(SESSION_COOKIE,), state="redis", needs="Redis state"),
     Scenario("https-health", "health JSON over HTTPS (TLS 1.3), HTTP/1.1", _health, HEALTH,
              tls=True),
     Scenario("h2-health", "health JSON over HTTP/2 + TLS 1.3 (h2load -c64 -m10)", _health, HEALTH,

@@ -423,14 +423,23 @@ class ProxyHandler(Service):
         await pipe.run()
 
 
+_COOKIES_KEPT: dict[tuple[bytes, bytes], bytes] = {}   # (value, name) -> what is forwarded
+_COOKIES_KEPT_LIMIT = 4096
+
+
 def _without_cookie(value: bytes, name: bytes) -> bytes:
     """A Cookie field value without the pairs named `name` (RFC 6265 5.4: pairs
-    separated by "; ")."""
+    separated by "; "). A browser repeats its Cookie value: kept, bounded."""
     if name not in value:
         return value
-    kept = [pair for pair in value.split(b";")
-            if pair.strip().partition(b"=")[0] != name]
-    return b";".join(kept).strip()
+    kept = _COOKIES_KEPT.get((value, name))
+    if kept is None:
+        kept = b";".join(pair for pair in value.split(b";")
+                         if pair.strip().partition(b"=")[0] != name).strip()
+        if len(_COOKIES_KEPT) >= _COOKIES_KEPT_LIMIT:
+            _COOKIES_KEPT.clear()
+        _COOKIES_KEPT[(value, name)] = kept
+    return kept
 
 
 def _hop_names(req, tokens: bytes) -> frozenset[bytes] | set[bytes]:
