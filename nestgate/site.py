@@ -52,7 +52,7 @@ ASSETS_PREFIX = "/__nestgate__/"
 ASSETS_DIR = Path(__file__).parent / "default" / "public"
 
 
-def add_site_pages(site: SiteRoutes, site_config, config, not_found) -> None:
+def add_site_pages(site: SiteRoutes, site_config, config, not_found, broadcast=None) -> None:
     """The home page, the notes pages and the notes API ([site.home], [site.notes]),
     and the built-in pages' assets under ASSETS_PREFIX."""
     from nestgate.handlers.static import StaticFiles
@@ -66,6 +66,8 @@ def add_site_pages(site: SiteRoutes, site_config, config, not_found) -> None:
                     "built-in-assets")
     pages = SitePages(site_config, headers, not_found)
     pages.attach(site)
+    if broadcast is not None and site_config.notes:
+        broadcast.watch(pages)
     if site_config.notes:
         api = site_config.notes.api_path
         site.add_exact(api, NotesApi(pages, headers, item=False), api)
@@ -82,6 +84,11 @@ def build_router(config) -> Router:
     sync = rate_sync(config)
     if sync is not None:
         services.append(sync)
+    broadcast = None
+    if config.state.backend == "redis" and any(s.notes for s in config.sites):
+        from nestgate.notes.broadcast import NotesBroadcast
+        broadcast = NotesBroadcast(config.state)
+        services.append(broadcast)
     for site_config in config.sites:
         errors = error_pages(config, site_config)
         guard = gateway.site_guard(site_config, errors) if gateway else unguarded
@@ -100,7 +107,7 @@ def build_router(config) -> Router:
                 site.add_prefix(route.prefix, handler, route.label, access=route.access,
                                 limit=route.rate_limit)
         if site_config.home or site_config.notes:
-            add_site_pages(site, site_config, config, errors[404].page)
+            add_site_pages(site, site_config, config, errors[404].page, broadcast)
         if gateway:
             gateway.add_portal(site, site_config)
         router.add_site(site_config.hosts, site)

@@ -357,3 +357,69 @@ backend instances
     finally:
         balancer.kill()
         balancer.wait()
+
+
+def test_a_note_written_on_one_instance_is_told_to_the_others(start_server, redis_server,
+                                                              tmp_path):
+    """Both sides of the notes broadcast: a write through one instance's API is
+    published on `<prefix>notes`; a message from another instance makes this one read
+    the note again even when its file looks unchanged (a network filesystem that has
+    not shown the new size and mtime yet)."""
+    import http.client
+
+    import redis
+    from test_rate_limits import get
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    note = notes / "first.md"
+    note.write_text("---\ntitle: First\n---\nOld words.\n")
+    config = f"""
+[server]
+workers = 2
+[[listen]]
+address = "127.0.0.1:0"
+[state]
+backend = "redis"
+url = "{redis_server.url}"
+prefix = "gw1:"
+[[site]]
+name = "blog"
+hosts = ["*"]
+[site.notes]
+dir = "{notes}"
+token = "notes-token-for-the-tests-000"
+"""
+    a = start_server(config, name="a.toml")
+    b = start_server(config, name="b.toml")
+    listener = redis.Redis.from_url(redis_server.url).pubsub()
+    listener.subscribe("gw1:notes")
+    assert listener.get_message(timeout=5)["type"] == "subscribe"
+
+    conn = http.client.HTTPConnection("127.0.0.1", a.port(), timeout=10)
+    conn.request("PUT", "/api/v1/notes/second", json.dumps({"title": "Second", "body": "Hi."}),
+                 {"Authorization": "Bearer notes-token-for-the-tests-000",
+                  "Content-Type": "application/json"})
+    assert conn.getresponse().status in (200, 201)
+    conn.close()
+    message = listener.get_message(timeout=5)
+    assert json.loads(message["data"])["site"] == "blog"
+    assert json.loads(message["data"])["slug"] == "second"
+
+    # Every worker of B has the note's page rendered from the old words ...
+    for _ in range(6):
+        status_, _h, body = get(b.port(), "/notes/first")
+        assert status_ == 200 and b"Old words." in body
+    # ... the file changes in a way its (inode, mtime, size) do not show ...
+    before = note.stat()
+    with open(note, "r+b") as f:
+        f.write(note.read_bytes().replace(b"Old words.", b"New words."))
+    os.utime(note, ns=(before.st_atime_ns, before.st_mtime_ns))
+    time.sleep(1.5)                                  # the directory check sees nothing
+    assert b"Old words." in get(b.port(), "/notes/first")[2]
+    # ... and another instance says it wrote it.
+    redis.Redis.from_url(redis_server.url).publish(
+        "gw1:notes", json.dumps({"site": "blog", "slug": "first", "from": "elsewhere"}))
+    for _ in range(6):                               # new connections: both workers
+        assert b"New words." in poll(lambda: get(b.port(), "/notes/first")[2],
+                                     lambda page: b"New words." in page, timeout=2)
+    listener.close()

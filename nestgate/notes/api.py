@@ -189,6 +189,7 @@ class NotesApi:
         self.pages.forget(slug)
         if deleted:
             TALLY.event("notes_deleted")
+            self.pages.written(slug)
         return deleted
 
     def _save(self, note, create_only: bool = False) -> bool:
@@ -197,6 +198,7 @@ class NotesApi:
         except StoreError as exc:
             raise ApiError(exc.status, str(exc)) from None
         TALLY.event("notes_written")
+        self.pages.written(note.slug)
         return created
 
     def _validated(self, slug: str, meta: dict, body: str):

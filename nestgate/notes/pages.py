@@ -78,6 +78,7 @@ class SitePages:
         self.by_slug: dict = {}
         self.by_tag: dict[str, list] = {}
         self._watching = False
+        self.broadcast = None            # NotesBroadcast: writes told to other instances
         CONTROLS.pages.append(self)      # the operator can purge them (admin API)
         self.hits = self.misses = 0      # pages answered from memory in `peek`; built
         TALLY.caches.append(self)
@@ -211,6 +212,19 @@ class SitePages:
         else:
             self.keep(page, gen, response)
         return response
+
+    def written(self, slug: str) -> None:
+        """A note was written or deleted through this worker: the other instances
+        are told (through Redis, when the state is there)."""
+        if self.broadcast is not None:
+            self.broadcast.published(self.site_name, slug)
+
+    def changed_elsewhere(self, slug: str) -> None:
+        """Another instance wrote or deleted `slug` (runs in the executor): what this
+        worker read and rendered of it is forgotten, and its pages are stale."""
+        if self.store is not None and SLUG.match(slug):
+            self.renderer.forget(slug)
+            self.store.forget(slug)
 
     def forget(self, slug: str) -> None:
         """A note deleted through this worker: its kept Markdown rendering goes too

@@ -197,6 +197,13 @@ class NoteStore:
             self.changed_outside()
         self._checked = signature
 
+    def forget(self, slug: str) -> None:
+        """Read `slug` again on the next scan, whatever its file's (inode, mtime, size)
+        say (another machine wrote it), and make this process's pages stale."""
+        with self._lock:
+            self._notes.pop(slug, None)
+        self.changed_outside()
+
     def reread(self) -> list[str]:
         """Forget every note read so far, so the next scan parses each file again, even
         one edited in a way its (inode, mtime, size) does not show (a tool that keeps
