@@ -112,6 +112,7 @@ class SignIn:
         # one lookup instead of splitting the header and hashing the token.
         self._hashed_by_cookie: dict[bytes, bytes] = {}
         self._marker = cfg.cookie_name.encode() + b"="
+        self._asking: dict[bytes, asyncio.Future] = {}   # hash -> the store check under way
         self._with_code = any(u.totp for u in cfg.users)
         self.challenge = Challenge(self)
         self.login = LoginPage(self)
@@ -166,6 +167,16 @@ class SignIn:
         return await self.session_user(token_hash(token)) if token else None
 
     async def session_user(self, hashed: bytes) -> str | None:
+        # One store question per session at a time: the requests of a busy session
+        # that arrive while it is being checked wait for that answer (each second, a
+        # page's many connections find the check due together).
+        asking = self._asking.get(hashed)
+        if asking is None:
+            asking = self._asking[hashed] = asyncio.ensure_future(self._ask(hashed))
+            asking.add_done_callback(lambda _f: self._asking.pop(hashed, None))
+        return await asyncio.shield(asking)
+
+    async def _ask(self, hashed: bytes) -> str | None:
         found = await self.state.run("session", hashed)
         if found is None:
             self._sessions.pop(hashed, None)

@@ -269,11 +269,18 @@ class ProxyHandler(Service):
         parts = [req.method, b" ", path, b" HTTP/1.1\r\nhost: ",
                  target.authority if self.host_from_target or not host else host, b"\r\n"]
         drop = self.drop
-        special = None
+        special = cookies = None
         for item in req.headers:
             name = item[0]
             if name in drop:
-                if name != b"host":
+                if name == b"cookie":
+                    # On a protected site: forwarded without the session (the usual
+                    # request of a signed-in visitor, so not a reason to leave the
+                    # quick way below).
+                    kept = _without_cookie(item[1], self.session_cookie)
+                    if kept:
+                        cookies = [kept] if cookies is None else cookies + [kept]
+                elif name != b"host":
                     if special is None:
                         special = [item]
                     else:
@@ -282,6 +289,8 @@ class ProxyHandler(Service):
             parts += (name, b": ", item[1], b"\r\n")
         if special is None and self.forwarded and host and req.body is None:
             # The usual request: no header to reconsider, no body, X-Forwarded-* set.
+            for kept in cookies or ():
+                parts += (b"cookie: ", kept, b"\r\n")
             key = (req.client, req.scheme)
             lines = self._forwarded_lines.get(key) or self._learn_forwarded(key)
             parts += (lines, host, b"\r\n\r\n")
@@ -290,13 +299,9 @@ class ProxyHandler(Service):
         upgrade = length = None
         xff = proto = fhost = None
         if special is not None:
-            conn_tokens = claims = cookies = None
+            conn_tokens = claims = None
             for name, value in special:
-                if name == b"cookie":
-                    kept = _without_cookie(value, self.session_cookie)
-                    if kept:
-                        cookies = [kept] if cookies is None else cookies + [kept]
-                elif name == b"content-length":
+                if name == b"content-length":
                     length = value
                 elif name == b"connection":
                     # A list header: the names on every field line count (RFC 9110 7.6.1).
@@ -321,13 +326,13 @@ class ProxyHandler(Service):
                             parts += (name, b": ", value, b"\r\n")
                     if b"cookie" in names:
                         cookies = None
-            for kept in cookies or ():
-                parts += (b"cookie: ", kept, b"\r\n")
             if not getattr(conn, "xff_trusted", False):           # HTTP/2: not kept
                 xff = proto = fhost = None
             elif claims is not None:
                 for name, value in claims:          # a trusted proxy's word, as its X-F-F
                     parts += (name, b": ", value, b"\r\n")
+        for kept in cookies or ():
+            parts += (b"cookie: ", kept, b"\r\n")
         if self.forwarded:
             parts += (b"x-forwarded-for: ",
                       b", ".join(xff) + b", " + conn.peer.encode() if xff
