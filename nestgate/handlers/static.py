@@ -100,11 +100,6 @@ class Bodiless:
         return len(data)
 
 
-async def send_ready(request, response) -> None:
-    """Answer an async request with a ready response (Prebuilt or Bodiless) in one write."""
-    await request.send_prebuilt(response)
-
-
 class NotFound(Exception):
     pass
 
@@ -224,11 +219,11 @@ class StaticFiles:
     # ------------------------------------------------------------ the request
     async def handle(self, request) -> None:
         if request.method not in (b"GET", b"HEAD"):
-            await send_ready(request, self.method_not_allowed)
+            await request.send_prebuilt(self.method_not_allowed)
             return
         rel = self._relative(request.path)
         if rel is None:
-            await send_ready(request, self.not_found)
+            await request.send_prebuilt(self.not_found)
             return
         self.loop = request.connection.loop
         entry = self._cache.get(rel)
@@ -239,7 +234,7 @@ class StaticFiles:
         try:
             await self._slow(request, rel, entry)
         except NotFound:
-            await send_ready(request, self.not_found)
+            await request.send_prebuilt(self.not_found)
 
     def _relative(self, path: str) -> str | None:
         """Path below the root ("" for the root itself, a trailing "/" kept), or None
@@ -291,7 +286,7 @@ class StaticFiles:
         if accept is not None and len(entry.variants) > 1 and rng is None:
             variant = entry.variants[self._negotiator.pick(accept, entry.codings)]
         if _not_modified(inm, ims, variant.etag, entry.mtime):
-            await send_ready(request, variant.not_modified)
+            await request.send_prebuilt(variant.not_modified)
             return
         if rng is not None and _range_applies(if_range, entry.identity.etag):
             span = parse_range(rng, entry.size)
@@ -306,7 +301,7 @@ class StaticFiles:
                     ("content-range", f"bytes {start}-{end}/{entry.size}"), *self.extra,
                 ], entry.body[start:end + 1])
                 return
-        await send_ready(request, variant.full)
+        await request.send_prebuilt(variant.full)
 
     async def _unsatisfiable(self, request, size: int) -> None:
         await request.send(416, [("content-range", f"bytes */{size}"), *self.extra,

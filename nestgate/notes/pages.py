@@ -41,7 +41,6 @@ from nestgate.compress import Encoded
 from nestgate.control import CONTROLS
 from nestgate.tally import TALLY
 from nestgate.handlers import PEEK
-from nestgate.handlers.static import send_ready
 from nestgate.notes.render import Renderer
 from nestgate.notes.store import SLUG, NoteStore
 from nestgate.responses import Prebuilt, html_page
@@ -318,11 +317,11 @@ class CachedPage:
 
     async def handle(self, request) -> None:
         if request.method not in (b"GET", b"HEAD"):
-            await send_ready(request, self.site.method_not_allowed)
+            await request.send_prebuilt(self.site.method_not_allowed)
             return
         response = await self.site.render(request.connection.loop, self)
-        await send_ready(request, self.site.not_found if response is None
-                         else response.choose(request.headers))
+        await request.send_prebuilt(self.site.not_found if response is None
+                                    else response.choose(request.headers))
 
 
 class PageFallback:
@@ -341,11 +340,11 @@ class PageFallback:
     async def handle(self, request) -> None:
         page = self.site.page_for(self.kind, request.params)
         if page is None:
-            await send_ready(request, self.site.not_found)
+            await request.send_prebuilt(self.site.not_found)
             return
         if request.path != page.path:
             if request.path.rstrip("/") != page.path:
-                await send_ready(request, self.site.not_found)
+                await request.send_prebuilt(self.site.not_found)
                 return
             location = quote(page.path)
             await request.send(308, [("location", location), ("content-type", HTML)],
