@@ -150,7 +150,7 @@ class RateTable:
         # write of shared memory: this path is on every limited request.)
         tats = self.tats
         tat = tats[at + 1]
-        if tat < now:
+        if tat < now:                  # not max(): a call costs more on this path
             tat = now
         wait = tat - now - tolerance
         if wait > _SLACK:
@@ -162,8 +162,7 @@ class RateTable:
         """Move a client's TAT up to `tat` (what other instances used), never down."""
         if self.tags[at] != tag:
             at = self._find(tag, at // 2, time.monotonic())
-        if self.tats[at + 1] < tat:
-            self.tats[at + 1] = tat
+        self.tats[at + 1] = max(self.tats[at + 1], tat)
 
     def _find(self, tag: int, first: int, now: float) -> int:
         """The entry for `tag` (2 x its index) among the probes from `first`, else a
@@ -348,8 +347,20 @@ class Limited:
     (the route's handler, or the access gate in front of it)."""
 
     is_async = GATED
-    __slots__ = ("inner", "limit", "table", "errors", "exempt", "identity", "signin",
-                 "interval", "tolerance", "upgrades", "refused", "sync")
+    __slots__ = (
+        "errors",
+        "exempt",
+        "identity",
+        "inner",
+        "interval",
+        "limit",
+        "refused",
+        "signin",
+        "sync",
+        "table",
+        "tolerance",
+        "upgrades",
+    )
 
     def __init__(self, inner, limit: RateLimit, identity: str, table: RateTable, errors,
                  signin=None, refused: list | None = None, sync=None) -> None:
@@ -368,7 +379,7 @@ class Limited:
         # its pages (a one-item list: `nestgate.tally`'s refused counts).
         self.refused = refused if refused is not None else [0]
 
-    def admit(self, conn, headers):
+    def admit(self, conn, headers, _now=time.monotonic):
         client = conn.client
         cache = conn.decisions
         if cache is None:
@@ -376,15 +387,17 @@ class Limited:
         hit = cache.get(self)
         if hit is None or hit[0] != client:
             hit = cache[self] = self.place(client)
-        tag, at, key = hit[1], hit[2], hit[3]
+        tag = hit[1]
         if not tag:
             return self.inner                               # exempt
+        at, key = hit[2], hit[3]
+        table = self.table
         if self.signin is not None:
             user = self.signin.known_user(headers)
             if user is not None:
                 key = f"{self.identity}|user|{user}"
-                tag, at = self.table.place(hash(key))
-        wait = self.table.take(tag, at, time.monotonic(), self.interval, self.tolerance)
+                tag, at = table.place(hash(key))
+        wait = table.take(tag, at, _now(), self.interval, self.tolerance)
         if not wait:
             if self.sync is not None:
                 self.sync.used(key, tag, at, self.interval)
@@ -478,8 +491,9 @@ class RateSync(Service):
 
     def _send(self, batch: dict) -> list:
         if self._client is None:
-            import redis
             from urllib.parse import urlsplit, urlunsplit
+
+            import redis
             url = urlunsplit(urlsplit(self.state.url)._replace(fragment=""))
             self._client = redis.Redis.from_url(url, socket_timeout=2.0,
                                                 socket_connect_timeout=2.0)

@@ -13,11 +13,11 @@ import sys
 import time
 
 import pytest
-
 from conftest import _env
-from nestgate.ratelimit import RateTable, client_key, parse_rate, rate_limit_from
 from test_admin import poll, scrape
 from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
+
+from nestgate.ratelimit import RateTable, client_key, parse_rate, rate_limit_from
 
 SITE = """
 [server]
@@ -281,7 +281,6 @@ def test_connections_per_client_over_http2_get_goaway(start_server, certs):
     import h2.connection
     import h2.errors
     import h2.events
-
     from test_e2e_core import tls_block
     server = start_server(config(listen="max_connections_per_client = 1\n" + tls_block(certs)))
     port = server.port("https")

@@ -16,7 +16,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import _env
 from test_admin import poll
 from test_auth import Browser, otp_code, protected, settled_step
@@ -128,7 +127,7 @@ def test_revoking_through_one_admin_api_signs_out_everywhere(two):
     assert answer.status == 200 and json.loads(answer.read())["revoked"] == 1
     conn.close()
     for instance in (a, b):
-        assert poll(lambda: status(instance.port(), "/secret", cookie=cookie),
+        assert poll(lambda instance=instance: status(instance.port(), "/secret", cookie=cookie),
                     lambda s: s == 401, timeout=3) == 401
 
 
@@ -165,13 +164,13 @@ def test_allow_entries_reach_both_instances_and_expire(two, tmp_path):
     assert out.returncode == 0, out.stderr
     assert REDIS_PASSWORD not in out.stdout + out.stderr
     for instance in (a, b):
-        assert poll(lambda: status(instance.port(), "/hello", host="lan.test"),
+        assert poll(lambda instance=instance: status(instance.port(), "/hello", host="lan.test"),
                     lambda s: s == 200, timeout=2) == 200
     listed = subprocess.run([sys.executable, "-m", "nestgate", "allow", "list", "--config",
                              str(config)], capture_output=True, text=True, env=_env(), timeout=30)
     assert "127.0.0.1" in listed.stdout and "test" in listed.stdout
     for instance in (a, b):                                   # the entry's time runs out
-        assert poll(lambda: status(instance.port(), "/hello", host="lan.test"),
+        assert poll(lambda instance=instance: status(instance.port(), "/hello", host="lan.test"),
                     lambda s: s == 403, timeout=6) == 403
 
 
@@ -197,7 +196,7 @@ def test_while_redis_does_not_answer_private_sites_say_503_and_recover(two):
     finally:
         os.kill(proc.pid, signal.SIGCONT)
     for instance in (a, b):
-        assert poll(lambda: status(instance.port(), "/secret", cookie=cookie),
+        assert poll(lambda instance=instance: status(instance.port(), "/secret", cookie=cookie),
                     lambda s: s == 200, timeout=10) == 200
     assert any("private sites answer 503" in line for line in a.lines)
     a.wait_for(": back", timeout=10)
