@@ -17,7 +17,9 @@ serve: $(STAMP)
 
 # Debian tools the tests and benchmarks drive (nginx as a peer and upstream, Caddy as a
 # peer, wrk, h2load, headless Chromium for the pages, promtool from the prometheus
-# package for the metrics). Installed only when missing and only when running as root.
+# package for the metrics, redis-server and HAProxy for scale-out, Pebble as the ACME CA,
+# BIND for DNS-01, certutil for Chromium's trust store, curl as a verifying client).
+# Installed only when missing and only when running as root.
 debian-deps:
 	@missing=""; \
 	command -v nginx  >/dev/null || missing="$$missing nginx-light"; \
@@ -28,6 +30,10 @@ debian-deps:
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v haproxy >/dev/null || missing="$$missing haproxy"; \
+	command -v pebble >/dev/null || missing="$$missing pebble"; \
+	test -x /usr/sbin/named || missing="$$missing bind9"; \
+	command -v certutil >/dev/null || missing="$$missing libnss3-tools"; \
+	command -v curl >/dev/null || missing="$$missing curl"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

@@ -14,6 +14,9 @@ def certificate_expiry(config) -> list[dict]:
     found = []
     for listener in config.listeners:
         for cert in listener.certificates:
+            if cert.managed:
+                found += _managed_entries(config, listener, cert)
+                continue
             entry = {"listener": f"{listener.host}:{listener.port}", "file": cert.cert,
                      "names": list(cert.names)}
             try:
@@ -32,3 +35,35 @@ def certificate_expiry(config) -> list[dict]:
                         pass
             found.append(entry)
     return found
+
+
+def _managed_entries(config, listener, cert) -> list[dict]:
+    """A certificate nestgate obtains (or `cert install` stored): one entry per name,
+    from storage, with the last failed attempt's reason and the consecutive failures."""
+    from nestgate.certs.manager import storage_of
+    storage = storage_of(config)
+    entries = []
+    for name in cert.names:
+        stored = storage.load(cert.managed, name)
+        meta = storage.meta(cert.managed, name)
+        entry = {"listener": f"{listener.host}:{listener.port}",
+                 "file": str(storage.folder(cert.managed, name) / "fullchain.pem"),
+                 "names": [name], "source": cert.managed,
+                 "failures": meta.get("failures", 0)}
+        if stored is not None:
+            entry["not_after"] = stored.not_after
+            entry["issuer"] = stored.issuer
+        if meta.get("last_error"):
+            entry["error"] = meta["last_error"]
+        elif stored is None:
+            entry["error"] = "not obtained yet"
+        entries.append(entry)
+    return entries
+
+
+def certificate_stamp(config) -> int:
+    """Changes whenever managed certificates change in storage (0 when there are none)."""
+    if not any(c.managed for listener in config.listeners for c in listener.certificates):
+        return 0
+    from nestgate.certs.manager import storage_of
+    return storage_of(config).stamp()

@@ -1,4 +1,4 @@
-"""The command line: nestgate serve | check | allow | passwd | ctl | bench."""
+"""The command line: nestgate serve | check | allow | passwd | cert | trust | ctl | bench."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["allow"]:
         from nestgate.allowcli import allow_main
         return allow_main(argv[1:])
+    if argv[:1] == ["cert"]:
+        from nestgate.certs.cli import cert_main
+        return cert_main(argv[1:])
+    if argv[:1] == ["trust"]:
+        from nestgate.certs.cli import trust_main
+        return trust_main(argv[1:])
     if argv[:1] == ["ctl"]:
         from nestgate.admin.ctl import ctl_main
         return ctl_main(argv[1:])
@@ -54,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(see `nestgate passwd -h`)")
     commands.add_parser("allow", help="add, list or remove dynamic allow entries "
                         "(see `nestgate allow -h`)")
+    commands.add_parser("cert", help="list, renew or install certificates "
+                        "(see `nestgate cert -h`)")
+    commands.add_parser("trust", help="the local CA's root and how to trust it "
+                        "(see `nestgate trust -h`)")
     commands.add_parser("ctl", help="ask the running server's admin API: status, ready, "
                         "metrics, reload (see `nestgate ctl -h`)")
     args = parser.parse_args(argv)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from nestgate.certs.config import AcmeConfig, read_acme
 from nestgate.tls import certificate_problem
 from nestgate.access import _cidr_list, read_access
 from nestgate.ratelimit import read_rate_limit
@@ -68,6 +69,13 @@ class Certificate:
     cert: str
     key: str
     names: tuple[str, ...]
+    # "" for PEM files; "acme" or "internal" for certificates nestgate obtains and
+    # renews itself (nestgate.certs), "installed" for ones another tool renews and
+    # `nestgate cert install` stores; all kept in [acme] storage, one per name.
+    managed: str = ""
+
+
+MANAGED_KINDS = ("acme", "internal", "installed")
 
 
 @dataclass(frozen=True)
@@ -226,6 +234,7 @@ class Config:
     auth: Any = None                        # nestgate.auth.config.AuthConfig
     admin: AdminConfig = AdminConfig()      # the operator's listener (nestgate.admin)
     state: StateConfig = StateConfig()      # where shared state lives ([state])
+    acme: AcmeConfig = AcmeConfig()         # the CA and storage of managed certificates
 
     @property
     def worker_count(self) -> int:
@@ -490,9 +499,24 @@ def _read_log(s: _Section) -> LogConfig:
     return cfg
 
 
-def read_certificate(c: _Section) -> Certificate:
-    """A `certificate` table: `cert` and `key` (PEM files that match), `names`."""
-    names = c.strings("names")
+def read_certificate(c: _Section, managed_ok: bool = False) -> Certificate:
+    """A `certificate` table: `cert` and `key` (PEM files that match), `names`; on a
+    site listener `acme = true` or `internal = true` instead of the files."""
+    names = tuple(n.lower().rstrip(".") for n in c.strings("names"))
+    for name in names:
+        if not _certificate_name(name):
+            c.fail("names", "host names or \"*.example.com\" wildcards", name)
+    if managed_ok:
+        kinds = [kind for kind in MANAGED_KINDS if c.bool(kind, False)]
+        if kinds:
+            if len(kinds) > 1:
+                c.fail(kinds[1], "one of acme = true, internal = true, installed = true")
+            for key in ("cert", "key"):
+                if key in c.data:
+                    c.fail(key, "no PEM files here (acme, internal and installed "
+                                "certificates are kept in [acme] storage)")
+            c.check_unknown()
+            return Certificate("", "", names, kinds[0])
     cert = Certificate(c.readable_file("cert", True), c.readable_file("key", True), names)
     if cert.cert and cert.key and os.path.isfile(cert.cert) and os.path.isfile(cert.key):
         problem = certificate_problem(cert)
@@ -506,7 +530,10 @@ def _read_listener(s: _Section) -> Listener:
     host, port = s.get("address", ("127.0.0.1", 8080), parse_address, "")
     if bind_address(host) is None:
         s.fail("address", f"a host name that resolves to an IPv4 address, got {host!r}")
-    certs = [read_certificate(c) for c in s.tables("certificate")]
+    certs = [read_certificate(c, managed_ok=True) for c in s.tables("certificate")]
+    if s.choice("tls", "", ("", "internal")) == "internal" and \
+            not any(c.managed == "internal" for c in certs):
+        certs.append(Certificate("", "", (), "internal"))   # names: the sites' hosts
     listener = Listener(host, port, tuple(certs),
                         redirect_https=s.bool("redirect_https", False),
                         https_port=s.int("https_port", 443, 1, 65535),
@@ -694,7 +721,9 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
         from nestgate.auth.redisstore import redis_locator
         auth = replace(auth, store=redis_locator(state.url, state.prefix))
     admin = read_admin(top.table("admin"), parse_address, read_certificate)
+    acme = read_acme(top.table("acme"))
     top.check_unknown()
+    listeners = _managed_names(listeners, sites, acme, file, problems)
     if not listeners:
         problems.append(f"{file}: listen: expected at least one [[listen]] table")
     for first, second in _clashing_listeners(listeners):
@@ -712,7 +741,48 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     problems += _user_keyed_limits(sites, file)
     if problems:
         raise ConfigError(problems)
-    return Config(file, server, limits, log, listeners, sites, trusted, auth, admin, state)
+    return Config(file, server, limits, log, listeners, sites, trusted, auth, admin, state,
+                  acme)
+
+
+def _certificate_name(name: str) -> bool:
+    bare = name[2:] if name.startswith("*.") else name
+    return bool(bare) and all(c.isalnum() or c in "-." for c in bare) \
+        and not bare.startswith(".") and ".." not in bare
+
+
+def _managed_names(listeners, sites, acme, file: str, problems: list[str]):
+    """Give each managed certificate without `names` the exact names of the sites'
+    hosts, and refuse what the CA could not sign: a wildcard needs DNS-01."""
+    hosts = tuple(dict.fromkeys(h for site in sites for h in site.hosts if h != "*"))
+    out = []
+    for i, listener in enumerate(listeners):
+        certs = []
+        for j, cert in enumerate(listener.certificates):
+            where = f"{file}: listen[{i}].certificate[{j}].names"
+            if cert.managed and not cert.names:
+                # A wildcard host is certified as one only where it can be proven.
+                names = tuple(h for h in hosts if cert.managed != "acme"
+                              or acme.dns is not None or not h.startswith("*."))
+                if cert.managed == "acme":
+                    names = tuple(h for h in names if h != "localhost"
+                                  and not h.endswith(".localhost"))
+                unprovable = [h for h in hosts if h.startswith("*.")] \
+                    if cert.managed == "acme" and acme.dns is None else []
+                if not names and not unprovable:
+                    problems.append(f"{where}: expected names to certify (no site has a "
+                                    "host name other than \"*\")")
+                cert = replace(cert, names=names + tuple(unprovable))
+                where = f"{where} (from the sites' hosts)"
+            if cert.managed == "acme" and acme.dns is None:
+                for name in cert.names:
+                    if name.startswith("*."):
+                        problems.append(
+                            f"{where}: expected names without wildcards unless [acme.dns] "
+                            f"is set (a CA proves a wildcard only by DNS-01), got {name!r}")
+            certs.append(cert)
+        out.append(replace(listener, certificates=tuple(certs)))
+    return tuple(out)
 
 
 def _user_keyed_limits(sites, file: str) -> list[str]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 
+from nestgate.certs.clienthello import MAX_HELLO, NotClientHello, parse_client_hello
 from nestgate.clientip import ProxyHeaderError, take_proxy_header
 
 
@@ -67,17 +68,41 @@ class TLSHandshake(asyncio.Protocol):
         """The connection is counted: the handshake begins."""
         self.handshake(b"")
 
+    _peeking = False                   # reading the ClientHello for TLS-ALPN-01 first
+
     def handshake(self, hello: bytes) -> None:
         """Upgrade to TLS; `hello` is the start of the ClientHello, already read."""
+        book = self.ctx.certificate_book
+        if book is not None and book.alpn_challenges and not self._peeking:
+            # A TLS-ALPN-01 validation is pending: see what this client offers first.
+            self._peeking = True
+            self._hello = hello
+            self._peek()
+            return
         self._hello = hello
         # The rest is for the TLS protocol. (uvloop starts reading after
         # connection_made even so: what comes until start_tls is kept in `_hello`.)
         self.transport.pause_reading()
         self._task = self.ctx.loop.create_task(self._start_tls())
 
+    def _peek(self) -> None:
+        try:
+            parsed = parse_client_hello(self._hello)
+        except NotClientHello:
+            parsed = (None, [])
+        if parsed is None and len(self._hello) < MAX_HELLO:
+            return                     # the rest of the record is on its way
+        challenge = self.ctx.certificate_book.challenge_for(*parsed) if parsed else None
+        if challenge is not None:
+            self.sslcontext = challenge    # the CA's validation handshake
+        hello, self._hello = self._hello, None
+        self.handshake(hello)
+
     def data_received(self, data: bytes) -> None:
         if self._hello is not None:    # the ClientHello, before start_tls took over
             self._hello += data
+            if self._peeking and self._task is None:
+                self._peek()
         else:                          # from the TLS transport (asyncio hands it early)
             self._early += data
 

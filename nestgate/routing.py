@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nestgate.certs.challenge import PREFIX as CHALLENGE_PREFIX
 from nestgate.errorpages import DEFAULT_PAGES
 from nestgate.errors import RequestError
 from nestgate.paths import decode_path
@@ -136,6 +137,12 @@ class SiteRoutes:
         self.exact_raw.pop(path.encode(), None)
         self.found.clear()
 
+    challenge: Route | None = None    # HTTP-01 answers, before every route (nestgate.certs)
+
+    def answer_challenges(self, handler) -> None:
+        self.challenge = Route(handler, NO_PARAMS, "acme-challenge", "", self.errors,
+                               TALLY.route(self.name, "acme-challenge"))
+
     def route(self, raw_path: bytes) -> Route:
         """The route for a raw request path (without its query)."""
         return self.exact_raw.get(raw_path) or self.found.get(raw_path) \
@@ -145,6 +152,10 @@ class SiteRoutes:
         if 35 in raw_path:                      # "#"
             raise RequestError(400, "fragment in request target")
         path = decode_path(raw_path)
+        challenge = self.challenge
+        if challenge is not None and path.startswith(CHALLENGE_PREFIX):
+            return Route(challenge.handler, NO_PARAMS, challenge.label, path, self.errors,
+                         challenge.tally)
         route = self.exact.get(path) or self._walk(path)
         if route.params is NO_PARAMS and len(raw_path) <= FOUND_PATH_MAX:
             if len(self.found) >= FOUND_LIMIT:
@@ -192,6 +203,13 @@ class Router:
         self.services: list = []                # `Service`s the worker starts and stops
         # Host header value as received -> site; only valid values get in.
         self.memo: dict[bytes, SiteRoutes] = {}
+
+    def answer_challenges(self, handler) -> None:
+        """Answer ACME HTTP-01 challenges on every site this router has."""
+        sites = {id(s): s for s in [self.unclaimed, self.catch_all, *self.exact.values(),
+                                    *(site for _suffix, site in self.wildcards)] if s}
+        for site in sites.values():
+            site.answer_challenges(handler)
 
     def add_site(self, hosts, site: SiteRoutes) -> None:
         for host in hosts:

@@ -112,7 +112,18 @@ def build_router(config) -> Router:
             gateway.add_portal(site, site_config)
         router.add_site(site_config.hosts, site)
     router.services = services
+    answer_challenges(router, config)
     return router
+
+
+def answer_challenges(router: Router, config) -> None:
+    """ACME HTTP-01 answers on every site, when this config orders certificates that
+    way (nestgate.certs)."""
+    from nestgate.certs.manager import challenge_types, managed_certificates, storage_of
+    if "http-01" in challenge_types(config) and any(
+            item.kind == "acme" for item in managed_certificates(config)):
+        from nestgate.certs.challenge import ChallengeAnswer
+        router.answer_challenges(ChallengeAnswer(storage_of(config)))
 
 
 def https_redirect_router(listener, config) -> Router:
@@ -123,4 +134,5 @@ def https_redirect_router(listener, config) -> Router:
     site.add_prefix("/", HttpsRedirect(listener.https_port), "https-redirect")
     router = Router(site)
     router.add_site(["*"], site)
+    answer_challenges(router, config)
     return router

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from nestgate.admin.keeper import AdminKeeper
+from nestgate.certs.manager import CertKeeper, prepare_certificates
 from nestgate.config import Config, ConfigError, config_warnings, read_config, with_overrides
 from nestgate.ratelimit import shared_limits
 from nestgate.sdnotify import notify
@@ -94,6 +95,7 @@ class Supervisor:
         os.set_blocking(self.ready_r, False)
         self._first = config
         self.admin = AdminKeeper()
+        self.certs = CertKeeper()           # the one process that talks to the CA
         # Rate-limit and per-client connection tables: mapped here, before any fork, so
         # every worker of every generation shares them (nestgate.ratelimit).
         shared_limits()
@@ -139,7 +141,8 @@ class Supervisor:
 
     # ----------------------------------------------------------- workers
     def start_generation(self, config: Config) -> Generation:
-        contexts = {l: server_context(l) for l in config.listeners if l.tls}
+        storage = prepare_certificates(config, say)
+        contexts = {l: server_context(l, storage) for l in config.listeners if l.tls}
         prepare_state(config)
         self.started_generations += 1
         number = self.started_generations
@@ -240,7 +243,8 @@ class Supervisor:
                 return
             gen, slot = self.by_pid.pop(pid, (None, None))
             if gen is None:
-                self.admin.exited(pid, self.stopping, say, _describe(status))
+                if not self.certs.exited(pid, self.stopping, say):
+                    self.admin.exited(pid, self.stopping, say, _describe(status))
                 continue
             was_ready = pid in gen.ready
             gen.ready.discard(pid)
@@ -311,6 +315,7 @@ class Supervisor:
         try:
             gen = self.start_generation(config)
             say(f"reloading: generation {gen.number} starting")
+            self.certs.replace(config)
         except Exception as exc:  # noqa: BLE001 - e.g. a certificate that changed since load
             self.close_sockets(added)
             self._refused(f" cannot start: {exc!r}")
@@ -324,6 +329,7 @@ class Supervisor:
         notify("STOPPING=1")
         self.stopping = True
         self.admin.stop()
+        self.certs.stop()
         for gen in self.generations:
             if not gen.stopping:
                 self.stop_generation(gen)
@@ -350,6 +356,7 @@ class Supervisor:
             signal.signal(sig, self._note_signal)
         self.start_generation(self._first)
         self._fork_admin()
+        self._fork_certs(self._first)
         while True:
             try:
                 readable, _, _ = select.select([wake_r, self.ready_r], [], [], 0.1)
@@ -375,9 +382,12 @@ class Supervisor:
             self.restart_due()
             if not self.stopping:
                 self.admin.restart_due(self._fork_admin)
+                if self.certs.restart_due():
+                    self._fork_certs(self.certs.config)
             self.forget_finished()
             self.admin.report(self)
-            if self.stopping and not self.by_pid and not self.admin.pid:
+            if self.stopping and not self.by_pid and not self.admin.pid \
+                    and not self.certs.pid:
                 break
         for sock in self.sockets.values():
             sock.close()
@@ -390,6 +400,19 @@ class Supervisor:
             self.admin.fork(self.ready_w, self._close_in_admin)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def _fork_certs(self, config) -> None:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+        try:
+            self.certs.start(config, self._close_in_certs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def _close_in_certs(self) -> None:
+        """In the forked certificate process: none of the sites' sockets, no admin's."""
+        self._close_in_admin()
+        self.admin.close_in_worker()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
 
     def _as_child(self) -> None:
         """In a forked worker or admin process: not the supervisor's pipe, and the

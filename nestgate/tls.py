@@ -25,34 +25,60 @@ def _context(cert: str, key: str, alpn=ALPN_HTTP1) -> ssl.SSLContext:
     return ctx
 
 
-def server_context(listener) -> ssl.SSLContext:
-    """The listener's default context; others are switched in by SNI."""
+def server_context(listener, storage=None) -> ssl.SSLContext:
+    """The listener's default context; others are switched in by SNI. Certificates
+    nestgate manages (nestgate.certs) come from `storage` through the context's
+    `certificate_book`, which the worker refreshes while serving."""
     alpn = ALPN_HTTP2 if listener.http2 else ALPN_HTTP1
-    contexts = [_context(c.cert, c.key, alpn) for c in listener.certificates]
-    default = contexts[0]
+    files = [c for c in listener.certificates if not c.managed]
+    contexts = [_context(c.cert, c.key, alpn) for c in files]
     exact: dict[str, ssl.SSLContext] = {}
     wildcard: dict[str, ssl.SSLContext] = {}
-    for cert, ctx in zip(listener.certificates, contexts):
+    for cert, ctx in zip(files, contexts):
         for name in cert.names:
             name = name.lower().rstrip(".")
             if name.startswith("*."):
                 wildcard.setdefault(name[1:], ctx)
             else:
                 exact.setdefault(name, ctx)
+    managed = [(c.managed, name) for c in listener.certificates if c.managed
+               for name in c.names]
+    book = None
+    if managed:
+        from nestgate.certs.book import CertificateBook
+        book = CertificateBook(storage, managed, lambda cert, key: _context(cert, key, alpn))
+        book.refresh()
+        # Made here, before the fork, with no certificate of its own: its session
+        # ticket keys are the ones every worker's handshakes use.
+        default = contexts[0] if contexts else _bare_context(alpn)
+        default.certificate_book = book
+    else:
+        default = contexts[0]
 
-    if len(contexts) > 1:
+    if len(contexts) > 1 or book is not None:
         def choose(ssl_object, server_name, _initial):
+            chosen = None
             if server_name:
                 name = server_name.lower().rstrip(".")
                 chosen = exact.get(name)
                 if chosen is None and "." in name:
                     chosen = wildcard.get(name[name.index("."):])
-                if chosen is not None and chosen is not ssl_object.context:
-                    ssl_object.context = chosen
+            if chosen is None and book is not None and (server_name or not contexts):
+                chosen = book.choose(server_name)
+            if chosen is not None and chosen is not ssl_object.context:
+                ssl_object.context = chosen
             return None
 
         default.sni_callback = choose
     return default
+
+
+def _bare_context(alpn) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(alpn)
+    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    return ctx
 
 
 def certificate_problem(certificate) -> str:

@@ -36,6 +36,7 @@ class ServerContext:
 
     trusted_proxies: frozenset = frozenset()      # peers whose X-Forwarded-For is believed
     proxy_protocol_from: frozenset = frozenset()  # peers allowed to send a PROXY header
+    certificate_book = None      # managed certificates of a TLS listener (nestgate.certs)
 
     def __init__(self, worker: Worker, listener, router) -> None:
         self.loop = worker.loop
@@ -107,6 +108,7 @@ class Worker:
         self.contexts: list[ServerContext] = []
         self.started = 0.0
         self.counting_clients = False    # a listener has max_connections_per_client
+        self.certificate_books: list = []   # reloaded from storage when it changes
 
     async def serve(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -123,7 +125,11 @@ class Worker:
         for listener, sock in self.sockets:
             ctx = ServerContext(self, listener, router)
             contexts.append(ctx)
-            factory = protocol_factory(ctx, listener, self.ssl_contexts.get(listener))
+            sslcontext = self.ssl_contexts.get(listener)
+            ctx.certificate_book = getattr(sslcontext, "certificate_book", None)
+            if ctx.certificate_book is not None:
+                self.certificate_books.append(ctx.certificate_book)
+            factory = protocol_factory(ctx, listener, sslcontext)
             server = await self.loop.create_server(factory, sock=sock, backlog=1024)
             servers.append(server)
         self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
@@ -189,6 +195,8 @@ class Worker:
             if now - last_publish >= PUBLISH_INTERVAL:
                 last_publish = now
                 self.publish()
+                for book in self.certificate_books:  # renewed certificates, challenges
+                    book.refresh()
 
     def publish(self) -> None:
         """Write this worker's figures into its slot of the shared table (see

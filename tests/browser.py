@@ -16,8 +16,14 @@ import tempfile
 import time
 
 
+class BrowserError(AssertionError):
+    """Chromium answered a DevTools command with an error."""
+
+
 class Browser:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, args=(), env=None) -> None:
+        """Open `url`; `args` are more Chromium flags, `env` its environment (HOME
+        decides which NSS database, so which extra roots, it trusts)."""
         chromium = shutil.which("chromium")
         assert chromium, "chromium is installed by `make test` (debian-deps)"
         self._profile = tempfile.TemporaryDirectory(prefix="nestgate-chromium-",
@@ -32,8 +38,8 @@ class Browser:
             os.dup2(writer, 4)
         self.proc = subprocess.Popen(
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-             "--remote-debugging-pipe", f"--user-data-dir={self._profile.name}", url],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+             "--remote-debugging-pipe", f"--user-data-dir={self._profile.name}", *args, url],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             preexec_fn=plumb, pass_fds=(3, 4))
         os.close(to_browser_r)
         os.close(from_browser_w)
@@ -56,7 +62,8 @@ class Browser:
                 raw, self._buffer = self._buffer.split(b"\0", 1)
                 answer = json.loads(raw)
                 if answer.get("id") == self._next_id:
-                    assert "error" not in answer, answer["error"]
+                    if "error" in answer:
+                        raise BrowserError(f"{method}: {answer['error']}")
                     return answer["result"]
             if not select.select([self._from_browser], [], [], 0.5)[0]:
                 continue
@@ -82,10 +89,18 @@ class Browser:
             " input.dispatchEvent(new Event('input', {bubbles: true})); })()")
 
     def wait_for(self, expression: str, timeout: float = 20):
-        """Poll until `expression` is truthy in the page; its value."""
+        """Poll until `expression` is truthy in the page; its value. A page still
+        loading (or an error page replacing it) may have no context to evaluate in
+        for a moment: that is asked again, until the timeout."""
         deadline = time.monotonic() + timeout
         while True:
-            value = self.evaluate(expression)
+            try:
+                value = self.evaluate(expression)
+            except BrowserError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+                continue
             if value or time.monotonic() > deadline:
                 return value
             time.sleep(0.1)

@@ -168,6 +168,15 @@ def test_shipped_examples_pass_check_without_warnings(name):
     assert "warning" not in out.stderr, out.stderr
 
 
+def test_https_home_server_example_passes_check():
+    """Ports 80 and 443 may be taken on the machine running the tests: that warning,
+    and only that one, is allowed."""
+    out = run_check(REPO / "examples" / "home-server-https.toml")
+    assert out.returncode == 0, out.stderr
+    warnings = [l for l in out.stderr.splitlines() if "warning" in l]
+    assert all("`serve` would fail on it now" in l for l in warnings), out.stderr
+
+
 def test_embedded_default_passes_check_without_warnings(tmp_path):
     out = subprocess.run([sys.executable, "-m", "nestgate", "check"], capture_output=True,
                          text=True, timeout=60, env=_env(), cwd=tmp_path)

@@ -296,6 +296,9 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     settings = ConfigAPI(state, config, error, reply)
     for path in ("/v1/config", "/v1/config/validate", "/v1/config/reload"):
         site.add_exact(path, settings)
+    from nestgate.admin.certapi import CertificateInstall
+    site.add_exact("/v1/certificates/{name}",
+                   CertificateInstall(settings, state.audit, error, reply))
     router = Router(site)
     router.add_site(["*"], site)
     return router

@@ -16,7 +16,7 @@ from collections import deque
 from nestgate.admin.process import (ADMIN_PROCESS_NAME, REPORT_MAX, admin_listener,
                                     name_process, process_name, run_admin)
 from nestgate.admin.stats import WorkerTable
-from nestgate.certinfo import certificate_expiry
+from nestgate.certinfo import certificate_expiry, certificate_stamp
 
 REPORT_EVERY = 1.0           # seconds between reports when nothing changes
 RESTART_DELAY = 0.5          # an admin process that died is started again after this
@@ -44,6 +44,7 @@ class AdminKeeper:
         # published: the admin process adds them to its totals (nestgate/admin/answers.py).
         self.departed: list[tuple[int, bytes]] = []
         self._last_sent = 0.0
+        self._certificate_stamp = 0
 
     # ------------------------------------------------------------ listener
     def bind(self, config, bound, say) -> None:
@@ -143,6 +144,10 @@ class AdminKeeper:
     def report(self, supervisor) -> None:
         if self.sock is None:
             return
+        stamp = certificate_stamp(self.config)       # managed certificates renewed
+        if stamp != self._certificate_stamp:
+            self._certificate_stamp = stamp
+            self.certificates = certificate_expiry(self.config)
         current = max((g.number for g in supervisor.generations if g.was_ready
                        and not g.stopping), default=None)
         state = {

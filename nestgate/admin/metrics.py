@@ -110,6 +110,11 @@ def render(state) -> bytes:
                "near).",
                [({"listener": c["listener"], "file": c["file"]}, c["not_after"])
                 for c in report.get("certificates", ()) if "not_after" in c])
+    out.family("certificate_renewal_failures", "gauge",
+               "Failed attempts in a row to obtain or renew a certificate nestgate manages "
+               "(0 once one succeeds; the reason is in /v1/ready and `nestgate cert list`).",
+               [({"listener": c["listener"], "name": c["names"][0]}, c["failures"])
+                for c in report.get("certificates", ()) if "failures" in c])
     events = state.answers.events()
     out.family("signins", "counter", "Sign-in attempts by result: success, failure (wrong "
                "user, password or code), refused (back-off, 429).",

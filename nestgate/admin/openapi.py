@@ -43,7 +43,9 @@ _UPSTREAM_CHANGE = {
     "404": _ERROR, "422": _ERROR, "504": _ERROR}
 _CERTIFICATES = {"type": "array", "items": _obj(
     {"listener": _STR, "file": _STR, "names": {"type": "array", "items": _STR},
-     "not_after": _NUM, "expires_in_days": _NUM, "error": _STR},
+     "not_after": _NUM, "expires_in_days": _NUM, "error": _STR,
+     "source": {"type": "string", "enum": ["acme", "internal", "installed"]},
+     "issuer": _STR, "failures": _INT},
     ("listener", "file", "names"))}
 _PROBLEMS = {"type": "array", "items": _obj({"file": _STR, "key": _STR, "message": _STR},
                                              ("file", "key", "message"))}
@@ -124,6 +126,14 @@ PATHS = {
     "/v1/allow/{id}": {"delete": _op("Remove an entry", {
         "204": {"description": "removed"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
         parameters=("id",))},
+    "/v1/certificates/{name}": {"put": _op(
+        "Install a certificate another tool renews (as `nestgate cert install`)", {
+            "200": _json(_obj({"name": _STR, "sources": {"type": "array", "items": _STR},
+                               "not_after": _NUM}, ("name", "sources", "not_after")),
+                         "installed; every worker serves it within a second"),
+            "404": _ERROR, "409": _ERROR, "422": _ERROR},
+        body={_JSON: {"schema": _obj({"cert": _STR, "key": _STR}, ("cert", "key"))}},
+        parameters=("name",))},
     "/v1/notes/purge": {"post": _op("Forget every rendered page in every worker", {
         "200": _json(_obj({"applied_by_workers": _INT}, ("applied_by_workers",)), "done"),
         "504": _ERROR})},

@@ -16,9 +16,11 @@ import pytest
 CLIENTS = 60_000
 BATCH = 250                         # requests pipelined per connection
 # Measured: +7.5 MB after the first 30,000 clients (the table's 2 MiB of shared pages
-# touched, and the heap the pipelined reads use), then nothing more.
+# touched, and the heap the pipelined reads use), then 0 to 2 MiB more (the allocator
+# extending its heap by a step once is not per client). A leak of 100 bytes per client
+# would add 3 MB in the second half.
 RSS_GROWTH_BOUND_KIB = 12 * 1024
-SECOND_HALF_BOUND_KIB = 1024
+SECOND_HALF_BOUND_KIB = 2560
 
 CONFIG = """
 [server]

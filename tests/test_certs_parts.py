@@ -1,0 +1,221 @@
+"""The parts of automatic HTTPS that need no CA: the ClientHello reader behind
+TLS-ALPN-01, the config's errors, the storage's whole-file writes and lock, and the
+back-off of failed orders."""
+
+from __future__ import annotations
+
+import os
+import ssl
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from nestgate.certs.clienthello import NotClientHello, parse_client_hello
+from nestgate.certs.manager import RETRY_FIRST, CertManager, Managed
+from nestgate.certs.storage import CertStorage
+from nestgate.config import ConfigError, parse_config
+
+
+def client_hello(server_name: str | None, alpn: list[str]) -> bytes:
+    """The first flight of Python's own TLS client."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    if alpn:
+        ctx.set_alpn_protocols(alpn)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=server_name)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_client_hello_names_and_alpn_are_read():
+    hello = client_hello("a.test", ["acme-tls/1"])
+    assert parse_client_hello(hello) == ("a.test", ["acme-tls/1"])
+    assert parse_client_hello(client_hello("b.test", ["h2", "http/1.1"])) == \
+        ("b.test", ["h2", "http/1.1"])
+    assert parse_client_hello(client_hello(None, [])) == (None, [])
+    # Until the record is whole, nothing is decided.
+    for cut in (0, 4, 5, 60, len(hello) - 1):
+        assert parse_client_hello(hello[:cut]) is None
+
+
+def test_what_is_not_a_client_hello_is_said_so():
+    with pytest.raises(NotClientHello):
+        parse_client_hello(b"GET / HTTP/1.1\r\n\r\n")
+    with pytest.raises(NotClientHello):
+        parse_client_hello(b"\x16\x03\x01\x00\x04\x02\x00\x00\x00")     # a ServerHello
+
+
+@given(st.binary(max_size=600))
+def test_any_bytes_give_an_answer_or_not_client_hello(data):
+    try:
+        result = parse_client_hello(b"\x16\x03\x01" + len(data).to_bytes(2, "big") + data)
+    except NotClientHello:
+        return
+    assert result is None or isinstance(result, tuple)
+
+
+BASE = """
+[[listen]]
+address = "127.0.0.1:0"
+{listen}
+
+[acme]
+storage = "{storage}"
+{acme}
+
+[[site]]
+hosts = {hosts}
+"""
+
+
+def _config(tmp_path, listen="", acme="", hosts='["a.test"]'):
+    text = BASE.format(listen=listen, acme=acme, hosts=hosts, storage=tmp_path / "certs")
+    import tomllib
+    return parse_config(tomllib.loads(text), "site.toml", tmp_path)
+
+
+def test_managed_certificates_take_the_sites_hosts(tmp_path):
+    config = _config(tmp_path, listen='[[listen.certificate]]\nacme = true',
+                     hosts='["a.test", "b.test", "*", "app.localhost"]')
+    cert = config.listeners[0].certificates[0]
+    assert cert.managed == "acme" and cert.names == ("a.test", "b.test")
+    internal = _config(tmp_path, listen='tls = "internal"', hosts='["nas.home.arpa", "*.lan"]')
+    assert internal.listeners[0].certificates[0].names == ("nas.home.arpa", "*.lan")
+
+
+@pytest.mark.parametrize("listen, acme, expected", [
+    ('[[listen.certificate]]\nacme = true\ncert = "x.pem"',
+     "", "site.toml: listen[0].certificate[0].cert: expected no PEM files here"),
+    ('[[listen.certificate]]\nacme = true\ninternal = true',
+     "", "site.toml: listen[0].certificate[0].internal: expected one of acme = true"),
+    ('[[listen.certificate]]\nacme = true\nnames = ["*.example.com"]',
+     "", "listen[0].certificate[0].names: expected names without wildcards unless "
+         "[acme.dns] is set (a CA proves a wildcard only by DNS-01), got '*.example.com'"),
+    ('[[listen.certificate]]\nacme = true\nnames = ["a/../b"]',
+     "", "listen[0].certificate[0].names: expected host names"),
+    ('tls = "yes"', "", "site.toml: listen[0].tls: expected one of"),
+    ("", 'directory = "http://ca.example/dir"',
+     "site.toml: acme.directory: expected an https:// ACME directory URL"),
+    ("", 'key_type = "dsa"', "site.toml: acme.key_type: expected one of"),
+    ("", 'eab_kid = "kid-1"', "site.toml: acme.eab_hmac_key: expected eab_kid and "
+                              "eab_hmac_key together"),
+    ("", 'challenges = ["dns-01"]', "site.toml: acme.challenges: expected an [acme.dns] "
+                                    "table when \"dns-01\" is listed"),
+    ("", '[acme.dns]\nserver = "127.0.0.1"\nzone = "example.com"\ntsig_name = "k"\n'
+         'tsig_secret = "not base64!"',
+     "site.toml: acme.dns.tsig_secret: expected the TSIG key's base64 secret"),
+])
+def test_bad_certificate_config_names_file_key_and_expectation(tmp_path, listen, acme,
+                                                               expected):
+    with pytest.raises(ConfigError) as caught:
+        _config(tmp_path, listen=listen, acme=acme)
+    assert any(expected in problem for problem in caught.value.problems), caught.value.problems
+    assert all("not base64!" not in problem for problem in caught.value.problems)
+
+
+def test_a_failed_write_leaves_the_stored_certificate(tmp_path, monkeypatch):
+    storage = CertStorage(str(tmp_path))
+    storage.ensure()
+    target = tmp_path / "certificates" / "acme" / "a.test" / "fullchain.pem"
+    storage.write(target, b"old chain")
+
+    def full_disk(fd, *_args):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        storage.write(target, b"new chain")
+    assert target.read_bytes() == b"old chain"
+    assert [p.name for p in target.parent.iterdir()] == ["fullchain.pem"]   # no leftovers
+
+
+def test_the_order_lock_is_held_across_processes(tmp_path):
+    storage = CertStorage(str(tmp_path))
+    with storage.lock("acme", "a.test") as mine:
+        assert mine
+        pid = os.fork()
+        if pid == 0:
+            with storage.lock("acme", "a.test", wait=0.3) as theirs:
+                os._exit(0 if theirs is False else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+    with storage.lock("acme", "a.test") as again:
+        assert again
+
+
+def test_failures_back_off_exponentially_and_keep_the_reason(tmp_path):
+    config = _config(tmp_path, listen='[[listen.certificate]]\nacme = true',
+                     acme='directory = "https://127.0.0.1:9/dir"')    # nothing listens there
+    manager = CertManager(config, log=lambda _m: None)
+    item = Managed("acme", "a.test")
+    waits = []
+    for _ in range(3):
+        reason = manager.obtain(item, force=True)
+        assert "Connection refused" in reason or "connection" in reason.lower()
+        meta = manager.storage.meta("acme", "a.test")
+        waits.append(meta["next_attempt"] - time.time())
+    assert meta["failures"] == 3 and meta["last_error"] == reason
+    for n, wait in enumerate(waits):
+        assert RETRY_FIRST * 2 ** n * 0.75 < wait < RETRY_FIRST * 2 ** n * 1.25
+    assert manager.storage.load("acme", "a.test") is None
+    assert not Path(tmp_path / "certs" / "certificates" / "acme" / "a.test" /
+                    "fullchain.pem").exists()
+
+
+def test_a_rate_limited_ca_is_waited_for_as_long_as_it_says(tmp_path, certs):
+    """A CA answering `rateLimited` with Retry-After: the next attempt is no sooner."""
+    import http.server
+    import json
+    import threading
+
+    class RateLimitedCA(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_args):
+            pass
+
+        def _send(self, status, body, headers=()):
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            for name, value in headers:
+                self.send_header(name, value)
+            self.send_header("Replay-Nonce", "bm9uY2U")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            base = f"https://127.0.0.1:{self.server.server_port}"
+            self._send(200, {"newNonce": f"{base}/nonce", "newAccount": f"{base}/account",
+                             "newOrder": f"{base}/order"},
+                       [("Content-Type", "application/json")])
+
+        def do_HEAD(self):
+            self.send_response(200)
+            self.send_header("Replay-Nonce", "bm9uY2U")
+            self.end_headers()
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._send(429, {"type": "urn:ietf:params:acme:error:rateLimited",
+                             "detail": "too many new accounts from this address"},
+                       [("Content-Type", "application/problem+json"),
+                        ("Retry-After", "7200")])
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RateLimitedCA)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certs["local"])
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = _config(tmp_path, listen='[[listen.certificate]]\nacme = true',
+                         acme=f'directory = "https://127.0.0.1:{server.server_port}/dir"\n'
+                              f'ca_root = "{certs["ca"]}"')
+        manager = CertManager(config, log=lambda _m: None)
+        reason = manager.obtain(Managed("acme", "a.test"))
+        assert reason == "rateLimited: too many new accounts from this address"
+        meta = manager.storage.meta("acme", "a.test")
+        assert meta["next_attempt"] - time.time() > 7190      # not the first minute's retry
+    finally:
+        server.shutdown()
