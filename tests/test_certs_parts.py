@@ -165,57 +165,111 @@ def test_failures_back_off_exponentially_and_keep_the_reason(tmp_path):
                     "fullchain.pem").exists()
 
 
+class SmallCA:
+    """Just enough of an ACME server over real HTTPS for what Pebble cannot show:
+    a directory (with `renewalInfo` when asked), nonces, accounts, and either a
+    `rateLimited` refusal with Retry-After or a renewal window (RFC 9773)."""
+
+    def __init__(self, certs, *, rate_limited: bool = False, window=None) -> None:
+        import http.server
+        import json
+        import threading
+        outer = self
+        self.asked: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *_args):
+                pass
+
+            def _send(self, status, body, headers=()):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                for name, value in headers:
+                    self.send_header(name, value)
+                self.send_header("Replay-Nonce", "bm9uY2U")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_HEAD(self):
+                self.send_response(200)
+                self.send_header("Replay-Nonce", "bm9uY2U")
+                self.end_headers()
+
+            def do_GET(self):
+                outer.asked.append(self.path)
+                base = f"https://127.0.0.1:{self.server.server_port}"
+                if self.path.startswith("/renewal-info/"):
+                    self._send(200, {"suggestedWindow": window},
+                               [("Content-Type", "application/json"), ("Retry-After", "3600")])
+                    return
+                directory = {"newNonce": f"{base}/nonce", "newAccount": f"{base}/account",
+                             "newOrder": f"{base}/order"}
+                if window is not None:
+                    directory["renewalInfo"] = f"{base}/renewal-info"
+                self._send(200, directory, [("Content-Type", "application/json")])
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                if rate_limited:
+                    self._send(429, {"type": "urn:ietf:params:acme:error:rateLimited",
+                                     "detail": "too many new accounts from this address"},
+                               [("Content-Type", "application/problem+json"),
+                                ("Retry-After", "7200")])
+                    return
+                base = f"https://127.0.0.1:{self.server.server_port}"
+                self._send(201, {"status": "valid"}, [("Content-Type", "application/json"),
+                                                      ("Location", f"{base}/account/1")])
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*certs["local"])
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.acme = (f'directory = "https://127.0.0.1:{self.server.server_port}/dir"\n'
+                     f'ca_root = "{certs["ca"]}"')
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
 def test_a_rate_limited_ca_is_waited_for_as_long_as_it_says(tmp_path, certs):
     """A CA answering `rateLimited` with Retry-After: the next attempt is no sooner."""
-    import http.server
-    import json
-    import threading
-
-    class RateLimitedCA(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *_args):
-            pass
-
-        def _send(self, status, body, headers=()):
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            for name, value in headers:
-                self.send_header(name, value)
-            self.send_header("Replay-Nonce", "bm9uY2U")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self):
-            base = f"https://127.0.0.1:{self.server.server_port}"
-            self._send(200, {"newNonce": f"{base}/nonce", "newAccount": f"{base}/account",
-                             "newOrder": f"{base}/order"},
-                       [("Content-Type", "application/json")])
-
-        def do_HEAD(self):
-            self.send_response(200)
-            self.send_header("Replay-Nonce", "bm9uY2U")
-            self.end_headers()
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self._send(429, {"type": "urn:ietf:params:acme:error:rateLimited",
-                             "detail": "too many new accounts from this address"},
-                       [("Content-Type", "application/problem+json"),
-                        ("Retry-After", "7200")])
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RateLimitedCA)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(*certs["local"])
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    ca = SmallCA(certs, rate_limited=True)
     try:
-        config = _config(tmp_path, listen='[[listen.certificate]]\nacme = true',
-                         acme=f'directory = "https://127.0.0.1:{server.server_port}/dir"\n'
-                              f'ca_root = "{certs["ca"]}"')
+        config = _config(tmp_path, listen='[[listen.certificate]]\nacme = true', acme=ca.acme)
         manager = CertManager(config, log=lambda _m: None)
         reason = manager.obtain(Managed("acme", "a.test"))
         assert reason == "rateLimited: too many new accounts from this address"
         meta = manager.storage.meta("acme", "a.test")
         assert meta["next_attempt"] - time.time() > 7190      # not the first minute's retry
     finally:
-        server.shutdown()
+        ca.stop()
+
+
+@pytest.mark.parametrize("window, due", [
+    ({"start": "2020-01-01T00:00:00Z", "end": "2020-01-02T00:00:00Z"}, True),
+    ({"start": "2099-01-01T00:00:00Z", "end": "2099-01-02T00:00:00Z"}, False),
+    (None, False),                                  # a CA without ARI
+])
+def test_renewal_information_decides_early_renewal(tmp_path, certs, window, due):
+    import trustme
+    ca = SmallCA(certs, window=window)
+    try:
+        config = _config(tmp_path, listen='[[listen.certificate]]\nacme = true', acme=ca.acme)
+        manager = CertManager(config, log=lambda _m: None)
+        issued = trustme.CA().issue_cert("a.test")     # fresh: far from two thirds
+        manager.storage.save("acme", "a.test",
+                             b"".join(p.bytes() for p in issued.cert_chain_pems),
+                             issued.private_key_pem.bytes(), directory=config.acme.directory)
+        reason = manager.due(Managed("acme", "a.test"), time.time())
+        assert reason == ("the CA's renewal information (ARI) asks for it" if due else "")
+        asked = [p for p in ca.asked if p.startswith("/renewal-info/")]
+        assert len(asked) == (1 if window else 0)
+        meta = manager.storage.meta("acme", "a.test")
+        if window:
+            assert 3500 < meta["ari_next_check"] - time.time() < 3700   # its Retry-After
+        manager.due(Managed("acme", "a.test"), time.time())
+        assert len([p for p in ca.asked if p.startswith("/renewal-info/")]) == len(asked)
+    finally:
+        ca.stop()

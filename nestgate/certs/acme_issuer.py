@@ -34,6 +34,7 @@ USER_AGENT = "nestgate"
 ACME_IDENTIFIER = x509.ObjectIdentifier("1.3.6.1.5.5.7.1.31")    # RFC 8737 id-pe-acmeIdentifier
 ORDER_TIMEOUT = 90.0
 NONCE_RETRIES = 3
+ARI_DEFAULT_RECHECK = 6 * 3600.0      # RFC 9773 4.3.3's default when the CA is silent
 
 
 class IssueError(Exception):
@@ -160,6 +161,17 @@ class AcmeIssuer:
             self.storage.write(account_file, json.dumps(regr.to_json()).encode(), 0o600)
         self._client, self._account_key = acme_client, account_key
         return acme_client
+
+    # ------------------------------------------------------------ renewal information
+    def renewal_window(self, chain_pem: bytes) -> tuple[float | None, float]:
+        """ACME Renewal Information (RFC 9773), where the CA offers it: (when to renew,
+        a moment chosen in the CA's suggested window, or None without ARI; when to
+        ask again), as Unix times."""
+        try:
+            when, ask_again = self._account().renewal_time(chain_pem)
+        except (errors.Error, messages.Error, OSError, ValueError):
+            return None, time.time() + ARI_DEFAULT_RECHECK
+        return (when.timestamp() if when is not None else None), ask_again.timestamp()
 
     # ------------------------------------------------------------ orders
     def issue(self, name: str) -> tuple[bytes, bytes]:

@@ -107,7 +107,23 @@ class CertManager:
             return "no valid certificate"
         if now >= stored.renew_at(self.config.acme.renew_after):
             return "two thirds of its lifetime have passed"
+        if item.kind == "acme":
+            suggested = self.renewal_information(item, stored, now)
+            if suggested is not None and now >= suggested:
+                return "the CA's renewal information (ARI) asks for it"
         return ""
+
+    def renewal_information(self, item: Managed, stored: StoredCertificate,
+                            now: float) -> float | None:
+        """When the CA's ACME Renewal Information says to renew (None: it does not
+        say); asked again no sooner than the CA's Retry-After (6 hours by default)."""
+        meta = self.storage.meta(item.kind, item.name)
+        if now >= meta.get("ari_next_check", 0.0) or \
+                meta.get("ari_serial") != stored.serial:
+            suggested, ask_again = self.issuer().renewal_window(stored.chain_pem)
+            meta = self.storage.set_meta(item.kind, item.name, ari_renew_at=suggested,
+                                         ari_next_check=ask_again, ari_serial=stored.serial)
+        return meta.get("ari_renew_at")
 
     def next_look(self, item: Managed, now: float) -> float:
         """When `item` next needs attention (Unix time)."""
@@ -115,6 +131,9 @@ class CertManager:
         stored = self.storage.load(item.kind, item.name)
         if self.usable(item, stored, now):
             at = stored.renew_at(self.config.acme.renew_after)
+            for ari in ("ari_renew_at", "ari_next_check"):
+                if item.kind == "acme" and meta.get(ari):
+                    at = min(at, meta[ari])
         else:
             at = now
         return max(at, meta.get("next_attempt", 0.0))

@@ -56,6 +56,7 @@ class StoredCertificate:
     not_after: float
     issuer: str                 # the issuing CA's common name
     names: tuple[str, ...]      # DNS names of the leaf
+    serial: str                 # the leaf's serial number, in hex
 
     def renew_at(self, fraction: float) -> float:
         return self.not_before + (self.not_after - self.not_before) * fraction
@@ -64,8 +65,8 @@ class StoredCertificate:
         return name in self.names
 
 
-def describe(chain_pem: bytes) -> tuple[float, float, str, tuple[str, ...]]:
-    """(not_before, not_after, issuer common name, DNS names) of a chain's leaf."""
+def describe(chain_pem: bytes) -> tuple[float, float, str, tuple[str, ...], str]:
+    """(not_before, not_after, issuer common name, DNS names, serial) of a chain's leaf."""
     leaf = x509.load_pem_x509_certificate(chain_pem)
     issuer = leaf.issuer.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
     try:
@@ -74,7 +75,8 @@ def describe(chain_pem: bytes) -> tuple[float, float, str, tuple[str, ...]]:
     except x509.ExtensionNotFound:
         names = ()
     return (leaf.not_valid_before_utc.timestamp(), leaf.not_valid_after_utc.timestamp(),
-            issuer[0].value if issuer else leaf.issuer.rfc4514_string(), names)
+            issuer[0].value if issuer else leaf.issuer.rfc4514_string(), names,
+            format(leaf.serial_number, "x"))
 
 
 def key_pem(private_key) -> bytes:
@@ -146,11 +148,10 @@ class CertStorage:
         try:
             chain = (folder / "fullchain.pem").read_bytes()
             key = (folder / "key.pem").read_bytes()
-            not_before, not_after, issuer, names = describe(chain)
+            facts = describe(chain)
         except (OSError, ValueError):
             return None
-        return StoredCertificate(name, kind, chain, key, not_before, not_after, issuer,
-                                 names)
+        return StoredCertificate(name, kind, chain, key, *facts)
 
     def save(self, kind: str, name: str, chain_pem: bytes, key_pem_bytes: bytes,
              **meta) -> None:
