@@ -38,8 +38,11 @@ def free_udp_port() -> int:
 
 
 class Pebble:
+    # Pebble's own example keys (base64url HMAC keys by key id).
+    EAB_KEYS = {"kid-1": "zWNDZM6eQGHWpSRTPal5eIUYFTu7EajVIoguysqZ9wG44nMEtx3MUAsUDkMTQ12W"}
+
     def __init__(self, folder: Path, ca, http_port: int, tls_port: int,
-                 dns_server: str | None = None) -> None:
+                 dns_server: str | None = None, eab: bool = False) -> None:
         assert shutil.which("pebble"), "pebble is installed by `make test` (debian-deps)"
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
@@ -56,7 +59,8 @@ class Pebble:
             "certificate": str(folder / "pebble.pem"),
             "privateKey": str(folder / "pebble.key"),
             "httpPort": http_port, "tlsPort": tls_port,
-            "ocspResponderURL": "", "externalAccountBindingRequired": False,
+            "ocspResponderURL": "", "externalAccountBindingRequired": eab,
+            **({"externalAccountMACKeys": self.EAB_KEYS} if eab else {}),
         }}))
         self.procs = []
         if dns_server is None:

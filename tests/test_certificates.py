@@ -228,6 +228,30 @@ tsig_secret = "{bind.secret}"
         bind.stop()
 
 
+def test_external_account_binding_and_rsa_keys(start_server, ca, ports, tmp_path):
+    """A CA that requires EAB (as ZeroSSL and company CAs do): the account is bound
+    with the configured key id and HMAC key; `key_type = "rsa2048"` gives RSA keys."""
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    pebble = Pebble(tmp_path / "pebble", ca, ports.http, ports.https, eab=True)
+    try:
+        good = 'eab_kid = "kid-1"\neab_hmac_key = "%s"\nkey_type = "rsa2048"' \
+            % Pebble.EAB_KEYS["kid-1"]
+        server = start_server(acme_config(pebble, ports, tmp_path / "certs", names=["a.test"],
+                                          extra=good))
+        cert = wait_served(ports.https, "a.test")
+        assert isinstance(cert.public_key(), rsa.RSAPublicKey)
+        assert cert.public_key().key_size == 2048
+        server.stop()
+        # Without the binding the CA refuses the account, and says why.
+        other = Ports()
+        unbound = start_server(acme_config(pebble, other, tmp_path / "certs-unbound",
+                                           names=["a.test"]), name="unbound.toml")
+        line = unbound.wait_for("a.test: could not obtain a certificate", timeout=30)
+        assert "externalAccountRequired" in line or "external account" in line.lower(), line
+    finally:
+        pebble.stop()
+
+
 def test_wildcard_without_dns01_is_refused_by_check(tmp_path, pebble, ports):
     config = tmp_path / "wild.toml"
     config.write_text(acme_config(pebble, ports, tmp_path / "certs",

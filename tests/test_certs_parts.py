@@ -88,6 +88,14 @@ def test_managed_certificates_take_the_sites_hosts(tmp_path):
     assert internal.listeners[0].certificates[0].names == ("nas.home.arpa", "*.lan")
 
 
+def test_directory_shorthands_and_defaults(tmp_path):
+    from nestgate.certs.config import LETS_ENCRYPT, LETS_ENCRYPT_STAGING
+    assert _config(tmp_path).acme.directory == LETS_ENCRYPT
+    assert _config(tmp_path, acme='directory = "staging"').acme.directory == LETS_ENCRYPT_STAGING
+    assert _config(tmp_path).acme.key_type == "p256"
+    assert _config(tmp_path).acme.storage == str(tmp_path / "certs")
+
+
 @pytest.mark.parametrize("listen, acme, expected", [
     ('[[listen.certificate]]\nacme = true\ncert = "x.pem"',
      "", "site.toml: listen[0].certificate[0].cert: expected no PEM files here"),
