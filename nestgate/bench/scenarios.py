@@ -89,6 +89,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              headers=(SESSION_COOKIE,), state="redis", needs="Redis state"),
     Scenario("https-health", "health JSON over HTTPS (TLS 1.3), HTTP/1.1", _health, HEALTH,
              tls=True),
+    Scenario("https-page", "cached page (~11 KB) over HTTPS (TLS 1.3), HTTP/1.1", _page,
+             "/page", tls=True, needs="return body_file"),
     Scenario("h2-health", "health JSON over HTTP/2 + TLS 1.3 (h2load -c64 -m10)", _health, HEALTH,
              driver="h2load", tls=True, streams=10, needs="HTTP/2"),
     Scenario("https-404-cidr", "HTTPS 404 for an unmatched Host, 1,000-entry CIDR list checked",
