@@ -418,6 +418,40 @@ def test_two_processes_sharing_storage_order_once(start_server, pebble, ports, t
     assert orders(one, "a.test") + orders(two, "a.test") == 1, one.lines + two.lines
 
 
+def test_instances_sharing_redis_order_once_and_answer_each_others_challenges(
+        start_server, pebble, ports, tmp_path):
+    """[state] backend = "redis": each instance has its own storage folder; one orders,
+    every instance serves, and a challenge answer published by one is answered by
+    another (the CA reaches only instance one here)."""
+    from redisserver import RedisServer
+    redis = RedisServer(tmp_path)
+    try:
+        state = f'[state]\nbackend = "redis"\nurl = "{redis.url}"\nprefix = "certs:"\n'
+        one = start_server(acme_config(pebble, ports, tmp_path / "one", names=["a.test"],
+                                       extra=state), name="one.toml")
+        first = wait_served(ports.https, "a.test")
+        other = Ports()
+        two = start_server(acme_config(pebble, other, tmp_path / "two", names=["a.test"],
+                                       extra=state), name="two.toml")
+        assert wait_served(other.https, "a.test", timeout=10).serial_number == \
+            first.serial_number
+        two.wait_for("a.test: certificate from another instance", timeout=5)
+        # Instance two orders; the CA asks instance one, which has the answer from Redis.
+        renewed = nestgate("cert", "renew", "a.test", config=two.config_path)
+        assert renewed.returncode == 0, renewed.stderr
+        second = wait_served(other.https, "a.test", timeout=10,
+                             not_serial=first.serial_number)
+        assert wait_served(ports.https, "a.test", timeout=10,
+                           not_serial=first.serial_number).serial_number == \
+            second.serial_number
+        assert challenges_used(tmp_path / "two", "a.test") == ["http-01"]
+        assert orders(one, "a.test") == 1 and orders(two, "a.test") == 0
+        assert list((tmp_path / "one" / "challenges" / "http").iterdir()) == []
+    finally:
+        redis.proc.kill()
+        redis.proc.wait()
+
+
 def test_restart_serves_stored_certificates_without_the_ca(start_server, pebble, ports,
                                                            tmp_path):
     text = acme_config(pebble, ports, tmp_path / "certs")

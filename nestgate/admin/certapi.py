@@ -51,7 +51,8 @@ class CertificateInstall:
                                           request.params["name"], cert.encode(),
                                           key.encode(), "admin API")
         if not outcome.ok:
-            code = {404: "not_found", 409: "locked", 422: "invalid_certificate"}[outcome.status]
+            code = {404: "not_found", 409: "locked", 422: "invalid_certificate",
+                    503: "state_unavailable"}[outcome.status]
             await request.send_prebuilt(self.error(outcome.status, code, outcome.problem))
             return
         self.audit(request, "certificate.install", {"name": outcome.name,

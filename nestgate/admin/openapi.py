@@ -131,7 +131,7 @@ PATHS = {
             "200": _json(_obj({"name": _STR, "sources": {"type": "array", "items": _STR},
                                "not_after": _NUM}, ("name", "sources", "not_after")),
                          "installed; every worker serves it within a second"),
-            "404": _ERROR, "409": _ERROR, "422": _ERROR},
+            "404": _ERROR, "409": _ERROR, "422": _ERROR, "503": _ERROR},
         body={_JSON: {"schema": _obj({"cert": _STR, "key": _STR}, ("cert", "key"))}},
         parameters=("name",))},
     "/v1/notes/purge": {"post": _op("Forget every rendered page in every worker", {

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
+from nestgate.certs.shared import MIRROR_WAIT
 from nestgate.certs.storage import CertStorage, key_pem, slug
 
 USER_AGENT = "nestgate"
@@ -237,6 +238,8 @@ class AcmeIssuer:
         if kind == "http-01":
             token = challb.chall.encode("token")
             self.storage.publish_http(token, challb.chall.key_authorization(account_key))
+            if self.storage.share is not None:
+                time.sleep(MIRROR_WAIT)       # the other instances copy the answer
             acme_client.answer_challenge(challb, challb.chall.response(account_key))
             return lambda: self.storage.withdraw_http(token)
         if kind == "tls-alpn-01":
@@ -244,7 +247,8 @@ class AcmeIssuer:
             thumbprint = jose.b64encode(account_key.thumbprint(
                 hash_function=hashes.SHA256)).decode()
             self.storage.publish_alpn(name, alpn_challenge_pem(name, f"{token}.{thumbprint}"))
-            time.sleep(1.5)                   # every worker reloads within a tick
+            # Every worker reloads within a tick (and other instances mirror it).
+            time.sleep(MIRROR_WAIT if self.storage.share is not None else 1.5)
             acme_client.answer_challenge(
                 challb, TlsAlpnResponse(key_authorization=f"{token}.{thumbprint}"))
             return lambda: self.storage.withdraw_alpn(name)

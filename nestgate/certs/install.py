@@ -22,7 +22,8 @@ LOCK_WAIT = 30.0
 @dataclass(frozen=True)
 class Installed:
     name: str
-    status: int                # 200 installed, 404 not a managed name, 409 locked, 422 refused
+    status: int                # 200 installed, 404 not a managed name, 409 locked,
+                               # 422 refused, 503 shared state unreachable
     problem: str = ""
     not_after: float = 0.0
     kinds: tuple[str, ...] = ()
@@ -85,6 +86,14 @@ def install_certificate(config, name: str, chain_pem: bytes, key_pem: bytes,
                                     f"installed = true (or acme, internal) in {config.source}")
     storage = storage_of(config)
     storage.ensure()
+    share_errors = storage.share.errors if storage.share else ()
+    try:
+        return _install(storage, config, name, kinds, chain_pem, key_pem, source)
+    except share_errors as exc:
+        return Installed(name, 503, f"the shared state (Redis) cannot be reached: {exc}")
+
+
+def _install(storage, config, name, kinds, chain_pem, key_pem, source) -> Installed:
     for kind in kinds:
         with storage.lock(kind, name, wait=LOCK_WAIT) as mine:
             if not mine:

@@ -32,11 +32,21 @@ class LocalCA:
 
     def root_pem(self) -> bytes:
         """The root certificate, made on first use (under the storage's lock, so two
-        processes sharing the folder make one)."""
-        if not self.root_file.exists():
+        processes sharing the folder make one; with shared state, one for every
+        instance, so devices trust one root whichever instance they reach)."""
+        share = self.storage.share
+        if not self.root_file.exists() or share is not None:
             with self.storage.lock("internal-ca", "root", wait=30.0):
-                if not self.root_file.exists():
+                shared = share.local_ca() if share is not None else None
+                if shared is not None:
+                    if not self.root_file.exists() or self.root_file.read_bytes() != shared[0]:
+                        self.storage.write(self.key_file, shared[1], PRIVATE)
+                        self.storage.write(self.root_file, shared[0])
+                elif not self.root_file.exists():
                     self._make_root()
+                if share is not None and shared is None:
+                    share.publish_local_ca(self.root_file.read_bytes(),
+                                           self.key_file.read_bytes())
         return self.root_file.read_bytes()
 
     def _make_root(self) -> None:

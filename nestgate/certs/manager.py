@@ -25,6 +25,7 @@ from nestgate.certs.storage import CertStorage, StoredCertificate
 RETRY_FIRST = 60.0             # seconds before the first retry of a failed order
 RETRY_MAX = 24 * 3600.0
 CHECK_EVERY = 60.0             # seconds between looks when nothing is due
+PULL_EVERY = 1.0               # seconds between looks at what other instances shared
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,13 @@ def challenge_types(config) -> tuple[str, ...]:
 
 
 def storage_of(config) -> CertStorage:
-    return CertStorage(config.acme.storage)
+    """The config's storage folder; shared with the other instances through Redis
+    when the state is there (nestgate.certs.shared)."""
+    share = None
+    if config.state.backend == "redis":
+        from nestgate.certs.shared import RedisShare
+        share = RedisShare(config.state)
+    return CertStorage(config.acme.storage, share)
 
 
 class CertManager:
@@ -74,6 +81,7 @@ class CertManager:
                                                  file=sys.stderr, flush=True))
         self._issuer = None
         self._local_ca = None
+        self._share_down = False
 
     # ------------------------------------------------------------ issuers
     def issuer(self):
@@ -146,6 +154,13 @@ class CertManager:
         if item.kind == "installed":
             return "" if not force else "installed with `nestgate cert install`: the " \
                 "tool that obtained it renews it"
+        share_errors = self.storage.share.errors if self.storage.share else ()
+        try:
+            return self._obtain(item, force, wait)
+        except share_errors as exc:           # Redis away: try again later
+            return self._failed(item, exc)
+
+    def _obtain(self, item: Managed, force: bool, wait: float) -> str:
         now = time.time()
         if not force and not self.due(item, now):
             return ""
@@ -208,10 +223,28 @@ class CertManager:
         signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
         self.storage.ensure()
         while not stopping:
+            self.pull()
             wait = self.run_once()
             deadline = time.monotonic() + wait
             while not stopping and time.monotonic() < deadline:
-                time.sleep(min(0.5, deadline - time.monotonic()))
+                time.sleep(min(PULL_EVERY, max(0.0, deadline - time.monotonic())))
+                self.pull()
+
+    def pull(self) -> None:
+        """What the other instances published (certificates, challenge answers)."""
+        share = self.storage.share
+        if share is None:
+            return
+        try:
+            for name in share.pull(self.storage, managed_certificates(self.config)):
+                self.log(f"{name}: certificate from another instance")
+            if self._share_down:
+                self._share_down = False
+                self.log("shared state reachable again")
+        except share.errors as exc:
+            if not self._share_down:
+                self._share_down = True
+                self.log(f"shared state unreachable ({exc}); serving what is stored here")
 
 
 class CertKeeper:

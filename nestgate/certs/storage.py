@@ -86,8 +86,11 @@ def key_pem(private_key) -> bytes:
 
 
 class CertStorage:
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, share=None) -> None:
         self.root = Path(root)
+        # nestgate.certs.shared.RedisShare when instances share their state: locks,
+        # certificates and challenge answers are published there too.
+        self.share = share
 
     # ------------------------------------------------------------ files
     def ensure(self) -> None:
@@ -154,11 +157,15 @@ class CertStorage:
         return StoredCertificate(name, kind, chain, key, *facts)
 
     def save(self, kind: str, name: str, chain_pem: bytes, key_pem_bytes: bytes,
-             **meta) -> None:
-        """Store a certificate: the key first, then the chain, each replaced whole."""
+             shared: bool = True, **meta) -> None:
+        """Store a certificate: the key first, then the chain, each replaced whole;
+        and for the other instances (unless it came from them)."""
         folder = self.folder(kind, name)
         self.write(folder / "key.pem", key_pem_bytes, PRIVATE)
         self.write(folder / "fullchain.pem", chain_pem)
+        if shared and self.share is not None:
+            self.share.publish_certificate(kind, name, chain_pem, key_pem_bytes,
+                                           meta.get("directory", ""))
         self.set_meta(kind, name, last_error="", failures=0, next_attempt=0,
                       issued_at=time.time(), **meta)
         self.changed()
@@ -208,7 +215,12 @@ class CertStorage:
                         return
                     time.sleep(0.2)
             try:
-                yield True
+                if self.share is None:
+                    yield True
+                else:               # and across instances
+                    left = max(0.0, deadline - time.monotonic())
+                    with self.share.lock(kind, name, wait=left) as everywhere:
+                        yield everywhere
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
@@ -219,11 +231,26 @@ class CertStorage:
         if not _is_token(token):
             raise ValueError(f"not an ACME token: {token!r}")
         self.write(self.root / "challenges" / "http" / token, key_authorization.encode())
+        if self.share is not None:
+            self.share.publish_http(token, key_authorization)
 
     def withdraw_http(self, token: str) -> None:
         if _is_token(token):
             with contextlib.suppress(OSError):
                 os.unlink(self.root / "challenges" / "http" / token)
+            if self.share is not None:
+                self.share.withdraw_http(token)
+
+    def mirror_http(self, answers: dict[str, bytes]) -> None:
+        """Make the HTTP-01 answers here those of every instance (`answers`)."""
+        folder = self.root / "challenges" / "http"
+        for path in folder.glob("*"):
+            if path.name not in answers and not path.name.startswith("."):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        for token, answer in answers.items():
+            if _is_token(token) and self.http_answer(token) != answer:
+                self.write(folder / token, answer)
 
     def http_answer(self, token: str) -> bytes | None:
         """The key authorization for an HTTP-01 token, read by the workers."""
@@ -238,11 +265,33 @@ class CertStorage:
         self.write(self.root / "challenges" / "tls-alpn" / (slug(name) + ".pem"), pem,
                    PRIVATE)
         self.changed()
+        if self.share is not None:
+            self.share.publish_alpn(name, pem)
 
     def withdraw_alpn(self, name: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(self.root / "challenges" / "tls-alpn" / (slug(name) + ".pem"))
         self.changed()
+        if self.share is not None:
+            self.share.withdraw_alpn(name)
+
+    def mirror_alpn(self, challenges: dict[str, bytes]) -> None:
+        """Make the TLS-ALPN-01 certificates here those of every instance."""
+        folder = self.root / "challenges" / "tls-alpn"
+        wanted = {slug(name) + ".pem": pem for name, pem in challenges.items()}
+        moved = False
+        for path in folder.glob("*.pem"):
+            if path.name not in wanted:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                moved = True
+        for file_name, pem in wanted.items():
+            path = folder / file_name
+            if not path.exists() or path.read_bytes() != pem:
+                self.write(path, pem, PRIVATE)
+                moved = True
+        if moved:
+            self.changed()
 
     def alpn_challenges(self) -> dict[str, Path]:
         """name -> PEM file (certificate and key) of each TLS-ALPN-01 being validated."""
