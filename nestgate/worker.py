@@ -247,7 +247,7 @@ def run_worker(config, sockets, ssl_contexts, ready_fd: int, **options) -> None:
     """Entry point in the forked child; never returns. `options` go to `Worker`."""
     code = 0
     try:
-        _die_with_parent()
+        die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # the supervisor decides
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
@@ -262,8 +262,9 @@ def run_worker(config, sockets, ssl_contexts, ready_fd: int, **options) -> None:
         os._exit(code)
 
 
-def _die_with_parent() -> None:
-    # A worker whose supervisor was killed must not keep serving alone.
+def die_with_parent() -> None:
+    # A worker (or the certificate process) whose supervisor was killed must not
+    # keep going alone.
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

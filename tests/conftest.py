@@ -19,6 +19,9 @@ from pathlib import Path
 import pytest
 import trustme
 
+# A loopback port free now, never the same one twice in a run (for servers told their port).
+from nestgate.bench.ports import free_port  # noqa: F401
+
 REPO = Path(__file__).resolve().parent.parent
 _LISTEN = re.compile(r"listening on (https?)://(\S+):(\d+)")
 _ADMIN = re.compile(r"admin API on https?://\S+:(\d+) ")

@@ -19,11 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import free_port
 
 
 def free_udp_port() -> int:

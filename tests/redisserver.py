@@ -4,17 +4,12 @@ certificates are tested against."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 
+from conftest import free_port
+
 REDIS_PASSWORD = "redis-pass-for-the-tests"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:

@@ -15,7 +15,7 @@ import socket
 import time
 from pathlib import Path
 
-from conftest import RETURN_SITE, _env
+from conftest import RETURN_SITE, _env, free_port
 from test_proxy_upstreams import refused_port, upstream  # noqa: F401 (fixture)
 
 TOKEN = "4f1c9e0b7a2d4c6e8f0a1b2c3d4e5f60"
@@ -280,13 +280,6 @@ def test_metrics_count_the_requests_and_only_grow(start_server):
         after = {tuple(sorted(l.items())): v for l, v in second[name]}
         assert before.keys() == after.keys()
         assert all(after[k] >= before[k] for k in before), name
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ctl(*args: str, env=None) -> subprocess.CompletedProcess:

@@ -15,14 +15,10 @@ import subprocess
 import sys
 import time
 
-from nestgate.certs.install import install_certificate
+from nestgate.certs.install import install_certificate, when
 from nestgate.certs.manager import CertManager, managed_certificates, storage_of
 
 DEBIAN_ANCHORS = "/usr/local/share/ca-certificates/nestgate-local-ca.crt"
-
-
-def _when(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t)) if t else "-"
 
 
 def _load_config(path):
@@ -74,11 +70,11 @@ def _list(config) -> int:
         if item.kind == "installed":
             renewal = "by the tool that installs it"
         elif usable or meta:
-            renewal = _when(manager.next_look(item, now))
+            renewal = when(manager.next_look(item, now))
         else:
             renewal = "now"
         rows.append((item.name, item.kind, stored.issuer if stored else "-",
-                     _when(stored.not_after) if stored else "(none yet)", renewal,
+                     when(stored.not_after) if stored else "(none yet)", renewal,
                      meta.get("last_error", "") or "-"))
     if not rows:
         print(f"no certificates are managed by {config.source} (acme, internal or "
@@ -110,7 +106,7 @@ def _renew(config, names: list[str]) -> int:
             print(f"{item.name}: not renewed: {reason}", file=sys.stderr)
         else:
             stored = manager.storage.load(item.kind, item.name)
-            print(f"{item.name}: renewed, valid until {_when(stored.not_after)}")
+            print(f"{item.name}: renewed, valid until {when(stored.not_after)}")
     return 1 if failed else 0
 
 
@@ -125,7 +121,7 @@ def _install(config, name: str, cert_file: str, key_file: str) -> int:
     if not outcome.ok:
         print(f"nestgate: {outcome.name}: not installed: {outcome.problem}", file=sys.stderr)
         return 2 if outcome.status == 404 else 1
-    print(f"{outcome.name}: installed, valid until {_when(outcome.not_after)}; served by "
+    print(f"{outcome.name}: installed, valid until {when(outcome.not_after)}; served by "
           "every worker within seconds")
     return 0
 

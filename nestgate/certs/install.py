@@ -33,8 +33,9 @@ class Installed:
         return self.status == 200
 
 
-def _when(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+def when(t: float) -> str:
+    """A Unix time as people read it in `cert` output; "-" for none."""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t)) if t else "-"
 
 
 def install_problem(name: str, chain_pem: bytes, key_pem: bytes, current) -> str:
@@ -55,9 +56,9 @@ def install_problem(name: str, chain_pem: bytes, key_pem: bytes, current) -> str
     not_before = leaf.not_valid_before_utc.timestamp()
     not_after = leaf.not_valid_after_utc.timestamp()
     if not_after <= now:
-        return f"the certificate expired on {_when(not_after)}"
+        return f"the certificate expired on {when(not_after)}"
     if not_before > now + 300:
-        return f"the certificate is not valid before {_when(not_before)}"
+        return f"the certificate is not valid before {when(not_before)}"
     names = describe(chain_pem)[3]
     wildcard = "*" + name[name.find("."):] if "." in name else ""
     if name not in names and wildcard not in names:
@@ -69,8 +70,8 @@ def install_problem(name: str, chain_pem: bytes, key_pem: bytes, current) -> str
             return (f"the chain is broken: {child.subject.rfc4514_string()} is not signed "
                     "by the certificate after it")
     if current is not None and not_after < current.not_after:
-        return (f"it expires {_when(not_after)}, earlier than the certificate it would "
-                f"replace ({_when(current.not_after)})")
+        return (f"it expires {when(not_after)}, earlier than the certificate it would "
+                f"replace ({when(current.not_after)})")
     return ""
 
 

@@ -265,7 +265,8 @@ class CertKeeper:
             code = 0
             try:
                 close_in_child()
-                _die_with_parent()
+                from nestgate.worker import die_with_parent
+                die_with_parent()
                 CertManager(config).run()
             except BaseException:             # noqa: BLE001 - reported, then exit
                 import traceback
@@ -329,10 +330,3 @@ def prepare_certificates(config, say) -> CertStorage | None:
             f"it (`nestgate trust --config {config.source}` says how, per system)")
     return storage
 
-
-def _die_with_parent() -> None:
-    import ctypes
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
