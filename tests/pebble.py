@@ -97,6 +97,18 @@ class Pebble:
         body = json.dumps({"ip": ip}).encode()
         urllib.request.urlopen(f"http://127.0.0.1:{self.challtest_port}/set-default-ipv4",
                                data=body, timeout=5).read()
+        # Not done until its DNS answers so (what Pebble asks when it validates).
+        import dns.message
+        import dns.query
+        import dns.rdatatype
+        query = dns.message.make_query("a.test", dns.rdatatype.A)
+        deadline = time.monotonic() + 5
+        while True:
+            answer = dns.query.udp(query, "127.0.0.1", port=self.dns_port, timeout=2)
+            if [r.address for rrset in answer.answer for r in rrset] == [ip]:
+                return
+            assert time.monotonic() < deadline, f"challtestsrv still answers {answer.answer}"
+            time.sleep(0.1)
 
     def log(self) -> str:
         return (self.folder / "pebble.log").read_text(errors="replace")
