@@ -1,4 +1,4 @@
-"""HTTP/2 over TLS (ALPN "h2"), on the h2 library, answering from the same routes.
+"""HTTP/2 over TLS (ALPN "h2"), on `nestgate.h2engine`, answering from the same routes.
 
 Theory of operation
 -------------------
@@ -18,10 +18,15 @@ DATA frame of a streamed answer is written while the transport is over its
 high-water mark.
 
 Malformed requests (bad fields, missing or repeated pseudo-fields, connection-
-specific fields, a Host other than :authority) are checked here, not by h2, so they
-cost their stream a 400 and the connection goes on (RFC 9113 8.1.1).
+specific fields, a Host other than :authority) are checked here, so they cost their
+stream a 400 and the connection goes on (RFC 9113 8.1.1); the engine checks the
+frames and stream states.
 
-Abuse: `FrameGuard` reads the frame headers of every read before h2 parses it and
+A `Prebuilt` answer carries its header block encoded once (`h2_block`); with the Date
+field (encoded once a second) it goes out as HEADERS and DATA frames from the event
+callback, with no task and no encoder.
+
+Abuse: `FrameGuard` reads the frame headers of every read before the engine parses it and
 ends the connection with GOAWAY(ENHANCE_YOUR_CALM) on a flood of frames that carry no
 request (PING, SETTINGS, WINDOW_UPDATE, PRIORITY, empty DATA) or a header block past
 `max_header_bytes`, each bound named below. A stream costs work (a task, maybe an
@@ -44,14 +49,10 @@ import re
 import struct
 import time
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-import hyperframe.frame
-
+from nestgate import h2engine as engine
+from nestgate.h2engine import (CANCEL, ENHANCE_YOUR_CALM, INTERNAL_ERROR, NO_ERROR,
+                               REFUSED_STREAM, ConnectionError_, StreamClosedError,
+                               encode_field, encode_fields)
 from nestgate.handlers import settle
 from nestgate.clientip import forwarded_client
 from nestgate.clock import CLOCK
@@ -65,14 +66,7 @@ from nestgate.sendwatch import SendWatch, cut
 
 log = logging.getLogger("nestgate.http2")
 
-_CLOSED = h2.connection.ConnectionState.CLOSED
-
 MAX_CONCURRENT_STREAMS = 128     # advertised; a stream past it is refused alone
-# What h2 enforces (it would end the connection with PROTOCOL_ERROR): above the
-# advertised limit, since the streams of one read are all open before we see one
-# of them, and a stream over the advertised limit should cost the client only
-# that stream (RFC 9113 5.1.2). A client this far past it is ignoring it.
-_H2_STREAM_LIMIT = 8 * MAX_CONCURRENT_STREAMS
 # Rapid reset (CVE-2023-44487). A browser leaving a page cancels what it has in
 # flight, at most MAX_CONCURRENT_STREAMS at a time, so a few hundred resets are
 # ordinary. Past RESET_ALLOWANCE, a connection on which the client reset more than
@@ -86,6 +80,10 @@ _NO_GOAWAY = 1 << 31              # above any stream id: no GOAWAY sent yet
 _CONNECTION_HEADERS = frozenset((b"connection", b"keep-alive", b"proxy-connection",
                                  b"transfer-encoding", b"upgrade"))
 _STATUS = {s: str(s).encode() for s in range(100, 600)}
+# A decoded header list may exceed `max_header_bytes` (the request gets 431 and the
+# connection goes on) up to this many times it; past that it is an HPACK bomb and the
+# connection ends (COMPRESSION_ERROR).
+DECODED_LIST_FACTOR = 4
 # h2 refuses only CR, LF and NUL in field values, but the method and target are copied
 # into an upstream's HTTP/1.1 request line: a method must be a token (RFC 9110 5.6.2)
 # and a :path visible ASCII, as llhttp demands of HTTP/1.1. Deleting the allowed bytes
@@ -167,33 +165,41 @@ class ALPNSwitch:
         pass
 
 
-class _LocalSettings(h2.settings.Settings):
-    """Our SETTINGS: advertise MAX_CONCURRENT_STREAMS, let h2 enforce a higher limit."""
-
-    @property
-    def max_concurrent_streams(self) -> int:
-        return _H2_STREAM_LIMIT
-
-
-def h2_headers(response) -> list[tuple[bytes, bytes]]:
-    """The header list of a `Prebuilt` for HEADERS frames, parsed once and kept."""
-    cached = getattr(response, "h2_cache", None)
-    if cached is not None:
-        return cached
+def h2_block(response) -> bytes:
+    """The header block of a `Prebuilt` without its Date, encoded once and kept."""
+    block = response.h2_cache
+    if block is not None:
+        return block
     lines = response.render(0, True).split(b"\r\n")
-    headers = [(b":status", _STATUS[response.status])]
+    fields = [(b":status", _STATUS[response.status])]
     for line in lines[1:]:
         if not line:
             continue
         name, _, value = line.partition(b": ")
         name = name.lower()
         if name not in _CONNECTION_HEADERS and name != b"date":
-            headers.append((name, value))
-    try:
-        response.h2_cache = headers
-    except AttributeError:
-        pass                   # a class with fixed slots: parse each time
-    return headers
+            fields.append((name, value))
+    block = response.h2_cache = encode_fields(fields)
+    return block
+
+
+class _DateField:
+    """The Date field as HPACK bytes, encoded again only when the clock's date moves."""
+
+    __slots__ = ("date", "field")
+
+    def __init__(self) -> None:
+        self.date = None
+        self.field = b""
+
+    def current(self) -> bytes:
+        date = CLOCK.date
+        if date is not self.date:
+            self.date, self.field = date, encode_field(b"date", date)
+        return self.field
+
+
+DATE_FIELD = _DateField()
 
 
 def _field_problem(headers, authority: bytes) -> str | None:
@@ -394,9 +400,9 @@ class H2Request(Request):
     async def send_prebuilt(self, response) -> None:
         self.started = True
         self.status = response.status
-        headers = h2_headers(response) + [(b"date", CLOCK.date)]
         body = b"" if self.head_only else response.body
-        self.connection.send_headers(self.stream_id, headers, end_stream=not body)
+        self.connection.send_block(self.stream_id, h2_block(response) + DATE_FIELD.current(),
+                                   end_stream=not body)
         if body:
             self.sent += len(body)
             await self.connection.send_data(self.stream_id, body, end=True)
@@ -445,15 +451,8 @@ class HTTP2Connection:
         self._guard = FrameGuard(self.limits.max_header_bytes, CLOCK.now)
         self._granted = 0                  # body bytes `room` let handlers hold unsent
         self._budget: asyncio.Future | None = None   # woken when some are sent
-        # Inbound fields are validated in `_request`, where a malformed one costs its
-        # stream only (h2 would end the connection). Outbound ones are built here from
-        # prebuilt responses or checked upstream headers, and h2's per-header
-        # validation of them would cost more than the rest of the request.
-        config = h2.config.H2Configuration(client_side=False, header_encoding=None,
-                                           validate_inbound_headers=False,
-                                           validate_outbound_headers=False,
-                                           normalize_outbound_headers=False)
-        self.h2 = h2.connection.H2Connection(config=config)
+        self.h2 = engine.H2Engine(MAX_CONCURRENT_STREAMS, self.limits.max_header_bytes,
+                                  DECODED_LIST_FACTOR * self.limits.max_header_bytes)
 
     # ------------------------------------------------------------ transport
     def connection_made(self, transport) -> None:
@@ -471,10 +470,6 @@ class HTTP2Connection:
             return
         ctx.connections.add(self)
         self._draining = ctx.draining
-        self.h2.local_settings = _LocalSettings(client=False, initial_values={
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.limits.max_header_bytes,
-        })
         self.h2.initiate_connection()
         self.flush()
 
@@ -486,7 +481,7 @@ class HTTP2Connection:
         (ENHANCE_YOUR_CALM) before any stream, then close."""
         if self.transport.is_closing():
             return
-        self.h2.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        self.h2.close_connection(ENHANCE_YOUR_CALM)
         self.flush()
         self.transport.close()
         UNROUTED.count(503)
@@ -514,7 +509,7 @@ class HTTP2Connection:
 
     def pause_writing(self) -> None:
         # The client is not taking what we send: stop reading from it too, or the
-        # answers h2 makes on its own and those sent from callbacks (PING acks,
+        # answers the engine makes on its own and those sent from callbacks (PING acks,
         # cached responses) pile up in the transport without bound. Nothing else
         # pauses reading here: request bodies are held back by flow control.
         self.write_paused = True
@@ -557,9 +552,11 @@ class HTTP2Connection:
             return
         try:
             events = self.h2.receive_data(data)
-        except h2.exceptions.ProtocolError:
-            self.flush()              # h2 has queued GOAWAY with the error code
+        except ConnectionError_ as exc:
+            log.info("HTTP/2 client %s: %s: connection closed", self.peer, exc)
+            self.flush()              # the engine has queued GOAWAY with the error code
             self.transport.close()
+            self._drop_streams()
             return
         except Exception as exc:
             self._fault(exc)
@@ -573,83 +570,68 @@ class HTTP2Connection:
         # A fault of ours costs only this connection, ended with a GOAWAY, and leaves
         # one line in the log rather than a traceback per connection.
         log.error("HTTP/2 connection from %s ended by an internal error: %r", self.peer, exc)
-        self._end(h2.errors.ErrorCodes.INTERNAL_ERROR)
+        self._end(INTERNAL_ERROR)
 
     def _handle(self, events) -> None:
-        # h2 handles every frame of `data` before we see an event: a GOAWAY behind
-        # requests in the same read has closed the connection for sending already,
-        # so those requests cannot be answered (h2 would raise) and are dropped.
-        answerable = self.h2.state_machine.state is not _CLOSED
-        # `len(streams)` is a cheap upper bound of the open streams.
-        refused = self._over_limit(events) \
-            if len(self.h2.streams) > MAX_CONCURRENT_STREAMS else ()
+        # The engine refuses streams past MAX_CONCURRENT_STREAMS itself (REFUSED_STREAM,
+        # that stream only, RFC 9113 5.1.2) and answers what the protocol answers.
         for event in events:
             kind = type(event)
-            if kind is h2.events.RequestReceived:
-                if event.stream_id in refused:
-                    self._reset(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
-                elif answerable:
-                    try:
-                        self._request(event)
-                    except h2.exceptions.StreamClosedError:
-                        pass           # reset (or closed by h2) in this same read
-            elif kind is h2.events.DataReceived:
+            if kind is engine.RequestReceived:
+                try:
+                    self._request(event)
+                except StreamClosedError:
+                    pass               # reset in this same read
+            elif kind is engine.DataReceived:
                 self._data(event)
-            elif kind is h2.events.StreamEnded:
+            elif kind is engine.StreamEnded:
                 req = self._streams.get(event.stream_id)
                 if req is not None and req.body is not None:
                     req.flow.ended = True
                     req.body.finish()
-            elif kind is h2.events.WindowUpdated:
+            elif kind is engine.WindowUpdated:
                 self._window_opened(event.stream_id)
-            elif kind is h2.events.StreamReset:
-                if self._client_reset(event.stream_id):
+            elif kind is engine.StreamReset:
+                if self._stream_gone(event.stream_id, event.remote):
                     self._calm(f"reset {self._wasted} of {self._opened} streams")
                     return
-            elif kind is h2.events.ConnectionTerminated:
+            elif kind is engine.ConnectionTerminated:
+                self.flush()
                 self.transport.close()
+                self._drop_streams()
                 return
         self.flush()
         if self._last_stream != _NO_GOAWAY:
             self._idle()
 
-    def _over_limit(self, events) -> set[int]:
-        """The streams of this read past MAX_CONCURRENT_STREAMS, to refuse alone (RFC
-        9113 5.1.2): h2 opened every stream of the read before we see the first, so
-        the newest ones are over the limit."""
-        streams = self.h2.streams
-        excess = self.h2.open_inbound_streams - MAX_CONCURRENT_STREAMS
-        if excess <= 0:
-            return set()
-        new = [e.stream_id for e in events if type(e) is h2.events.RequestReceived
-               and e.stream_id in streams and not streams[e.stream_id].closed]
-        return set(new[-excess:])
-
-    def _client_reset(self, stream_id: int) -> bool:
-        """The client reset a stream: drop its work. True when it reset too many
-        streams before they were answered (see RESET_ALLOWANCE)."""
+    def _stream_gone(self, stream_id: int, by_client: bool) -> bool:
+        """A stream was reset (by the client, or by the engine for a stream error):
+        drop its work. True when the client reset too many streams before they were
+        answered (see RESET_ALLOWANCE)."""
         req = self._streams.pop(stream_id, None)
         if req is not None:
             self._abandon(req)
         elif stream_id not in self._sending:
             return False                     # answered already: nothing was wasted
         self._stop_sender(stream_id)
+        if not by_client:
+            return False
         self._wasted += 1
         wasted = self._wasted
         return wasted >= RESET_CAP or (wasted > RESET_ALLOWANCE and 2 * wasted > self._opened)
 
     def _calm(self, why: str) -> None:
         log.warning("HTTP/2 client %s: %s: connection closed", self.peer, why)
-        self._end(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        self._end(ENHANCE_YOUR_CALM)
 
     def _end(self, code) -> None:
         """GOAWAY(`code`), then close: the streams in flight are dropped."""
-        try:
-            self.h2.close_connection(code)
-        except h2.exceptions.ProtocolError:
-            pass
+        self.h2.close_connection(code)
         self.flush()
         self.transport.close()
+        self._drop_streams()
+
+    def _drop_streams(self) -> None:
         for req in list(self._streams.values()):
             self._abandon(req)
         self._streams.clear()
@@ -657,7 +639,7 @@ class HTTP2Connection:
     def _request(self, event) -> None:
         stream_id = event.stream_id
         if stream_id > self._last_stream:        # opened after our GOAWAY
-            self._reset(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            self._reset(stream_id, REFUSED_STREAM)
             return
         self._opened += 1
         if self._opened >= self.limits.keepalive_requests and self._last_stream == _NO_GOAWAY:
@@ -710,7 +692,7 @@ class HTTP2Connection:
                 raise RequestError(400, ":path has a byte outside visible ASCII")
             if size > self.limits.max_header_bytes or len(headers) > self.limits.max_headers:
                 raise RequestError(431)
-            if event.stream_ended is None and self._too_large(headers):
+            if not event.ended and self._too_large(headers):
                 raise RequestError(413)                 # before a byte of it comes
             qmark = raw_target.find(b"?")
             # The router checks the characters of :authority (or Host), once per
@@ -722,17 +704,17 @@ class HTTP2Connection:
         except RequestError as exc:
             if self._answer(stream_id, ERRORS.get(exc.status) or ERRORS[400],
                             method == b"HEAD", method, authority, "-", "", headers,
-                            time.perf_counter(), UNROUTED) and event.stream_ended is None:
-                self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)   # no body wanted
+                            time.perf_counter(), UNROUTED) and not event.ended:
+                self._reset(stream_id, NO_ERROR)   # no body wanted
             return
         t0 = time.perf_counter() if self.logging else 0.0
         if not handler.is_async:
             if self._answer(stream_id, handler, method == b"HEAD", method, authority,
                             path, label, headers, t0, route.tally) \
-                    and event.stream_ended is None:
+                    and not event.ended:
                 # Answered without the body: the client may stop sending it (RFC 9113
                 # 8.1), rather than have us take and drop any amount of it.
-                self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+                self._reset(stream_id, NO_ERROR)
             return
         req = H2Request(self, handler, route, method, raw_target, qmark, "2", headers,
                         authority, True, t0)
@@ -740,7 +722,7 @@ class HTTP2Connection:
         req.granted = 0
         req.flow = _StreamFlow(self, stream_id)
         req.logged = self.logging
-        if event.stream_ended is None:
+        if not event.ended:
             req.body = Body(req.flow, False)
         self._streams[stream_id] = req
         req.task = self.loop.create_task(self._run(req))
@@ -762,8 +744,8 @@ class HTTP2Connection:
         body = b"" if head_only else response.body
         fits = len(body) <= min(self.h2.local_flow_control_window(stream_id),
                                 self.h2.max_outbound_frame_size)
-        self.h2.send_headers(stream_id, h2_headers(response) + [(b"date", CLOCK.date)],
-                             end_stream=not body)
+        self.h2.send_block(stream_id, h2_block(response) + DATE_FIELD.current(),
+                           end_stream=not body)
         if body and fits:
             self.h2.send_data(stream_id, body, end_stream=True)
             self._guard.data_sent += 1
@@ -778,7 +760,7 @@ class HTTP2Connection:
         self._sending.add(stream_id)
         try:
             await self.send_data(stream_id, body, end=True)
-        except (ConnectionResetError, h2.exceptions.ProtocolError):
+        except (ConnectionResetError, StreamClosedError):
             pass                           # the stream or the connection ended under us
         finally:
             self._sending.discard(stream_id)
@@ -787,25 +769,22 @@ class HTTP2Connection:
     def _data(self, event) -> None:
         req = self._streams.get(event.stream_id)
         if req is None or req.body is None:
-            self.acknowledge(event.stream_id, event.flow_controlled_length)
+            self.acknowledge(event.stream_id, event.flow_length)
             return
         if req.body.received + len(event.data) > self.limits.max_body:
             # 413, not REFUSED_STREAM: that tells the client nothing was processed and
             # it may retry (RFC 9113 8.7), which is not so once a handler has run.
-            self.acknowledge(event.stream_id, event.flow_controlled_length)
+            self.acknowledge(event.stream_id, event.flow_length)
             self._refuse_body(req, 413)
             return
         req.body.feed(event.data)
         if req.flow.paused:
-            req.flow.unacked += event.flow_controlled_length
+            req.flow.unacked += event.flow_length
         else:
-            self.acknowledge(event.stream_id, event.flow_controlled_length)
+            self.acknowledge(event.stream_id, event.flow_length)
 
     def acknowledge(self, stream_id: int, length: int) -> None:
-        try:
-            self.h2.acknowledge_received_data(length, stream_id)
-        except (h2.exceptions.StreamClosedError, KeyError):
-            pass
+        self.h2.acknowledge_received_data(length, stream_id)
         self.flush()
 
     # ------------------------------------------------------------ answering
@@ -822,11 +801,11 @@ class HTTP2Connection:
             if status == 500 and not isinstance(exc, HandlerError):
                 log.exception("handler for %s failed", req.route)
             if req.started:
-                self._reset(req.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+                self._reset(req.stream_id, INTERNAL_ERROR)
             elif not self.transport.is_closing():
                 try:
                     await req.send_prebuilt(req.errors.answer(status, req.headers))
-                except (ConnectionResetError, h2.exceptions.ProtocolError):
+                except (ConnectionResetError, StreamClosedError):
                     pass
         finally:
             self._streams.pop(req.stream_id, None)
@@ -841,13 +820,17 @@ class HTTP2Connection:
         self.h2.send_headers(stream_id, headers, end_stream=end_stream)
         self.flush()
 
+    def send_block(self, stream_id: int, block: bytes, end_stream: bool = False) -> None:
+        self.h2.send_block(stream_id, block, end_stream=end_stream)
+        self.flush()
+
     def end_stream(self, stream_id: int) -> None:
         if stream_id in self.outboxes:
             self._end_after.add(stream_id)          # after the queued data
             return
         try:
             self.h2.end_stream(stream_id)
-        except h2.exceptions.StreamClosedError:
+        except StreamClosedError:
             return
         self.flush()
 
@@ -932,7 +915,7 @@ class HTTP2Connection:
             if stream_id in self._end_after:
                 self._end_after.discard(stream_id)
                 self.end_stream(stream_id)
-        except (ConnectionResetError, h2.exceptions.ProtocolError):
+        except (ConnectionResetError, StreamClosedError):
             self.outboxes.pop(stream_id, None)
             self._end_after.discard(stream_id)
         finally:
@@ -961,7 +944,7 @@ class HTTP2Connection:
     def _reset(self, stream_id: int, code) -> None:
         try:
             self.h2.reset_stream(stream_id, code)
-        except h2.exceptions.StreamClosedError:
+        except StreamClosedError:
             pass
         self.flush()
         req = self._streams.pop(stream_id, None)
@@ -982,7 +965,7 @@ class HTTP2Connection:
         to stop sending the body (RFC 9113 8.1)."""
         stream_id = req.stream_id
         if req.started:
-            self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
+            self._reset(stream_id, CANCEL)
             return
         self._streams.pop(stream_id, None)
         self._abandon(req)
@@ -990,7 +973,7 @@ class HTTP2Connection:
         if self._answer(stream_id, req.errors.answer(status, req.headers), req.head_only,
                         req.method, req.host, req.path, req.route, req.headers, req._t0,
                         req.tally):
-            self._reset(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+            self._reset(stream_id, NO_ERROR)
         self.flush()
 
     def _abandon(self, req: H2Request) -> None:
@@ -1007,16 +990,10 @@ class HTTP2Connection:
 
     def _goaway_after(self, stream_id: int) -> None:
         """GOAWAY(NO_ERROR) naming `stream_id` as the last stream served; the streams
-        in flight finish, then the connection closes. Written past h2, whose state
-        machine would refuse to send anything more after its own GOAWAY."""
+        in flight finish, then the connection closes."""
         self._last_stream = stream_id
+        self.h2.goaway(stream_id)
         self.flush()
-        frame = hyperframe.frame.GoAwayFrame(stream_id=0, last_stream_id=stream_id,
-                                             error_code=h2.errors.ErrorCodes.NO_ERROR)
-        if not self.transport.is_closing():
-            data = frame.serialize()
-            self.bytes_out += len(data)
-            self.transport.write(data)
 
     def tick(self, elapsed: float) -> None:
         """Called by the worker's tick: abort a connection whose client stopped reading
@@ -1053,7 +1030,7 @@ class HTTP2Connection:
                 now[stream_id] = (waiter, waited)
         self._window_stalled = now
         for stream_id in late:
-            self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
+            self._reset(stream_id, CANCEL)
 
     def _watch_bodies(self, elapsed: float) -> None:
         """Time out the request bodies that did not grow for `body_timeout` while the
