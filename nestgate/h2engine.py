@@ -58,10 +58,7 @@ _GOAWAY = struct.Struct(">II")
 # Streams we reset remembered, so that frames the client sent before it saw the
 # RST_STREAM are dropped quietly (5.1, "closed") rather than taken as errors.
 _RESET_MEMORY = 128
-# A header block made only of indexed fields with a one-byte index (0x80-0xFE each)
-# neither reads nor changes anything but the table: see `_decode`.
-_ONE_BYTE_INDEXED = bytes(range(0x80, 0xFF))
-_DECODED_MEMORY = 64
+_DECODED_MEMORY = 64             # header blocks remembered per connection (`_decode`)
 
 
 class ConnectionError_(Exception):
@@ -175,6 +172,23 @@ def encode_fields(fields) -> bytes:
     return b"".join([encode_field(name, value) for name, value in fields])
 
 
+class _WatchedTable(HeaderTable):
+    """An HPACK dynamic table that counts its changes (entries added, size changed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changes = 0
+
+    def add(self, name: bytes, value: bytes) -> None:
+        self.changes += 1
+        super().add(name, value)
+
+    @HeaderTable.maxsize.setter
+    def maxsize(self, newmax: int) -> None:
+        self.changes += 1
+        HeaderTable.maxsize.fset(self, newmax)
+
+
 # -------------------------------------------------------------------- streams
 class Stream:
     """What the engine keeps of one open stream."""
@@ -220,6 +234,7 @@ class H2Engine:
         # from the caller, with the connection intact) up to `decoded_list_limit`;
         # past that the block is a bomb and the connection ends (COMPRESSION_ERROR).
         self._decoder = hpack.Decoder(decoded_list_limit)
+        self._table = self._decoder.header_table = _WatchedTable()
         self._decoded: dict[bytes, list] = {}
 
     # ---------------------------------------------------------------- out
@@ -483,20 +498,20 @@ class H2Engine:
             self._header_block(stream_id, block, events)
 
     def _decode(self, block: bytes) -> list:
-        """The field list of a header block. Browsers and load generators repeat
-        requests whose blocks are nothing but one-byte indexes into the tables; such a
-        block changes no table, so while no other block has changed the dynamic table
-        since, it decodes to what it did last time."""
+        """The field list of a header block. Clients repeat requests whose blocks
+        only refer to the tables or carry literals they do not index; such a block
+        changes no table, so as long as no other block has changed the dynamic table
+        since, it decodes to what it did last time (and is not decoded again)."""
         cached = self._decoded.get(block)
         if cached is not None:
             return cached
+        changes = self._table.changes
         try:
             headers = self._decoder.decode(block, raw=True)
         except hpack.HPACKDecodingError as exc:
             self._fail(COMPRESSION_ERROR, f"header block does not decode: {exc}")
-        if block.translate(None, _ONE_BYTE_INDEXED):
-            if self._decoded:
-                self._decoded.clear()       # the table may have changed
+        if self._table.changes != changes:
+            self._decoded.clear()           # what the others decode to may differ now
         elif len(self._decoded) < _DECODED_MEMORY:
             self._decoded[block] = headers
         return headers
