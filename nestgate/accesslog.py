@@ -43,10 +43,11 @@ class AccessLog:
         if old > 2:
             os.close(old)
 
-    def record(self, client, method, host, path, status, sent, t0, headers, route) -> None:
+    def record(self, client, method, host, path, status, sent, t0, headers, route,
+               protocol: str = "HTTP/1.1") -> None:
         duration_us = int((time.perf_counter() - t0) * 1_000_000) if t0 else 0
         self._records.append((CLOCK.wall, client, method, host, path, status, sent,
-                              duration_us, headers, route))
+                              duration_us, headers, route, protocol))
         if len(self._records) >= _MAX_BUFFERED:
             self.flush()
 
@@ -123,11 +124,11 @@ def _text(value) -> str:
 
 
 def _json_line(r: tuple) -> bytes:
-    wall, client, method, host, path, status, sent, duration_us, headers, route = r
+    wall, client, method, host, path, status, sent, duration_us, headers, route, protocol = r
     return json.dumps({
         "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall)) + "Z",
         "client": client, "method": _text(method), "host": _text(host), "path": path,
-        "status": status, "bytes": sent, "duration_us": duration_us,
+        "protocol": protocol, "status": status, "bytes": sent, "duration_us": duration_us,
         "user_agent": _user_agent(headers), "route": route,
     }).encode() + b"\n"
 
@@ -143,13 +144,13 @@ def _esc(value) -> str:
 
 
 def _combined_line(r: tuple) -> bytes:
-    wall, client, method, host, path, status, sent, duration_us, headers, route = r
+    wall, client, method, host, path, status, sent, duration_us, headers, route, protocol = r
     stamp = time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime(wall))
     ua = _esc(_user_agent(headers))
     referer = "-"
     for name, value in headers:
         if name == b"referer":
             referer = _esc(value.partition(b"?")[0])     # a query may carry a token
-    return (f'{client} - - [{stamp}] "{_esc(method)} {_esc(path)} HTTP/1.1" {status} {sent} '
+    return (f'{client} - - [{stamp}] "{_esc(method)} {_esc(path)} {protocol}" {status} {sent} '
             f'"{referer}" "{ua}" host="{_esc(host)}" route="{_esc(route)}" '
             f'us={duration_us}\n').encode()

@@ -1008,7 +1008,8 @@ class HTTP1Connection(asyncio.Protocol):
     def _finished(self, req: Request) -> None:
         if self.logging:
             self.ctx.access_log.record(req.client, req.method, req.host, req.path, req.status,
-                                       req.sent, req._t0, req.headers, req.route)
+                                       req.sent, req._t0, req.headers, req.route,
+                                       "HTTP/1.0" if req.version == "1.0" else "HTTP/1.1")
         self._done(req)
 
     def _answer_error(self, req: Request, status: int) -> None:

@@ -753,7 +753,7 @@ class HTTP2Connection:
             self.loop.create_task(self._send_rest(stream_id, body))
         if self.logging:
             self.ctx.access_log.record(self.client, method, host, path, response.status,
-                                       len(body), t0, headers, label)
+                                       len(body), t0, headers, label, "HTTP/2")
         return fits or not body
 
     async def _send_rest(self, stream_id: int, body: bytes) -> None:
@@ -796,6 +796,10 @@ class HTTP2Connection:
             req.end()
         except asyncio.CancelledError:
             return
+        except (ConnectionResetError, StreamClosedError):
+            # The stream or the connection went away (reset, closed) while the handler
+            # was sending: nothing can be answered, and nothing failed on our side.
+            return
         except Exception as exc:
             status = exc.status if isinstance(exc, (HandlerError, RequestError)) else 500
             if status == 500 and not isinstance(exc, HandlerError):
@@ -813,7 +817,7 @@ class HTTP2Connection:
         req.tally.timed(req.status, time.perf_counter() - req._t0)
         if req.logged:
             self.ctx.access_log.record(req.client, req.method, req.host, req.path, req.status,
-                                       req.sent, req._t0, req.headers, req.route)
+                                       req.sent, req._t0, req.headers, req.route, "HTTP/2")
         self._idle()
 
     def send_headers(self, stream_id: int, headers, end_stream: bool = False) -> None:

@@ -443,7 +443,7 @@ ENGINE_MODULES = ("nestgate.worker", "nestgate.site", "nestgate.compress",
                   "nestgate.handlers.redirect", "nestgate.proxy.handler",
                   "nestgate.notes.pages", "nestgate.notes.api", "nestgate.auth.portal",
                   "nestgate.auth.store", "nestgate.auth.totp", "nestgate.admin.page",
-                  "nestgate.http2", "encodings.unicode_escape", "encodings.idna")
+                  "nestgate.http2", "nestgate.h2engine", "encodings.unicode_escape", "encodings.idna")
 
 
 def drop_privileges(server) -> None:

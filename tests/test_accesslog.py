@@ -23,10 +23,10 @@ def test_json_record_has_every_field(tmp_path):
     assert path.read_text() == ""                 # buffered, not written per request
     wire.worker.access_log.flush()
     record = json.loads(path.read_text())
-    assert {k: record[k] for k in ("client", "method", "host", "path", "status", "bytes",
-                                   "user_agent", "route")} == {
+    assert {k: record[k] for k in ("client", "method", "host", "path", "protocol", "status",
+                                   "bytes", "user_agent", "route")} == {
         "client": "203.0.113.7", "method": "GET", "host": "Site.Test", "path": "/hello",
-        "status": 200, "bytes": 6, "user_agent": "probe/2", "route": "/hello"}
+        "protocol": "HTTP/1.1", "status": 200, "bytes": 6, "user_agent": "probe/2", "route": "/hello"}
     assert record["duration_us"] >= 0 and record["time"].endswith("Z")
     text = path.read_text()
     assert "s3cret" not in text and "session=abc" not in text

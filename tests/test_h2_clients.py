@@ -1,0 +1,191 @@
+"""Real HTTP/2 clients against a real server: curl, httpx, h2load and headless Chromium
+load a home page, a note and a proxied page over h2, and the request log says HTTP/2.
+
+Each client speaks with its own HTTP/2 stack (nghttp2 in curl and h2load, the h2
+library under httpx, Chromium's own), so the server's engine meets the settings,
+header compression and flow control of each.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import subprocess
+import ssl
+import threading
+import time
+
+import httpx
+import pytest
+
+from browser import Browser
+
+HOME = b"<!doctype html><title>Home</title><h1>Welcome home</h1>\n"
+NOTE = "---\ntitle: Hello\ndate: 2026-05-01\n---\n\nA note read over **HTTP/2**.\n"
+BIG = bytes(range(256)) * 1024          # 256 KiB: past the first stream window
+
+
+class _App(http.server.BaseHTTPRequestHandler):
+    """The proxied service: a page, a large answer and an echo of a posted body."""
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        body = BIG if self.path == "/app/big" else \
+            b"<!doctype html><title>App</title><p>proxied page</p>\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html" if len(body) < 1000 else
+                         "application/octet-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body[::-1])
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def site(start_server, certs, tmp_path):
+    """A TLS listener with h2, a home page, a note and a proxied service; the request
+    log (JSON lines, loopback included) in a file."""
+    root, notes = tmp_path / "www", tmp_path / "notes"
+    root.mkdir()
+    notes.mkdir()
+    (root / "index.html").write_bytes(HOME)
+    (notes / "hello.md").write_text(NOTE)
+    app = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _App)
+    threading.Thread(target=app.serve_forever, daemon=True).start()
+    log = tmp_path / "requests.log"
+    chain, key = certs["local"]
+    server = start_server(f"""
+[server]
+workers = 1
+
+[log]
+path = "{log}"
+log_loopback = true
+flush_interval = "100ms"
+
+[limits]
+max_body = "1MiB"
+
+[[listen]]
+address = "127.0.0.1:0"
+[[listen.certificate]]
+cert = "{chain}"
+key = "{key}"
+names = ["localhost", "127.0.0.1"]
+
+[[site]]
+hosts = ["*"]
+
+[site.notes]
+dir = "{notes}"
+
+[[site.route]]
+prefix = "/app/"
+type = "proxy"
+upstream = "http://127.0.0.1:{app.server_address[1]}"
+
+[[site.route]]
+prefix = "/"
+type = "static"
+root = "{root}"
+""")
+    server.log = log
+    yield server
+    app.shutdown()
+    app.server_close()
+
+
+def _records(log, *, wanted: int, timeout: float = 5.0) -> list[dict]:
+    """The request log's records, once at least `wanted` are written."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = log.read_text() if log.exists() else ""
+        records = [json.loads(line) for line in text.splitlines() if line]
+        if len(records) >= wanted or time.monotonic() > deadline:
+            return records
+        time.sleep(0.05)
+
+
+def test_curl_over_h2_gets_the_same_answers_as_over_http1(site, certs):
+    url = f"https://localhost:{site.port('https')}"
+    for path in ("/", "/notes/hello", "/app/page"):
+        answers = {}
+        for flag in ("--http2", "--http1.1"):
+            run = subprocess.run(
+                ["curl", "-sS", flag, "--cacert", certs["ca"], "--resolve",
+                 f"localhost:{site.port('https')}:127.0.0.1", "-w", "\n%{http_version} %{http_code}",
+                 url + path], capture_output=True, timeout=20)
+            body, _, tail = run.stdout.rpartition(b"\n")
+            answers[flag] = (tail, body)
+        assert answers["--http2"][0] == b"2 200", (path, run.stderr)
+        assert answers["--http1.1"][0] == b"1.1 200"
+        assert answers["--http2"][1] == answers["--http1.1"][1], path
+    records = _records(site.log, wanted=6)
+    h2 = [r["path"] for r in records if r["protocol"] == "HTTP/2"]
+    assert sorted(h2) == ["/", "/app/page", "/notes/hello"]
+
+
+def test_httpx_streams_bodies_both_ways_over_h2(site, certs):
+    with httpx.Client(http2=True, verify=ssl.create_default_context(cafile=certs["ca"]),
+                      timeout=20,
+                      base_url=f"https://localhost:{site.port('https')}") as client:
+        home = client.get("/")
+        assert (home.http_version, home.status_code, home.content) == ("HTTP/2", 200, HOME)
+        note = client.get("/notes/hello")
+        assert note.status_code == 200 and b"A note read over <strong>HTTP/2</strong>" \
+            in note.content
+        big = client.get("/app/big")              # more than the client's first window
+        assert (big.http_version, big.content) == ("HTTP/2", BIG)
+        posted = bytes(range(256)) * 2000         # 500 KiB upload, several windows
+        echo = client.post("/app/echo", content=posted)
+        assert (echo.status_code, echo.content) == (200, posted[::-1])
+        ranged = client.get("/", headers={"range": "bytes=0-14"})
+        assert (ranged.status_code, ranged.content) == (206, HOME[:15])
+        etag = home.headers["etag"]
+        again = client.get("/", headers={"if-none-match": etag})
+        assert (again.status_code, again.content) == (304, b"")
+        missing = client.get("/no-such-file")
+        assert missing.status_code == 404 and missing.http_version == "HTTP/2"
+
+
+@pytest.mark.skipif(shutil.which("h2load") is None, reason="h2load is installed by make test")
+def test_h2load_requests_all_succeed(site):
+    run = subprocess.run(
+        ["h2load", "-n", "600", "-c", "3", "-m", "10",
+         f"https://127.0.0.1:{site.port('https')}/", f"https://127.0.0.1:{site.port('https')}/notes/hello",
+         f"https://127.0.0.1:{site.port('https')}/app/page"], capture_output=True, text=True, timeout=60)
+    assert "600 succeeded, 0 failed, 0 errored" in run.stdout, run.stdout + run.stderr
+    assert "600 2xx" in run.stdout
+    assert "h2" in run.stdout                     # "Application protocol: h2"
+
+
+def test_chromium_loads_pages_over_h2(site):
+    base = f"https://localhost:{site.port('https')}"
+    browser = Browser(base + "/", args=["--ignore-certificate-errors"])
+    try:
+        for path, text in (("/", "Welcome home"), ("/notes/hello", "A note read over"),
+                           ("/app/page", "proxied page")):
+            if path != "/":
+                browser.evaluate(f"location.href = {json.dumps(base + path)}")
+            assert browser.wait_for(
+                f"document.body && document.body.innerText.includes({json.dumps(text)})"), path
+            protocol = browser.evaluate(
+                "performance.getEntriesByType('navigation')[0].nextHopProtocol")
+            assert protocol == "h2", (path, protocol)
+    finally:
+        browser.close()
+    records = _records(site.log, wanted=3)
+    chrome = {r["path"]: r for r in records if "Chrome" in r["user_agent"]}
+    for path in ("/", "/notes/hello", "/app/page"):
+        assert chrome[path]["protocol"] == "HTTP/2" and chrome[path]["status"] == 200, path
