@@ -126,6 +126,11 @@ HEADER_BLOCK_SLACK = 256 + 5 + 16
 # of a connection together hold at most OUTPUT_BUDGET bytes not yet sent.
 ROOM_MIN = 16 * 1024
 OUTPUT_BUDGET = 1024 * 1024
+# Frames a handler sends are written at the end of the loop's turn, all at once (one
+# TLS record and one syscall for the HEADERS, DATA and END_STREAM of an answer, and for
+# the answers of other streams made in the same turn), or at once when this many body
+# bytes wait, so that the transport's high-water mark still holds a producer back.
+FLUSH_AT = 64 * 1024
 
 _PREFACE_BYTES = 24                # "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _FRAME_HEAD = struct.Struct(">IBI")   # length (24 bits) and type; flags; stream id
@@ -451,6 +456,8 @@ class HTTP2Connection:
         self._guard = FrameGuard(self.limits.max_header_bytes, CLOCK.now)
         self._granted = 0                  # body bytes `room` let handlers hold unsent
         self._budget: asyncio.Future | None = None   # woken when some are sent
+        self._unflushed = 0            # body bytes queued in the engine, not yet written
+        self._flush_pending = False    # a write at the end of this turn is scheduled
         self.h2 = engine.H2Engine(MAX_CONCURRENT_STREAMS, self.limits.max_header_bytes,
                                   DECODED_LIST_FACTOR * self.limits.max_header_bytes)
 
@@ -537,10 +544,25 @@ class HTTP2Connection:
                 await self.wait_sent(next(iter(self.outboxes)))
 
     def flush(self) -> None:
+        self._unflushed = 0
         data = self.h2.data_to_send()
         if data and not self.transport.is_closing():
             self.bytes_out += len(data)
             self.transport.write(data)
+
+    def _flush_soon(self, size: int = 0) -> None:
+        """Write what the engine holds at the end of this turn (see FLUSH_AT)."""
+        self._unflushed += size
+        if self._unflushed >= FLUSH_AT:
+            self.flush()
+        elif not self._flush_pending:
+            self._flush_pending = True
+            self.loop.call_soon(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_pending = False
+        if self.transport is not None:
+            self.flush()
 
     # ------------------------------------------------------------ events
     def data_received(self, data: bytes) -> None:
@@ -822,11 +844,11 @@ class HTTP2Connection:
 
     def send_headers(self, stream_id: int, headers, end_stream: bool = False) -> None:
         self.h2.send_headers(stream_id, headers, end_stream=end_stream)
-        self.flush()
+        self._flush_soon()
 
     def send_block(self, stream_id: int, block: bytes, end_stream: bool = False) -> None:
         self.h2.send_block(stream_id, block, end_stream=end_stream)
-        self.flush()
+        self._flush_soon()
 
     def end_stream(self, stream_id: int) -> None:
         if stream_id in self.outboxes:
@@ -836,7 +858,7 @@ class HTTP2Connection:
             self.h2.end_stream(stream_id)
         except StreamClosedError:
             return
-        self.flush()
+        self._flush_soon()
 
     async def send_data(self, stream_id: int, data: bytes, end: bool = False) -> None:
         view = memoryview(data)
@@ -851,7 +873,7 @@ class HTTP2Connection:
             chunk, view = view[:window], view[window:]
             self.h2.send_data(stream_id, bytes(chunk), end_stream=end and not view)
             self._guard.data_sent += 1
-            self.flush()
+            self._flush_soon(len(chunk))
             if end and not view:
                 break
 

@@ -201,6 +201,10 @@ class Exchange:
 
     def _reset(self, req) -> None:
         self.req = req
+        # Body chunks a handler left unwritten (its stream was reset while it waited
+        # for the client's window, after the upstream's response had all arrived):
+        # the connection is sound, the chunks are the last client's and go nowhere.
+        self.pending.clear()
         self.client = req.connection  # the client's connection, written to directly
         self.block = b""              # the kept header lines, each ending in CRLF
         self.status = 0
