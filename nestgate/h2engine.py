@@ -228,6 +228,7 @@ class H2Engine:
         self._block_stream = 0
         self._block_ended = False
         self._block_self_dependent = False   # its PRIORITY names the stream itself
+        self.header_blocks = 0              # header blocks left open by their HEADERS
         self._block_size = 0
         self._reset_by_us: dict[int, None] = {}
         # The decoded list may run past what we advertised (a request over it gets 431
@@ -365,6 +366,11 @@ class H2Engine:
     def open_streams(self) -> int:
         return len(self.streams)
 
+    @property
+    def awaiting_headers(self) -> bool:
+        """The client's preface and SETTINGS, or the rest of a header block, are due."""
+        return self._settings_first or self._block is not None
+
     # ---------------------------------------------------------------- in
     def receive_data(self, data: bytes) -> list:
         """The events of `data`; raises ConnectionError_ on a connection error."""
@@ -482,6 +488,7 @@ class H2Engine:
             self._block = [block]
             self._block_size = len(block)
             self._block_stream = stream_id
+            self.header_blocks += 1
 
     def _continuation(self, stream_id: int, flags: int, payload: bytes, events: list) -> None:
         if self._block is None:

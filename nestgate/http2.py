@@ -61,7 +61,7 @@ from nestgate.http1 import DRAIN_IDLE_GRACE, Body, HTTP1Connection, Request
 from nestgate.errorpages import ERRORS
 from nestgate.responses import SERVER
 from nestgate.ratelimit import count_connection, uncount_connection
-from nestgate.tally import UNROUTED
+from nestgate.tally import H2_PROTECTIONS, TALLY, UNROUTED
 from nestgate.sendwatch import SendWatch, cut
 
 log = logging.getLogger("nestgate.http2")
@@ -223,9 +223,26 @@ def _field_problem(headers, authority: bytes) -> str | None:
     return None
 
 
+# Why a protection ended a connection or a stream: the key of its counter
+# (nestgate.tally's H2_PROTECTIONS, the `nestgate_http2_protections` metric) and the
+# words of its log line.
+PROTECTIONS = {
+    "control_flood": "PING/SETTINGS flood",
+    "window_update_flood": "WINDOW_UPDATE flood",
+    "priority_flood": "PRIORITY flood",
+    "empty_frames": "empty frame flood",
+    "header_block": "header block over max_header_bytes",
+    "header_timeout": "preface or header block not complete within header_timeout",
+    "rapid_reset": "streams reset before their answer (rapid reset)",
+    "protocol_error": "protocol error",
+    "send_timeout": "stream waited send_timeout for the client's window",
+}
+assert tuple(PROTECTIONS) == H2_PROTECTIONS
+
+
 class FrameGuard:
     """Counts what a client's frames cost before they are parsed: bytes in, the
-    reason to end the connection out (or None). It reads only the 9-byte frame
+    reason to end the connection out (a key of PROTECTIONS, or None). It reads only the 9-byte frame
     headers, so it runs in front of any frame engine and costs a few operations per
     frame; the payloads are left to the engine."""
 
@@ -259,11 +276,11 @@ class FrameGuard:
                 why = None if flags & _ACK else self._control(now)
             elif kind == _WINDOW_UPDATE:
                 self.window_updates += 1
-                why = "WINDOW_UPDATE flood" if self.window_updates > 5 + 2 * (
+                why = "window_update_flood" if self.window_updates > 5 + 2 * (
                     self.opened + WINDOW_UPDATES_PER_DATA_FRAME * self.data_sent) else None
             elif kind == _PRIORITY:
                 self.priorities += 1
-                why = "PRIORITY flood" if self.priorities > \
+                why = "priority_flood" if self.priorities > \
                     PRIORITY_FRAMES_PER_STREAM * (1 + self.opened) else None
             else:
                 continue
@@ -281,7 +298,7 @@ class FrameGuard:
         elif not ends:
             self.empty += 1
             if self.empty > EMPTY_FRAMES_IN_A_ROW:
-                return "empty frame flood"
+                return "empty_frames"
         return None
 
     def _header_frame(self, kind: int, flags: int, stream: int, length: int) -> str | None:
@@ -292,7 +309,7 @@ class FrameGuard:
                 self.opened += 1
         self.block += length
         if self.block > self.block_limit:
-            return "header block over max_header_bytes"
+            return "header_block"
         if flags & _END_HEADERS:
             self.block = 0
             return self._payload(length, 1)
@@ -302,7 +319,7 @@ class FrameGuard:
         self.control += 1
         if self.control > CONTROL_FRAME_BURST and self.control > \
                 CONTROL_FRAME_BURST + CONTROL_FRAMES_PER_SECOND * (now - self.born):
-            return "PING/SETTINGS flood"
+            return "control_flood"
         return None
 
 
@@ -457,6 +474,8 @@ class HTTP2Connection:
         self._granted = 0                  # body bytes `room` let handlers hold unsent
         self._budget: asyncio.Future | None = None   # woken when some are sent
         self._unflushed = 0            # body bytes queued in the engine, not yet written
+        self._header_mark = -1         # the engine's header block the tick is timing
+        self._header_wait = 0.0        # ... and for how long it has been under way
         self._flush_pending = False    # a write at the end of this turn is scheduled
         self.h2 = engine.H2Engine(MAX_CONCURRENT_STREAMS, self.limits.max_header_bytes,
                                   DECODED_LIST_FACTOR * self.limits.max_header_bytes)
@@ -576,6 +595,7 @@ class HTTP2Connection:
             events = self.h2.receive_data(data)
         except ConnectionError_ as exc:
             log.info("HTTP/2 client %s: %s: connection closed", self.peer, exc)
+            TALLY.event("h2_protocol_error")
             self.flush()              # the engine has queued GOAWAY with the error code
             self.transport.close()
             self._drop_streams()
@@ -615,7 +635,7 @@ class HTTP2Connection:
                 self._window_opened(event.stream_id)
             elif kind is engine.StreamReset:
                 if self._stream_gone(event.stream_id, event.remote):
-                    self._calm(f"reset {self._wasted} of {self._opened} streams")
+                    self._calm("rapid_reset", f" ({self._wasted} of {self._opened})")
                     return
             elif kind is engine.ConnectionTerminated:
                 self.flush()
@@ -642,8 +662,11 @@ class HTTP2Connection:
         wasted = self._wasted
         return wasted >= RESET_CAP or (wasted > RESET_ALLOWANCE and 2 * wasted > self._opened)
 
-    def _calm(self, why: str) -> None:
-        log.warning("HTTP/2 client %s: %s: connection closed", self.peer, why)
+    def _calm(self, why: str, detail: str = "") -> None:
+        """A protection ends the connection: GOAWAY(ENHANCE_YOUR_CALM), counted."""
+        log.warning("HTTP/2 client %s: %s%s: connection closed", self.peer,
+                    PROTECTIONS[why], detail)
+        TALLY.event("h2_" + why)
         self._end(ENHANCE_YOUR_CALM)
 
     def _end(self, code) -> None:
@@ -1030,6 +1053,17 @@ class HTTP2Connection:
                 self._send_watch.stuck(transport, elapsed, self.limits.send_timeout):
             cut(transport)
             return
+        if self.h2.awaiting_headers:
+            # The preface, or a header block begun (HEADERS without END_HEADERS), held
+            # open by a client trickling its frames: header_timeout for each, as for an
+            # HTTP/1.1 request head, however often bytes arrive.
+            mark = self.h2.header_blocks
+            if mark != self._header_mark:
+                self._header_mark, self._header_wait = mark, 0.0
+            self._header_wait += elapsed
+            if self._header_wait >= self.limits.header_timeout:
+                self._calm("header_timeout")
+                return
         if self._window_waiters or self._window_stalled:
             self._watch_windows(elapsed)
         if self._streams:
@@ -1056,6 +1090,7 @@ class HTTP2Connection:
                 now[stream_id] = (waiter, waited)
         self._window_stalled = now
         for stream_id in late:
+            TALLY.event("h2_send_timeout")
             self._reset(stream_id, CANCEL)
 
     def _watch_bodies(self, elapsed: float) -> None:

@@ -34,8 +34,13 @@ CLIENT_GONE = 499
 # Events counted beside the answers, away from the hot path (sign-in, notes writes).
 # Every key exists from the start: a thread (the notes API writes in the executor) may
 # count while the loop writes the snapshot, and a dict that never grows can be read so.
+# The HTTP/2 protections that end a connection or reset a stream (nestgate.http2
+# says what each is), counted as events "h2_<reason>".
+H2_PROTECTIONS = ("control_flood", "window_update_flood", "priority_flood", "empty_frames",
+                  "header_block", "header_timeout", "rapid_reset", "protocol_error",
+                  "send_timeout")
 EVENTS = ("signin_success", "signin_failure", "signin_refused", "notes_written",
-          "notes_deleted")
+          "notes_deleted", *(f"h2_{reason}" for reason in H2_PROTECTIONS))
 
 
 class SiteTimes:

@@ -7,6 +7,7 @@ backlog) as soon as it is read; readiness is the "ready" line, never a sleep.
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -225,3 +227,34 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/attack/" in str(item.fspath):
             item.add_marker(pytest.mark.attack)
+
+
+def poll(produce, check, timeout: float = 10):
+    deadline = time.monotonic() + timeout
+    value = produce()
+    while not check(value) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        value = produce()
+    return value
+
+
+def scrape(port: int, token: str | None = None) -> tuple[int, str, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
+    resp = conn.getresponse()
+    text = resp.read().decode()
+    conn.close()
+    from prometheus_client.parser import text_string_to_metric_families
+    samples = {}
+    if resp.status == 200:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return resp.status, resp.getheader("content-type"), samples
+
+
+def h2_protections(server) -> dict[str, float]:
+    """The server's `nestgate_http2_protections_total` by reason, from its admin API."""
+    _status, _type, samples = scrape(server.admin_port())
+    return {labels["reason"]: value
+            for labels, value in samples.get("nestgate_http2_protections_total", [])}

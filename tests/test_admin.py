@@ -15,7 +15,7 @@ import socket
 import time
 from pathlib import Path
 
-from conftest import RETURN_SITE, _env, free_port
+from conftest import RETURN_SITE, _env, free_port, poll, scrape  # noqa: F401
 from test_proxy_upstreams import refused_port, upstream  # noqa: F401 (fixture)
 
 TOKEN = "4f1c9e0b7a2d4c6e8f0a1b2c3d4e5f60"
@@ -42,15 +42,6 @@ def site_get(port: int, path: str = "/") -> tuple[int, bytes]:
     status, body = resp.status, resp.read()
     conn.close()
     return status, body
-
-
-def poll(produce, check, timeout: float = 10):
-    deadline = time.monotonic() + timeout
-    value = produce()
-    while not check(value) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        value = produce()
-    return value
 
 
 def test_health_ready_and_status_count_the_requests_served(start_server):
@@ -233,21 +224,6 @@ def test_off_turns_the_admin_listener_off(tmp_path):
         assert len(server.children()) == 2
     finally:
         server.stop()
-
-
-def scrape(port: int, token: str | None = None) -> tuple[int, str, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
-    resp = conn.getresponse()
-    text = resp.read().decode()
-    conn.close()
-    from prometheus_client.parser import text_string_to_metric_families
-    samples = {}
-    if resp.status == 200:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                samples.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return resp.status, resp.getheader("content-type"), samples
 
 
 def test_metrics_count_the_requests_and_only_grow(start_server):

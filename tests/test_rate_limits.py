@@ -14,7 +14,7 @@ import time
 
 import pytest
 from conftest import _env
-from test_admin import poll, scrape
+from conftest import poll, scrape
 from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
 
 from nestgate.ratelimit import RateTable, client_key, parse_rate, rate_limit_from

@@ -17,7 +17,7 @@ import time
 
 import pytest
 from conftest import _env
-from test_admin import poll
+from conftest import poll
 from test_auth import Browser, otp_code, protected, settled_step
 from redisserver import REDIS_PASSWORD, RedisServer, free_port as _free_port
 from test_proxy_upstreams import upstream  # noqa: F401 (fixture)

@@ -9,7 +9,7 @@ import os
 
 from nestgate import __version__
 from nestgate.auth.store import store_errors
-from nestgate.tally import BUCKETS
+from nestgate.tally import BUCKETS, H2_PROTECTIONS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -124,6 +124,10 @@ def render(state) -> bytes:
                [({}, events.get("notes_written", 0))])
     out.family("notes_deleted", "counter", "Notes deleted through the API.",
                [({}, events.get("notes_deleted", 0))])
+    out.family("http2_protections", "counter", "HTTP/2 connections ended (GOAWAY) or "
+               "streams reset (send_timeout) by a protection, by reason.",
+               [({"reason": reason}, events.get(f"h2_{reason}", 0))
+                for reason in H2_PROTECTIONS])
     caches = sorted(state.answers.caches().items())
     for name, index, kind, help_text in (
             ("cache_hits", 0, "counter", "Answers from memory: static files and pages."),

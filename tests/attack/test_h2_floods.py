@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from conftest import h2_protections, poll
 from h2raw import (
     DataFrame,
     PingFrame,
@@ -81,6 +82,11 @@ def attack(port: int, cafile: str, make, seconds: float) -> list:
     return ends
 
 
+# The protection counter (nestgate_http2_protections_total) each flood moves.
+REASON = {ping: "control_flood", settings: "control_flood", empty_data: "empty_frames",
+          window_update: "window_update_flood", priority: "priority_flood"}
+
+
 @pytest.mark.parametrize("make", [ping, settings, empty_data, window_update, priority])
 def test_a_frame_flood_ends_with_enhance_your_calm_and_others_are_served(
         make, start_server, certs):
@@ -105,3 +111,5 @@ def test_a_frame_flood_ends_with_enhance_your_calm_and_others_are_served(
     assert all(code == ENHANCE_YOUR_CALM for _t, code, _n in ends)
     assert answered == 3
     assert "Traceback" not in "\n".join(server.lines)
+    counted = poll(lambda: h2_protections(server), lambda c: c.get(REASON[make], 0) >= len(ends))
+    assert counted[REASON[make]] >= len(ends), counted
