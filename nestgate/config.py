@@ -86,6 +86,7 @@ class Listener:
     redirect_https: bool = False
     https_port: int = 443
     http2: bool = True                      # TLS listeners offer h2 by ALPN
+    http2_cleartext: bool = False           # plain listeners take h2c by prior knowledge
     proxy_protocol_from: tuple[str, ...] = ()   # peers that may send a PROXY header
     max_connections_per_client: int = 0     # open HTTP connections per address; 0: no limit
     key: str = ""                           # where it was set: "listen[0].address", "--listen"
@@ -538,12 +539,18 @@ def _read_listener(s: _Section) -> Listener:
                         redirect_https=s.bool("redirect_https", False),
                         https_port=s.int("https_port", 443, 1, 65535),
                         http2=s.bool("http2", True),
+                        http2_cleartext=s.bool("http2_cleartext", False),
                         proxy_protocol_from=s.get("proxy_protocol_from", (), _cidr_list, ""),
                         max_connections_per_client=s.int("max_connections_per_client", 0,
                                                          0, 1_000_000),
                         key=f"{s.file}: {s.key('address')}")
     if listener.tls and listener.redirect_https:
         s.fail("redirect_https", "false on a TLS listener (it would redirect to itself)")
+    if listener.http2_cleartext and (listener.tls or listener.proxy_protocol_from):
+        s.fail("http2_cleartext", "false on a TLS listener (ALPN offers h2 there) or one "
+               "that takes PROXY headers")
+    if listener.http2_cleartext and listener.redirect_https:
+        s.fail("http2_cleartext", "false on a listener that redirects to HTTPS")
     s.check_unknown()
     return listener
 

@@ -20,7 +20,7 @@ from nestgate.admin.stats import TALLY_BYTES
 from nestgate.clock import CLOCK
 from nestgate.clientip import parse_networks
 from nestgate.http1 import HTTP1Connection, ProxyProtocolConnection
-from nestgate.http2 import ALPNSwitch, HTTP2Connection
+from nestgate.http2 import ALPNSwitch, HTTP2Connection, PriorKnowledge
 from nestgate.proxytls import ProxyThenTLS, TLSHandshake
 from nestgate.ratelimit import shared_limits
 from nestgate.site import build_router, https_redirect_router
@@ -85,6 +85,8 @@ def protocol_factory(ctx, listener, sslcontext):
         return lambda: stage(ctx, sslcontext, usual)
     if listener.proxy_protocol_from:
         return lambda: ProxyProtocolConnection(ctx)
+    if listener.http2_cleartext:
+        return lambda: PriorKnowledge(ctx, http1)
     return usual
 
 
@@ -216,7 +218,7 @@ class Worker:
             bytes_out += conn.bytes_out
             if isinstance(conn, HTTP2Connection):
                 http2 += 1
-            elif isinstance(conn, TLSHandshake):
+            elif isinstance(conn, (TLSHandshake, PriorKnowledge)):
                 handshakes += 1
                 continue
             else:
