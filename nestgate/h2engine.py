@@ -192,8 +192,8 @@ class _WatchedTable(HeaderTable):
 # -------------------------------------------------------------------- streams
 class Stream:
     """What the engine keeps of one open stream."""
-    __slots__ = ("sid", "reading", "writing", "send_window", "recv_window", "length",
-                 "received")
+    __slots__ = ("sid", "reading", "writing", "send_window", "recv_window", "unacked",
+                 "length", "received")
 
     def __init__(self, sid: int, send_window: int, ended: bool) -> None:
         self.sid = sid
@@ -201,6 +201,7 @@ class Stream:
         self.writing = True            # we may send more
         self.send_window = send_window
         self.recv_window = DEFAULT_WINDOW
+        self.unacked = 0               # bytes consumed, not yet given back by WINDOW_UPDATE
         self.length = -1               # content-length declared, -1 none
         self.received = 0              # body bytes received (padding not counted)
 
@@ -229,6 +230,7 @@ class H2Engine:
         self._block_ended = False
         self._block_self_dependent = False   # its PRIORITY names the stream itself
         self.header_blocks = 0              # header blocks left open by their HEADERS
+        self.peer_goaway = False            # the client sent GOAWAY
         self._block_size = 0
         self._reset_by_us: dict[int, None] = {}
         # The decoded list may run past what we advertised (a request over it gets 431
@@ -342,11 +344,12 @@ class H2Engine:
         stream = self.streams.get(stream_id)
         if stream is None or not stream.reading:
             return
-        gap = DEFAULT_WINDOW - stream.recv_window
-        if gap >= DEFAULT_WINDOW // 2:
+        stream.unacked += length
+        if stream.unacked >= DEFAULT_WINDOW // 2:
             self._out.append(_PACK_HEAD(4 << 8 | WINDOW_UPDATE, 0, stream_id) +
-                             _UINT32.pack(gap))
-            stream.recv_window = DEFAULT_WINDOW
+                             _UINT32.pack(stream.unacked))
+            stream.recv_window += stream.unacked
+            stream.unacked = 0
 
     def goaway(self, last_stream_id: int, code: int = NO_ERROR) -> None:
         """GOAWAY naming the last stream we will answer (6.8). Streams up to it go on;
@@ -439,9 +442,10 @@ class H2Engine:
                 if length < 8:
                     self._fail(FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
                 last, code = _GOAWAY.unpack_from(payload)
+                # The client opens no more streams; those it opened still get their
+                # answers (its last_stream_id is about streams we would push).
+                self.peer_goaway = True
                 events.append(ConnectionTerminated(code, last & 0x7FFFFFFF))
-                self.closed = True
-                return events
             elif kind == PUSH_PROMISE:
                 self._fail(PROTOCOL_ERROR, "PUSH_PROMISE from a client")      # 8.4
             # Frames of unknown types are ignored (5.5).

@@ -696,12 +696,14 @@ class HTTP2Connection:
                     self._calm("rapid_reset", f" ({self._wasted} of {self._opened})")
                     return
             elif kind is engine.ConnectionTerminated:
-                self.flush()
-                self.transport.close()
-                self._drop_streams()
-                return
+                if event.code != NO_ERROR:       # the client gives up on everything
+                    self.flush()
+                    self.transport.close()
+                    self._drop_streams()
+                    return
+                self._draining = True            # answer what it asked, then close
         self.flush()
-        if self._last_stream != _NO_GOAWAY:
+        if self._draining or self._last_stream != _NO_GOAWAY:
             self._idle()
 
     def _stream_gone(self, stream_id: int, by_client: bool) -> bool:

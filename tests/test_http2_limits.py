@@ -336,11 +336,28 @@ def test_the_frame_guard_reads_frame_headers_split_across_reads():
     data = preface + hyperframe.frame.DataFrame(1, b"x" * 300).serialize() \
         + ping * (CONTROL_FRAME_BURST - 1)              # with the SETTINGS: all allowed
     assert FrameGuard(8192, 0.0).feed(data, 0.0) is None
-    assert FrameGuard(8192, 0.0).feed(data + ping, 0.0) == "PING/SETTINGS flood"
+    assert FrameGuard(8192, 0.0).feed(data + ping, 0.0) == "control_flood"
     rng = random.Random(7)
     guard, pos, why = FrameGuard(8192, 0.0), 0, None
     while pos <= len(data) and why is None:
         step_ = rng.randint(1, 40)
         why = guard.feed((data + ping)[pos:pos + step_], 0.0)
         pos += step_
-    assert why == "PING/SETTINGS flood" and pos >= len(data) + 1
+    assert why == "control_flood" and pos >= len(data) + 1
+
+
+def test_a_client_goaway_still_gets_the_answers_it_asked_for(start_server, certs):
+    """GOAWAY(NO_ERROR) from the client in the same write as its requests: it opens
+    no more streams, but those it opened are answered, then the connection closes."""
+    from h2raw import GoAwayFrame, RawH2, get
+    from test_e2e_core import TEMPLATE, tls_block
+    server = start_server(TEMPLATE.format(tls=tls_block(certs)))
+    conn = RawH2(server.port("https"), certs["ca"])
+    first, second = conn.new_stream(), conn.new_stream()
+    conn.send(conn.headers_frame(first, get()), conn.headers_frame(second, get(b"/docs/x")),
+              GoAwayFrame(0, last_stream_id=0, error_code=0))
+    answers = conn.answers([first, second])
+    assert [(a.status, bytes(a.data)) for a in answers.values()] == \
+        [(200, b"hello\n"), (200, b"docs\n")]
+    assert conn.wait(lambda: conn.closed, timeout=5)
+    conn.close()
