@@ -59,6 +59,9 @@ _GOAWAY = struct.Struct(">II")
 # RST_STREAM are dropped quietly (5.1, "closed") rather than taken as errors.
 _RESET_MEMORY = 128
 _DECODED_MEMORY = 64             # header blocks remembered per connection (`_decode`)
+# Runs of stream ids a client skipped, remembered (the latest) to tell a stream opened
+# out of order from a closed one; clients open consecutive ids, so this stays empty.
+_SKIPPED_MEMORY = 16
 
 
 class ConnectionError_(Exception):
@@ -214,7 +217,7 @@ class H2Engine:
         self.max_concurrent_streams = max_concurrent_streams
         self.max_header_list_size = max_header_list_size
         self.streams: dict[int, Stream] = {}
-        self.highest_inbound_stream_id = 0
+        self._highest = -1                  # the highest stream the client opened
         self.closed = False                 # GOAWAY of a connection error, or ours final
         self.max_outbound_frame_size = DEFAULT_FRAME_SIZE
         self.send_window = DEFAULT_WINDOW   # the connection's window for what we send
@@ -233,6 +236,7 @@ class H2Engine:
         self.peer_goaway = False            # the client sent GOAWAY
         self._block_size = 0
         self._reset_by_us: dict[int, None] = {}
+        self._skipped: list[tuple[int, int]] = []   # (low, high): the ids between
         # The decoded list may run past what we advertised (a request over it gets 431
         # from the caller, with the connection intact) up to `decoded_list_limit`;
         # past that the block is a bomb and the connection ends (COMPRESSION_ERROR).
@@ -364,6 +368,11 @@ class H2Engine:
         self.goaway(self.highest_inbound_stream_id if last_stream_id is None
                     else last_stream_id, code)
         self.closed = True
+
+    @property
+    def highest_inbound_stream_id(self) -> int:
+        """The highest stream the client opened, 0 before any (for GOAWAY, 6.8)."""
+        return self._highest if self._highest > 0 else 0
 
     @property
     def open_streams(self) -> int:
@@ -540,13 +549,11 @@ class H2Engine:
             else:
                 self._end_of_body(stream, events)
             return
-        if stream_id <= self.highest_inbound_stream_id:
-            if stream_id in self._reset_by_us:
-                return                       # sent before the client saw our reset
-            self._fail(STREAM_CLOSED, f"HEADERS on closed stream {stream_id}")
-        if not stream_id & 1:
-            self._fail(PROTOCOL_ERROR, "a client opened an even-numbered stream")
-        self.highest_inbound_stream_id = stream_id
+        # Clients open the next odd id (`_highest` is -1 before the first): one test
+        # here, the rest is for streams closed, even-numbered or opened out of order.
+        if stream_id - self._highest != 2 and self._unexpected_stream(stream_id):
+            return                           # sent before the client saw our reset
+        self._highest = stream_id
         if self._block_self_dependent:
             self._send_reset(stream_id, PROTOCOL_ERROR)
             return
@@ -564,6 +571,27 @@ class H2Engine:
                     break
         events.append(RequestReceived(stream_id, headers, ended))
 
+    def _unexpected_stream(self, stream_id: int) -> bool:
+        """HEADERS opening a stream other than the next odd one. True when the block
+        is to be dropped (a stream we reset); an even or closed stream is a
+        connection error. Ids a client skipped can no longer be opened (5.1.1): they
+        are remembered, so that HEADERS for one later is PROTOCOL_ERROR rather than
+        a closed stream's STREAM_CLOSED."""
+        if not stream_id & 1:
+            self._fail(PROTOCOL_ERROR, "a client opened an even-numbered stream")
+        highest = self._highest
+        if stream_id <= highest:
+            if stream_id in self._reset_by_us:
+                return True
+            if any(low < stream_id < high for low, high in self._skipped):
+                self._fail(PROTOCOL_ERROR, f"stream {stream_id} opened after a higher one")
+            self._fail(STREAM_CLOSED, f"HEADERS on closed stream {stream_id}")
+        skipped = self._skipped
+        skipped.append((highest, stream_id))
+        if len(skipped) > _SKIPPED_MEMORY:
+            del skipped[0]
+        return False
+
     def _data(self, stream_id: int, flags: int, payload: bytes, events: list) -> None:
         if not stream_id:
             self._fail(PROTOCOL_ERROR, "DATA on stream 0")
@@ -573,12 +601,18 @@ class H2Engine:
         self.recv_window -= size
         stream = self.streams.get(stream_id)
         if stream is None or not stream.reading:
+            self._unpad(flags, payload)       # a bad frame is a connection error anywhere
             # Counted against the connection's window all the same, and given back.
             self.acknowledge_received_data(size, 0)
             if stream is not None:
                 self._stream_error(stream_id, STREAM_CLOSED, events)
-            elif stream_id > self.highest_inbound_stream_id:
+            elif stream_id > self._highest:
                 self._fail(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+            elif stream_id not in self._reset_by_us:
+                # Closed by both END_STREAMs or by the client's own reset, so not sent
+                # in good faith (6.1, 5.1 "closed"). A connection error, as for HEADERS:
+                # a RST_STREAM for each such frame would be an answer without bound.
+                self._fail(STREAM_CLOSED, f"DATA on closed stream {stream_id}")
             return
         if size > stream.recv_window:
             self.acknowledge_received_data(size, 0)
@@ -619,7 +653,7 @@ class H2Engine:
             return
         stream = self.streams.get(stream_id)
         if stream is None:
-            if stream_id > self.highest_inbound_stream_id:
+            if stream_id > self._highest:
                 self._fail(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")
             return                                  # closed: allowed, ignored
         if not increment:
@@ -636,7 +670,7 @@ class H2Engine:
             self._fail(PROTOCOL_ERROR, "RST_STREAM on stream 0")
         if len(payload) != 4:
             self._fail(FRAME_SIZE_ERROR, "RST_STREAM of other than 4 bytes")
-        if stream_id > self.highest_inbound_stream_id:
+        if stream_id > self._highest:
             self._fail(PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
         if self.streams.pop(stream_id, None) is not None:
             events.append(StreamReset(stream_id, _UINT32.unpack(payload)[0], True))

@@ -771,6 +771,10 @@ class HTTP2Connection:
                 headers.append((name, value))
                 if name == b"host":
                     host = value
+                elif name == b"content-length" and event.ended and value != b"0":
+                    # No DATA follows, so no body can agree with it (8.1.1); the
+                    # engine checks the streams that have a body.
+                    bad = "content-length on a request without a body"
         if self.xff_trusted:
             # Per request: streams of one connection may carry different clients, and
             # each client decides whether its requests are logged (the proxy's own

@@ -11,6 +11,7 @@ from __future__ import annotations
 import select
 import socket
 import ssl
+import struct
 import time
 
 import hpack
@@ -56,7 +57,7 @@ class RawH2:
     """One TLS connection speaking HTTP/2 frame by frame."""
 
     def __init__(self, port: int, cafile: str, settings: dict | None = None,
-                 timeout: float = 10) -> None:
+                 timeout: float = 10, preface: bool = True, record: bool = False) -> None:
         ctx = ssl.create_default_context(cafile=cafile)
         ctx.set_alpn_protocols(["h2"])
         raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
@@ -69,9 +70,12 @@ class RawH2:
         self.closed = False
         self.next_id = 1
         self.received = 0               # frames read
+        # Every frame read, in order, when `record` (off by default: floods read many).
+        self.frames: list[Frame] | None = [] if record else None
         self._buf = bytearray()
-        frame = SettingsFrame(0, settings=settings or {})
-        self.sock.sendall(PREFACE + frame.serialize())
+        if preface:     # without it, the test writes its own (or a wrong) preface
+            frame = SettingsFrame(0, settings=settings or {})
+            self.sock.sendall(PREFACE + frame.serialize())
 
     # ------------------------------------------------------------ sending
     def block(self, headers) -> bytes:
@@ -127,6 +131,8 @@ class RawH2:
             frame.parse_body(memoryview(bytes(buf[9:9 + length])))
             del buf[:9 + length]
             self.received += 1
+            if self.frames is not None:
+                self.frames.append(frame)
             self._on_frame(frame)
 
     def _on_frame(self, frame) -> None:
@@ -158,6 +164,11 @@ class RawH2:
     def answers(self, stream_ids, timeout: float = 10) -> dict[int, Stream]:
         self.wait(lambda: all(self.streams[s].done for s in stream_ids), timeout)
         return {s: self.streams[s] for s in stream_ids}
+
+    def wait_closed(self, timeout: float = 3) -> bool:
+        """Read (and parse) until the server closes the connection; False if it is still
+        open after `timeout`."""
+        return self.wait(lambda: self.closed, timeout)
 
     def ended_by_server(self) -> bool:
         """Whether the server has closed or reset the connection, read from the kernel's
@@ -213,6 +224,14 @@ def frames(frame, count: int) -> bytes:
     return frame.serialize() * count
 
 
+def raw_frame(kind: int, flags: int, stream_id: int, payload: bytes = b"",
+              length: int | None = None) -> bytes:
+    """A frame as bytes, whatever its fields say: any type, flags, reserved bit or
+    stream, and a `length` in its header other than the payload's if given."""
+    size = len(payload) if length is None else length
+    return struct.pack(">I", size)[1:] + struct.pack(">BBI", kind, flags, stream_id) + payload
+
+
 __all__ = [
     "SETTINGS_INITIAL_WINDOW_SIZE",
     "ContinuationFrame",
@@ -228,6 +247,7 @@ __all__ = [
     "flood",
     "frames",
     "get",
+    "raw_frame",
 ]
 
 
