@@ -141,6 +141,11 @@ class RateTable:
         """(tag, 2 x first probe) of a key: what `take` needs, worked out once per key."""
         return (key_hash & _TAG_MASK) | 1, 2 * (key_hash & self.mask)
 
+    def locate(self, tag: int, at: int, now: float) -> int:
+        """Where the entry of a key (`place`) is now: at its first probe, further along
+        its probes, or a new one (see `_find`)."""
+        return at if self.tags[at] == tag else self._find(tag, at // 2, now)
+
     def take(self, tag: int, at: int, now: float, interval: float, tolerance: float) -> float:
         """0.0 when a request under this key (`place`) may pass now (it is counted);
         else the seconds until one may."""
@@ -337,8 +342,10 @@ def limiting(guard, site_config, errors, signin=None, sync=None):
             limit, identity = site_limit, f"site:{site}"   # one for the whole site
         else:
             return handler
-        return Limited(handler, limit, identity, table, errors, signin,
-                       TALLY.refused_counter(site, label), sync)
+        refused = TALLY.refused_counter(site, label)
+        if limit.key == "user" and signin is not None:
+            return LimitedByUser(handler, limit, identity, table, errors, signin, refused, sync)
+        return Limited(handler, limit, identity, table, errors, refused, sync)
     return limited_guard
 
 
@@ -348,6 +355,7 @@ class Limited:
 
     is_async = GATED
     __slots__ = (
+        "allowance",
         "errors",
         "exempt",
         "identity",
@@ -355,62 +363,118 @@ class Limited:
         "interval",
         "limit",
         "refused",
-        "signin",
         "sync",
         "table",
+        "tags",
+        "tats",
         "tolerance",
         "upgrades",
     )
 
     def __init__(self, inner, limit: RateLimit, identity: str, table: RateTable, errors,
-                 signin=None, refused: list | None = None, sync=None) -> None:
+                 refused: list | None = None, sync=None) -> None:
         self.inner = inner
         self.limit = limit
         self.identity = identity          # which limit, the same in every worker and instance
         self.sync = sync                  # RateSync: other instances' use, through Redis
         self.table = table
+        self.tags = table.tags            # the table's views, one attribute away on every request
+        self.tats = table.tats
         self.errors = errors              # the site's ErrorPages: its 429
         self.exempt = parse_networks(limit.exempt) if limit.exempt else None
-        self.signin = signin if limit.key == "user" else None
         self.interval = limit.interval
         self.tolerance = limit.tolerance
+        self.allowance = limit.tolerance + _SLACK      # how far ahead a TAT may be and pass
         self.upgrades = getattr(inner, "upgrades", False)
         # Requests answered 429, shared by the route's Limited objects over reloads of
         # its pages (a one-item list: `nestgate.tally`'s refused counts).
         self.refused = refused if refused is not None else [0]
 
     def admit(self, conn, headers, _now=time.monotonic):
-        client = conn.client
-        cache = conn.decisions
-        if cache is None:
-            cache = conn.decisions = {}
-        hit = cache.get(self)
-        if hit is None or hit[0] != client:
-            hit = cache[self] = self.place(client)
-        tag = hit[1]
-        if not tag:
+        decisions = conn.decisions
+        hit = decisions.get(self) if decisions is not None else None
+        if hit is None or hit[0] != conn.client:
+            hit = self._hit(conn)
+        _client, tag, at, key = hit
+        if self.tags[at] != tag:
+            return self._admit_elsewhere(conn, hit, headers)
+        # The usual request: `RateTable.take` inline, on the entry where the connection
+        # found its client's (on this path a call costs as much as the arithmetic).
+        tats = self.tats
+        now = _now()
+        tat = tats[at + 1]
+        if tat < now:
+            tat = now
+        if tat - now > self.allowance:
+            return self._refuse(tat - now - self.tolerance, headers)
+        tats[at + 1] = tat + self.interval
+        if self.sync is not None:
+            self.sync.used(key, tag, at, self.interval)
+        return self.inner
+
+    def _hit(self, conn) -> tuple:
+        """What `admit` needs of the connection's client, worked out once per
+        connection and client address and kept on the connection."""
+        if conn.decisions is None:
+            conn.decisions = {}
+        hit = conn.decisions[self] = self.place(conn.client)
+        return hit
+
+    def _admit_elsewhere(self, conn, hit: tuple, headers):
+        """`admit` for an exempt client, or one whose entry moved along its probes or
+        was taken by another key: the entry is looked up again, and kept."""
+        client, tag, at, key = hit
+        if tag is None:
             return self.inner                               # exempt
-        at, key = hit[2], hit[3]
-        table = self.table
-        if self.signin is not None:
-            user = self.signin.known_user(headers)
-            if user is not None:
-                key = f"{self.identity}|user|{user}"
-                tag, at = table.place(hash(key))
-        wait = table.take(tag, at, _now(), self.interval, self.tolerance)
-        if not wait:
-            if self.sync is not None:
-                self.sync.used(key, tag, at, self.interval)
-            return self.inner
+        now = time.monotonic()
+        at = self.table.locate(tag, at, now)
+        conn.decisions[self] = (client, tag, at, key)
+        return self._take(tag, at, key, now, headers)
+
+    def _take(self, tag: int, at: int, key: str, now: float, headers):
+        wait = self.table.take(tag, at, now, self.interval, self.tolerance)
+        if wait:
+            return self._refuse(wait, headers)
+        if self.sync is not None:
+            self.sync.used(key, tag, at, self.interval)
+        return self.inner
+
+    def _refuse(self, wait: float, headers):
         self.refused[0] += 1
         return self.errors.too_many(int(wait) + 1, headers)
 
     def place(self, client: str) -> tuple:
-        """(client, tag, table place, key as other instances know it); tag 0: exempt."""
+        """(client, tag, table place, key as other instances know it); tag None: exempt."""
         if self.exempt is not None and client in self.exempt:
-            return client, 0, 0, ""
+            return client, None, 0, ""
         key = f"{self.identity}|{client_key(client, self.limit.ipv6_prefix)}"
         return (client, *self.table.place(hash(key)), key)
+
+
+class LimitedByUser(Limited):
+    """A limit with `key = "user"`: a request whose session the worker knows is
+    counted under its user, any other under its address."""
+
+    __slots__ = ("signin",)
+
+    def __init__(self, inner, limit: RateLimit, identity: str, table: RateTable, errors,
+                 signin, refused: list | None = None, sync=None) -> None:
+        super().__init__(inner, limit, identity, table, errors, refused, sync)
+        self.signin = signin
+
+    def admit(self, conn, headers, _now=time.monotonic):
+        user = self.signin.known_user(headers)
+        if user is None:
+            return Limited.admit(self, conn, headers)
+        decisions = conn.decisions
+        hit = decisions.get(self) if decisions is not None else None
+        if hit is None or hit[0] != conn.client:
+            hit = self._hit(conn)
+        if hit[1] is None:
+            return self.inner                               # exempt (by address)
+        key = f"{self.identity}|user|{user}"
+        tag, at = self.table.place(hash(key))
+        return self._take(tag, at, key, _now(), headers)
 
 
 def rate_sync(config):

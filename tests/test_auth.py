@@ -4,6 +4,7 @@ grants and the dynamic allow-list."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import re
@@ -19,8 +20,10 @@ import pytest
 from conftest import REPO, _env
 from nestgate.auth import totp
 from nestgate.auth.passwords import hash_password, verify_password
-from nestgate.auth.portal import safe_next
-from nestgate.auth.store import ACCOUNT_MEMORY, Store, account_delay
+from nestgate.auth.config import AuthConfig
+from nestgate.auth.portal import REFRESH_AFTER, SessionCheck, SignIn, safe_next
+from nestgate.auth.store import ACCOUNT_MEMORY, Store, StoreUnavailable, account_delay
+from nestgate.responses import Prebuilt
 from test_access import ask, v1
 from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
 
@@ -186,6 +189,70 @@ def test_totp_rfc6238_vectors():
     assert totp.matching_step(secret, "287082", at=59 + 30) == 1
     assert totp.matching_step(secret, "287082", at=59 + 90) is None
     assert totp.matching_step(secret, "2870 82 ", at=59) == 1
+
+
+ROUTE = Prebuilt(200, b"ok")
+
+
+class _SessionStore:
+    """A SharedState stand-in that answers session checks and counts them."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.asked = 0
+
+    async def run(self, method: str, hashed: bytes):
+        self.asked += 1
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def _checked_ago(store, seconds: float):
+    """A SignIn whose worker checked the request's session `seconds` ago."""
+    signin = SignIn(AuthConfig(), store)
+    headers = [(b"cookie", b"nestgate_session=a-token")]
+    signin._sessions[signin._session_hash(headers)] = \
+        ("ann", time.time() + 3600, time.monotonic() - seconds)
+    return signin, headers
+
+
+def test_a_session_in_use_is_checked_again_before_its_check_runs_out():
+    async def scenario():
+        store = _SessionStore(("ann", time.time() + 3600))
+        signin, headers = _checked_ago(store, 0.5)
+        assert signin.admit(ROUTE, headers, "192.0.2.7") is ROUTE
+        await asyncio.sleep(0.01)
+        assert store.asked == 0                     # checked recently enough
+        signin, headers = _checked_ago(store, REFRESH_AFTER + 0.05)
+        for _ in range(3):                          # nobody waits; one question at a time
+            assert signin.admit(ROUTE, headers, "192.0.2.7") is ROUTE
+        await asyncio.sleep(0.01)
+        assert store.asked == 1
+        (_user, _expires, checked), = signin._sessions.values()
+        assert time.monotonic() - checked < 0.5     # trusted afresh from the answer
+    asyncio.run(scenario())
+
+
+def test_a_session_ended_elsewhere_is_refused_after_the_check_ahead():
+    async def scenario():
+        signin, headers = _checked_ago(_SessionStore(None), REFRESH_AFTER + 0.05)
+        assert signin.admit(ROUTE, headers, "192.0.2.7") is ROUTE
+        await asyncio.sleep(0.01)
+        assert isinstance(signin.admit(ROUTE, headers, "192.0.2.7"), SessionCheck)
+    asyncio.run(scenario())
+
+
+def test_a_check_ahead_that_finds_the_store_down_changes_nothing(caplog):
+    async def scenario():
+        store = _SessionStore(StoreUnavailable("down"))
+        signin, headers = _checked_ago(store, REFRESH_AFTER + 0.05)
+        assert signin.admit(ROUTE, headers, "192.0.2.7") is ROUTE
+        await asyncio.sleep(0.01)
+        assert store.asked == 1 and not signin._asking
+        assert signin.admit(ROUTE, headers, "192.0.2.7") is ROUTE   # until RECHECK ends
+    asyncio.run(scenario())
+    assert "never retrieved" not in caplog.text
 
 
 def test_no_open_redirect():

@@ -11,13 +11,16 @@ import socket
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 from conftest import _env
 from conftest import poll, scrape
 from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
 
-from nestgate.ratelimit import RateTable, client_key, parse_rate, rate_limit_from
+from nestgate.errorpages import DEFAULT_PAGES
+from nestgate.ratelimit import Limited, RateTable, client_key, parse_rate, rate_limit_from
+from nestgate.responses import Prebuilt
 
 SITE = """
 [server]
@@ -98,6 +101,37 @@ def test_the_table_is_bounded_and_reuses_what_expired():
     later = now + 10
     assert table.take(*table.place(99_999), later, 1.0, 0.0) == 0.0
     assert table.take(*table.place(99_999), later, 1.0, 0.0) > 0
+
+
+ROUTE = Prebuilt(200, b"ok")
+
+
+def _limited(table: RateTable, exempt: tuple[str, ...] = ()) -> Limited:
+    limit = rate_limit_from({"rate": "10/s", "burst": 2, "exempt": list(exempt)})
+    return Limited(ROUTE, limit, "route:test:/", table, DEFAULT_PAGES)
+
+
+def test_a_client_whose_entry_was_taken_is_found_again_and_kept_there():
+    table = RateTable(entries=64)
+    limited = _limited(table)
+    conn = SimpleNamespace(client="192.0.2.7", decisions=None)
+    assert limited.admit(conn, []) is ROUTE
+    _client, tag, first, _key = conn.decisions[limited]
+    table.tags[first] = tag + 2                    # another key took the entry
+    assert limited.admit(conn, []) is ROUTE        # a fresh entry, along the probes
+    moved = conn.decisions[limited][2]
+    assert moved != first and table.tags[moved] == tag
+    assert limited.admit(conn, []) is ROUTE        # the burst of 2, counted there
+    assert limited.admit(conn, []).status == 429
+    assert limited.refused == [1]
+
+
+def test_an_exempt_client_is_never_counted():
+    table = RateTable(entries=64)                  # entry 0 unused: its tag is 0
+    limited = _limited(table, exempt=("192.0.2.0/24",))
+    conn = SimpleNamespace(client="192.0.2.7", decisions=None)
+    assert all(limited.admit(conn, []) is ROUTE for _ in range(10))
+    assert not any(table.tats) and limited.refused == [0]
 
 
 @pytest.mark.parametrize("text, per_second", [("10/s", 10.0), ("300/m", 5.0),

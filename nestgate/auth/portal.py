@@ -2,7 +2,8 @@
 
 A protected route's `Gate` asks `SignIn.admit` for the handler that answers: the
 route's own when the session cookie is known good (the worker remembers a checked
-session for `RECHECK` seconds, so a sign-out anywhere is seen within that), a
+session for `RECHECK` seconds, so a sign-out anywhere is seen within that, and asks
+the store again in the background before then while the session is in use), a
 `SessionCheck` that asks the store first, or the challenge (the sign-in page for
 browsers, 401 for API clients, told apart by Accept).
 
@@ -50,6 +51,9 @@ from nestgate.tally import TALLY
 LOGIN_PATH = "/__auth__/login"
 LOGOUT_PATH = "/__auth__/logout"
 RECHECK = 1.0                  # seconds a checked session is trusted without the store
+# A session in use is asked about again in the background once its check is this old,
+# so the answer is in before RECHECK runs out and no request waits for the store.
+REFRESH_AFTER = 0.75 * RECHECK
 CSRF_COOKIE = "nestgate_csrf"
 MAX_FORM = 16 * 1024
 _CACHE_LIMIT = 10_000
@@ -123,7 +127,7 @@ class SignIn:
         hashed = self._session_hash(headers)
         if not hashed:
             return self.challenge
-        if self._recently_checked(hashed) is not None:
+        if self._recently_checked(hashed):
             return inner
         return SessionCheck(self, inner, hashed)
 
@@ -152,14 +156,18 @@ class SignIn:
         hit = self._sessions.get(hashed) if hashed else None
         return hit[0] if hit is not None and hit[1] > CLOCK.wall else None
 
-    def _recently_checked(self, hashed: bytes) -> str | None:
-        """The session's user when the store said it was live less than RECHECK ago."""
+    def _recently_checked(self, hashed: bytes) -> bool:
+        """The store said the session was live less than RECHECK ago. Once that was
+        REFRESH_AFTER ago, the store is asked again without anyone waiting."""
         hit = self._sessions.get(hashed)
+        if hit is None or hit[1] <= CLOCK.wall:
+            return False
         # The precise clock, not the worker's ticking one (which may be a second behind):
         # RECHECK is how long a sign-out or a store outage can go unnoticed.
-        if hit is not None and hit[1] > CLOCK.wall and time.monotonic() - hit[2] < RECHECK:
-            return hit[0]
-        return None
+        age = time.monotonic() - hit[2]
+        if REFRESH_AFTER <= age < RECHECK and hashed not in self._asking:
+            self._asking_store(hashed)
+        return age < RECHECK
 
     async def cookie_user(self, request) -> str | None:
         """The user whose live session the request's cookie carries, if any."""
@@ -167,14 +175,25 @@ class SignIn:
         return await self.session_user(token_hash(token)) if token else None
 
     async def session_user(self, hashed: bytes) -> str | None:
-        # One store question per session at a time: the requests of a busy session
-        # that arrive while it is being checked wait for that answer (each second, a
-        # page's many connections find the check due together).
+        # One store question per session at a time: the requests of a session that
+        # arrive while it is being checked wait for that answer (a page's many
+        # connections find the check due together after a pause of RECHECK or more).
+        return await asyncio.shield(self._asking_store(hashed))
+
+    def _asking_store(self, hashed: bytes) -> asyncio.Future:
+        """The store check of a session under way, begun now if none is."""
         asking = self._asking.get(hashed)
         if asking is None:
             asking = self._asking[hashed] = asyncio.ensure_future(self._ask(hashed))
-            asking.add_done_callback(lambda _f: self._asking.pop(hashed, None))
-        return await asyncio.shield(asking)
+            asking.add_done_callback(lambda done: self._asked(hashed, done))
+        return asking
+
+    def _asked(self, hashed: bytes, done: asyncio.Future) -> None:
+        self._asking.pop(hashed, None)
+        if not done.cancelled():
+            # A check begun ahead of time may have nobody waiting for it: its failure
+            # (the store is down, said once by SharedState) is taken here, not logged.
+            done.exception()
 
     async def _ask(self, hashed: bytes) -> str | None:
         found = await self.state.run("session", hashed)
