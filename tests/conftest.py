@@ -258,3 +258,32 @@ def h2_protections(server) -> dict[str, float]:
     _status, _type, samples = scrape(server.admin_port())
     return {labels["reason"]: value
             for labels, value in samples.get("nestgate_http2_protections_total", [])}
+
+
+def tls_hello_config(certs, limits: str = "") -> str:
+    """One worker, a TLS listener (h2 and http/1.1) for localhost, "/hello" answered
+    "hello\\n", and `limits` (TOML lines) in [limits]: the server most HTTP/2 attack
+    tests aim at."""
+    chain, key = certs["local"]
+    return f"""
+[server]
+workers = 1
+
+[limits]
+{limits}
+
+[[listen]]
+address = "127.0.0.1:0"
+[[listen.certificate]]
+cert = "{chain}"
+key = "{key}"
+names = ["localhost", "127.0.0.1"]
+
+[[site]]
+hosts = ["*"]
+
+[[site.route]]
+path = "/hello"
+type = "return"
+body = "hello\\n"
+"""

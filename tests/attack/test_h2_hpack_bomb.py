@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import h2_protections, poll
+from conftest import h2_protections, poll, tls_hello_config
 from h2raw import HeadersFrame, RawH2, get
 
 pytestmark = pytest.mark.attack
@@ -20,25 +20,6 @@ RSS_GROWTH_BOUND_KIB = 16 * 1024
 BIG = b"b" * 4000                   # one table entry: 4,032 bytes counted
 COPIES = 400                        # 1.6 MB decoded from 400 bytes
 
-CONFIG = """
-[server]
-workers = 1
-
-[[listen]]
-address = "127.0.0.1:0"
-[[listen.certificate]]
-cert = "{chain}"
-key = "{key}"
-names = ["localhost", "127.0.0.1"]
-
-[[site]]
-hosts = ["*"]
-
-[[site.route]]
-path = "/hello"
-type = "return"
-body = "hello\\n"
-"""
 
 
 def bomb(conn: RawH2) -> None:
@@ -56,8 +37,7 @@ def bomb(conn: RawH2) -> None:
 
 
 def test_an_hpack_bomb_ends_the_connection_and_memory_stays_flat(start_server, certs):
-    chain, key = certs["local"]
-    server = start_server(CONFIG.format(chain=chain, key=key))
+    server = start_server(tls_hello_config(certs))
     port = server.port("https")
     conn = RawH2(port, certs["ca"])
     bomb(conn)                                      # the first: one-time costs

@@ -11,6 +11,7 @@ import struct
 import pytest
 from hyperframe.frame import SettingsFrame
 
+from conftest import tls_hello_config
 from h2client import H2Client
 
 pytestmark = pytest.mark.attack
@@ -19,29 +20,6 @@ CONNECTIONS = 1000
 BUDGET_KIB = 30 * 1024
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-CONFIG = """
-[server]
-workers = 1
-
-[limits]
-max_connections = 2000
-keepalive_timeout = "120s"
-
-[[listen]]
-address = "127.0.0.1:0"
-[[listen.certificate]]
-cert = "{chain}"
-key = "{key}"
-names = ["localhost", "127.0.0.1"]
-
-[[site]]
-hosts = ["*"]
-
-[[site.route]]
-path = "/hello"
-type = "return"
-body = "hello\\n"
-"""
 
 
 def _open(port: int, ctx: ssl.SSLContext) -> ssl.SSLSocket:
@@ -61,8 +39,8 @@ def _first_frame_type(tls: ssl.SSLSocket) -> int:
 
 
 def test_a_thousand_idle_h2_connections_cost_under_30_mb(start_server, certs):
-    chain, key = certs["local"]
-    server = start_server(CONFIG.format(chain=chain, key=key))
+    server = start_server(tls_hello_config(
+        certs, 'max_connections = 2000\nkeepalive_timeout = "120s"'))
     port = server.port("https")
     ctx = ssl.create_default_context(cafile=certs["ca"])
     ctx.set_alpn_protocols(["h2"])

@@ -10,7 +10,7 @@ import ssl
 import time
 
 import pytest
-from conftest import h2_protections, poll
+from conftest import h2_protections, poll, tls_hello_config
 from h2raw import PREFACE, ContinuationFrame, HeadersFrame, RawH2, SettingsFrame, get
 
 pytestmark = pytest.mark.attack
@@ -18,35 +18,12 @@ pytestmark = pytest.mark.attack
 ENHANCE_YOUR_CALM = 0xB
 HEADER_TIMEOUT_S = 1.0
 
-CONFIG = """
-[server]
-workers = 1
-
-[limits]
-header_timeout = "1s"
-keepalive_timeout = "60s"
-
-[[listen]]
-address = "127.0.0.1:0"
-[[listen.certificate]]
-cert = "{chain}"
-key = "{key}"
-names = ["localhost", "127.0.0.1"]
-
-[[site]]
-hosts = ["*"]
-
-[[site.route]]
-path = "/hello"
-type = "return"
-body = "hello\\n"
-"""
 
 
 @pytest.fixture
 def server(start_server, certs):
-    chain, key = certs["local"]
-    return start_server(CONFIG.format(chain=chain, key=key))
+    return start_server(tls_hello_config(
+        certs, 'header_timeout = "1s"\nkeepalive_timeout = "60s"'))
 
 
 def _closed_within(sock: ssl.SSLSocket, seconds: float) -> tuple[float | None, bytes]:
