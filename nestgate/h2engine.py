@@ -72,8 +72,9 @@ class ConnectionError_(Exception):
         self.code = code
 
 
-class StreamClosedError(Exception):
-    """A frame sent on a stream that is closed (or was never opened)."""
+class StreamClosedError(ConnectionResetError):
+    """A frame sent on a stream that is closed (or was never opened): for whoever was
+    answering on it, the client's stream went away, as a connection reset would."""
 
 
 # -------------------------------------------------------------------- events

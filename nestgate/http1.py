@@ -1,14 +1,16 @@
-"""HTTP/1.1 on httptools: one `HTTP1Connection` per client connection.
+"""HTTP/1.1 on httptools: one `HTTP1Connection` per client connection, the HTTP/1
+adapter of the request pipeline (see `nestgate.dispatch`).
 
 Theory of operation
 -------------------
 httptools (llhttp, strict: no lenient flag is ever set) calls back as bytes arrive.
 The callbacks fill a handful of attributes for the request being read; at
-`on_headers_complete` the route is looked up and at `on_message_complete` a
-synchronous handler's ready response is written straight from the callback.
-Only asynchronous handlers (they wait on disk, an upstream or a request body)
-get a `Request` object and a task, started at `on_headers_complete` so they can
-stream the body.
+`on_headers_complete` the route is looked up and resolved (`dispatch.resolve`) and a
+ready response is written straight from the callback (at `on_message_complete` when
+a body comes first). Only asynchronous handlers (they wait on disk, an upstream or a
+request body) get an `HTTP1Request` (the protocol-neutral `request.Request` answered
+as HTTP/1 bytes) and a task awaiting `dispatch.answer`, started at
+`on_headers_complete` so they can stream the body; `conclude` acts on its outcome.
 
 Every response says `connection: keep-alive` or `connection: close` (as nginx
 does), so the answer never depends on the request's minor version.
@@ -45,11 +47,12 @@ import time
 
 import httptools
 
-from nestgate.handlers import GATED, PEEK, settle
+from nestgate.dispatch import GATED, GONE, PEEK, answer, begin, record, resolve
+from nestgate.request import Body, Request
 from nestgate.clientip import ProxyHeaderError, forwarded_client, take_proxy_header
 from nestgate.clock import CLOCK
 from nestgate.errorpages import ERRORS
-from nestgate.errors import HandlerError, RequestError
+from nestgate.errors import RequestError
 from nestgate.responses import (CLOSE, CONNECTION_ENDINGS, CONTINUE,
                                 KEEP_ALIVE_EXPLICIT, SERVER, STATUS_LINES, header_block,
                                 status_line)
@@ -83,7 +86,6 @@ def _learn_spelling(name: bytes) -> tuple[bytes, int | None]:
     _SPELLED[name] = known
     return known
 
-BODY_HIGH_WATER = 256 * 1024      # pause reading when this much body waits unread
 WRITE_HIGH_WATER = 64 * 1024
 # Pipelining backpressure: reading stops while more than PIPELINE_HIGH answers wait in
 # the queue (or the transport is above WRITE_HIGH_WATER) and starts again at
@@ -95,132 +97,40 @@ FEED_SLICE = 16 * 1024
 DRAIN_IDLE_GRACE = 1.0            # seconds an idle connection may still send one request
 
 
-class Body:
-    """A request body as a stream of chunks with backpressure on the connection."""
+class HTTP1Request(Request):
+    """A Request answered on an HTTP/1.x connection: a status line, header lines and
+    the body as bytes (chunked when HTTP/1.1 and no length is known)."""
 
-    __slots__ = ("_conn", "_chunks", "_buffered", "_done", "_waiter", "_discard",
-                 "_expect_continue", "received", "_error")
+    __slots__ = ("version", "_chunked")
 
-    def __init__(self, conn: HTTP1Connection, expect_continue: bool) -> None:
-        self._conn = conn
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._buffered = 0
-        self._done = False
-        self._waiter: asyncio.Future | None = None
-        self._discard = False
-        self._expect_continue = expect_continue
-        self.received = 0
-        self._error: Exception | None = None
-
-    # fed by the connection
-    def feed(self, chunk: bytes) -> None:
-        self.received += len(chunk)
-        if self._discard:
-            return
-        self._chunks.append(chunk)
-        self._buffered += len(chunk)
-        if self._buffered > BODY_HIGH_WATER:
-            self._conn.pause_reading_for_body()
-        self._wake()
-
-    def finish(self) -> None:
-        self._done = True
-        self._wake()
-
-    def discard(self) -> None:
-        """The handler is done without reading the rest: drop it as it arrives."""
-        self._discard = True
-        self._chunks.clear()
-        self._buffered = 0
-        self._conn.resume_reading_for_body()
-
-    def abort(self, error: Exception | None = None) -> None:
-        """The body will never be complete: readers get `error`, never a short body."""
-        self._done = True
-        self._error = error or ConnectionResetError("client went away")
-        self._chunks.clear()
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_exception(self._error)
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    # used by handlers
-    @property
-    def awaits_continue(self) -> bool:
-        """The client waits for `100 Continue` before sending this body."""
-        return self._expect_continue
-
-    @property
-    def done(self) -> bool:
-        return self._done and not self._chunks
-
-    async def read(self) -> bytes:
-        """The next chunk; b"" once the body is complete."""
-        if self._expect_continue:
-            self._expect_continue = False
-            self._conn.send_continue()
-        while not self._chunks:
-            if self._error is not None:
-                raise self._error
-            if self._done:
-                return b""
-            self._waiter = self._conn.loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        chunk = self._chunks.popleft()
-        self._buffered -= len(chunk)
-        if self._buffered <= BODY_HIGH_WATER // 4:
-            self._conn.resume_reading_for_body()
-        return chunk
-
-    async def read_all(self) -> bytes:
-        """The whole body (already bounded by `max_body`)."""
-        parts = []
-        while chunk := await self.read():
-            parts.append(chunk)
-        return b"".join(parts)
-
-
-class Request:
-    """What an asynchronous handler sees, and how it answers."""
-
-    __slots__ = ("method", "raw_target", "path", "query", "version", "headers", "host",
-                 "client", "params", "route", "handler", "keep_alive", "head_only", "body",
-                 "scheme", "status", "sent", "started", "finished", "connection", "_chunked",
-                 "_t0", "task", "upgrade", "cancel", "errors", "tally")
+    relays_bytes = True
 
     def __init__(self, conn, handler, route, method: bytes, raw_target: bytes, qmark: int,
                  version: str, headers, host: bytes, keep_alive: bool, t0: float) -> None:
-        # `route` is the router's `Route`; `handler` may be the one access control or
-        # a PEEK settled on instead of `route.handler`.
-        self.params, self.route, self.path = route.params, route.label, route.path
-        self.errors = route.errors    # the site's error pages
-        self.tally = route.tally      # where its answer is counted
-        self.handler = handler
-        self.method = method
-        self.raw_target = raw_target
-        self.query = b"" if qmark < 0 else raw_target[qmark + 1:]
+        Request.__init__(self, conn, handler, route, method, raw_target, qmark, headers,
+                         host, keep_alive, t0)
         self.version = version
-        self.headers = headers
-        self.host = host
-        self.client = conn.client
-        self.scheme = conn.ctx.scheme
-        self.keep_alive = keep_alive
-        self.head_only = method == b"HEAD"
-        self.body = None
-        self.status = self.sent = 0
-        self.started = self.finished = False
-        self.connection = conn
         self._chunked = False
-        # When the request began (for the log and the duration histogram): the
-        # connection's reading when it times requests, else now.
-        self._t0 = t0 or time.perf_counter()
-        self.task = None
-        self.upgrade = False
+
+    @property
+    def protocol(self) -> str:
+        return "HTTP/1.0" if self.version == "1.0" else "HTTP/1.1"
+
+    def sendfile_transport(self):
+        # Plain TCP only: TLS bytes must pass through the TLS layer.
+        transport = self.connection.transport
+        if self.scheme == "http" and transport is not None \
+                and transport.get_extra_info("socket") is not None:
+            return transport
+        return None
+
+    def answered(self, status: int = 0) -> None:
+        """For a handler whose `begin` took the request: see `HTTP1Connection.finish`."""
+        self.connection.finish(self, status)
+
+    def answer_in_task(self) -> None:
+        """For a handler whose `begin` took the request: see `HTTP1Connection.fallback`."""
+        self.connection.fallback(self)
 
     def settle_keep_alive(self) -> bool:
         """Whether the connection outlives this response, decided as the response
@@ -232,21 +142,7 @@ class Request:
             self.keep_alive = False
         return self.keep_alive
 
-    def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
-        """First value of a header, `name` in lower case."""
-        for key, value in self.headers:
-            if key == name:
-                return value
-        return default
-
     # ---- answering
-    async def send(self, status: int, headers, body: bytes = b"") -> None:
-        """A whole response in one go."""
-        self.start(status, headers, len(body))
-        if body:
-            await self.write(body)
-        self.end()
-
     def start(self, status: int, headers, content_length: int | None = None) -> None:
         """Send the status line and headers. Without a length the body is chunked
         (HTTP/1.1) or ends with the connection (HTTP/1.0)."""
@@ -298,12 +194,6 @@ class Request:
         conn.write(data)
         if conn.write_paused:
             await conn.wait_writable()
-
-    async def room(self, wanted: int) -> int:
-        """How many body bytes to produce next, at most `wanted`, for a handler that
-        reads them from somewhere (a file): HTTP/1.1 has no window, `write` waits for
-        the socket, so all of them. HTTP/2 waits for the client's window."""
-        return wanted
 
     def push(self, data: bytes) -> bool:
         """`write` without waiting: True when the client's buffer is full and the caller
@@ -365,6 +255,8 @@ class Request:
             self.sent += 5
 
 
+
+
 class _AfterLast(Exception):
     """Raised from `on_url` to stop parsing after the request that ends the connection."""
 
@@ -418,7 +310,7 @@ class HTTP1Connection(asyncio.Protocol):
         self._send_watch = SendWatch()
         self._body_progress = False
         # answering side: the running async request, then what waits behind it
-        self._active: Request | None = None
+        self._active: HTTP1Request | None = None
         self._queue: collections.deque = collections.deque()
         # the request being parsed
         self._url = b""
@@ -435,7 +327,7 @@ class HTTP1Connection(asyncio.Protocol):
         self._body: Body | None = None
         self._body_size = 0
         self._sync = None
-        self._parsing: Request | None = None     # async request whose body is arriving
+        self._parsing: HTTP1Request | None = None     # async request whose body is arriving
         self._t0 = 0.0
 
     # ------------------------------------------------------------ transport
@@ -655,9 +547,9 @@ class HTTP1Connection(asyncio.Protocol):
         """Parse `data` a slice at a time, stopping when answers pile up."""
         self.bytes_in -= len(data)       # counted already; each slice counts itself again
         view = memoryview(data)
-        for start in range(0, len(view), FEED_SLICE):
-            end = start + FEED_SLICE
-            self.data_received(view[start:end])
+        for offset in range(0, len(view), FEED_SLICE):
+            end = offset + FEED_SLICE
+            self.data_received(view[offset:end])
             if self._closing:
                 if self._upgrade_tail is not None:     # the tunnel's first bytes
                     self._upgrade_tail += bytes(view[end:])
@@ -853,7 +745,7 @@ class HTTP1Connection(asyncio.Protocol):
             if kind is PEEK:                # the common cached-file/page case, inline
                 handler = handler.peek(path, method, headers) or handler
             elif kind is GATED:
-                handler = settle(handler, self, path, method, headers)
+                handler = resolve(handler, self, path, method, headers)
             kind = handler.is_async
 
         if not kind and not has_body and keep_alive and not self.logging \
@@ -877,11 +769,10 @@ class HTTP1Connection(asyncio.Protocol):
                 self._answer_sync(handler, mode, method, path, host, route)
             return
 
-        req = Request(self, handler, route, method, url, qmark, version, headers, host,
-                      keep_alive, self._t0)
+        req = HTTP1Request(self, handler, route, method, url, qmark, version, headers, host,
+                           keep_alive, self._t0)
         req.body = self._body = Body(self, self._expect_continue()) if has_body else None
         req.upgrade = parser.should_upgrade()
-        req.cancel = None
         self._sync = None
         self._parsing = req if has_body else None
         if self._active is None and not self._queue:
@@ -952,26 +843,43 @@ class HTTP1Connection(asyncio.Protocol):
                 self._t0, self._headers, route.label)
 
     # ------------------------------------------------------------ answering
-    def _start(self, req: Request) -> None:
+    def _start(self, req: HTTP1Request) -> None:
         self._active = req
-        begin = getattr(req.handler, "begin", None)
-        if begin is not None and begin(req):
-            return       # answered from callbacks; the handler calls `finish` (no task)
-        req.task = self.loop.create_task(self._run(req))
+        if not begin(req):
+            req.task = self.loop.create_task(self._run(req))
 
-    def finish(self, req: Request, status: int = 0) -> None:
+    async def _run(self, req: HTTP1Request) -> None:
+        self.conclude(req, await answer(req))
+
+    def finish(self, req: HTTP1Request, status: int = 0) -> None:
         """For a handler whose `begin(req)` took the request: it is answered, or failed
         with `status` (the answer if nothing was sent yet, else the connection is cut).
         A handler may set `req.cancel` to be told if the client goes away first."""
         if self._active is not req:
             return                          # the client went away meanwhile
         req.cancel = None
-        if status or not req.finished or self.logging:
+        if status or not req.finished:
             self._conclude(req, status)
         else:
-            self._done(req)                 # answered in full, nothing to log
+            self._done(req)                 # answered in full
 
-    def _conclude(self, req: Request, status: int) -> None:
+    def fallback(self, req: HTTP1Request) -> None:
+        """A handler's `begin` took `req` but cannot answer it from callbacks after all
+        (nothing was sent): answer it with `handle` in a task, as usual."""
+        req.cancel = None
+        if self._active is req:
+            req.task = self.loop.create_task(self._run(req))
+
+    def conclude(self, req: HTTP1Request, status: int) -> None:
+        """`dispatch.answer`'s outcome for the request being answered."""
+        if self._active is not req:
+            return                          # the connection was lost: nothing to say
+        if status == GONE:
+            # Not from this connection (it is still here): the answer cannot go on.
+            status = 500
+        self._conclude(req, status)
+
+    def _conclude(self, req: HTTP1Request, status: int) -> None:
         """The handler is done: end its response, or fail it with `status`."""
         if not status:
             if not req.finished:
@@ -982,37 +890,9 @@ class HTTP1Connection(asyncio.Protocol):
             req.finished = True
         else:
             self._answer_error(req, status)
-        self._finished(req)
-
-    def fallback(self, req: Request) -> None:
-        """A handler's `begin` took `req` but cannot answer it from callbacks after all
-        (nothing was sent): answer it with `handle` in a task, as usual."""
-        req.cancel = None
-        if self._active is req:
-            req.task = self.loop.create_task(self._run(req))
-
-    async def _run(self, req: Request) -> None:
-        status = 0
-        try:
-            await req.handler.handle(req)
-            if not req.started:
-                raise HandlerError(500, "handler sent no response")
-        except asyncio.CancelledError:
-            return                          # the client went away
-        except Exception as exc:
-            status = exc.status if isinstance(exc, (HandlerError, RequestError)) else 500
-            if status == 500 and not isinstance(exc, HandlerError):
-                log.exception("handler for %s failed", req.route)
-        self._conclude(req, status)
-
-    def _finished(self, req: Request) -> None:
-        if self.logging:
-            self.ctx.access_log.record(req.client, req.method, req.host, req.path, req.status,
-                                       req.sent, req._t0, req.headers, req.route,
-                                       "HTTP/1.0" if req.version == "1.0" else "HTTP/1.1")
         self._done(req)
 
-    def _answer_error(self, req: Request, status: int) -> None:
+    def _answer_error(self, req: HTTP1Request, status: int) -> None:
         response = req.errors.answer(status, req.headers)
         mode = KEEP_ALIVE_EXPLICIT if req.settle_keep_alive() else CLOSE
         data = response.render(mode, req.head_only)
@@ -1021,8 +901,8 @@ class HTTP1Connection(asyncio.Protocol):
         req.sent = len(data)
         self.write(data)
 
-    def _done(self, req: Request) -> None:
-        req.tally.timed(req.status, time.perf_counter() - req._t0)
+    def _done(self, req: HTTP1Request) -> None:
+        record(req, self.logging)
         self.bytes_out += req.sent
         self._active = None
         if req.body is not None and not req.body.done:

@@ -53,11 +53,12 @@ from nestgate import h2engine as engine
 from nestgate.h2engine import (CANCEL, ENHANCE_YOUR_CALM, INTERNAL_ERROR, NO_ERROR,
                                REFUSED_STREAM, ConnectionError_, StreamClosedError,
                                encode_field, encode_fields)
-from nestgate.handlers import settle
+from nestgate.dispatch import GONE, answer, record, resolve
 from nestgate.clientip import forwarded_client
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError, RequestError
-from nestgate.http1 import DRAIN_IDLE_GRACE, Body, HTTP1Connection, Request
+from nestgate.http1 import DRAIN_IDLE_GRACE, HTTP1Connection
+from nestgate.request import Body, Request
 from nestgate.errorpages import ERRORS
 from nestgate.responses import SERVER
 from nestgate.ratelimit import count_connection, uncount_connection
@@ -175,14 +176,10 @@ def h2_block(response) -> bytes:
     block = response.h2_cache
     if block is not None:
         return block
-    lines = response.render(0, True).split(b"\r\n")
-    fields = [(b":status", _STATUS[response.status])]
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, _, value = line.partition(b": ")
+    fields = [(b":status", _STATUS[response.status]), (b"server", SERVER.value)]
+    for name, value in response.fields:
         name = name.lower()
-        if name not in _CONNECTION_HEADERS and name != b"date":
+        if name not in _CONNECTION_HEADERS:
             fields.append((name, value))
     block = response.h2_cache = encode_fields(fields)
     return block
@@ -416,6 +413,8 @@ class H2Request(Request):
 
     __slots__ = ("stream_id", "flow", "logged", "granted")
 
+    protocol = "HTTP/2"
+
     def start(self, status: int, headers, content_length: int | None = None) -> None:
         pairs = [(n.encode("latin-1") if isinstance(n, str) else n,
                   v.encode("latin-1") if isinstance(v, str) else v) for n, v in headers]
@@ -489,7 +488,7 @@ class H2Request(Request):
         self.finished = True
 
     def take_over(self, head: bytes) -> bytes:
-        raise HandlerError(501, "protocol upgrade is an HTTP/1.1 feature")
+        raise HandlerError(501, "HTTP/2 has no protocol upgrade")   # RFC 9113 8.6
 
     def end(self) -> None:
         if self.finished:
@@ -809,7 +808,7 @@ class HTTP2Connection:
             route = self.ctx.router.route(authority,
                                           raw_target if qmark < 0 else raw_target[:qmark])
             label, path = route.label, route.path
-            handler = settle(route.handler, self, path, method, headers)
+            handler = resolve(route.handler, self, path, method, headers)
         except RequestError as exc:
             if self._answer(stream_id, ERRORS.get(exc.status) or ERRORS[400],
                             method == b"HEAD", method, authority, "-", "", headers,
@@ -825,7 +824,7 @@ class HTTP2Connection:
                 # 8.1), rather than have us take and drop any amount of it.
                 self._reset(stream_id, NO_ERROR)
             return
-        req = H2Request(self, handler, route, method, raw_target, qmark, "2", headers,
+        req = H2Request(self, handler, route, method, raw_target, qmark, headers,
                         authority, True, t0)
         req.stream_id = stream_id
         req.granted = 0
@@ -850,6 +849,15 @@ class HTTP2Connection:
         """Send `response` on the stream, counted in `tally`; True when all of it went
         out at once."""
         tally.count(response.status)
+        at_once, sent = self._send_ready(stream_id, response, head_only)
+        if self.logging:
+            self.ctx.access_log.record(self.client, method, host, path, response.status,
+                                       sent, t0, headers, label, "HTTP/2")
+        return at_once
+
+    def _send_ready(self, stream_id: int, response, head_only: bool) -> tuple[bool, int]:
+        """A ready answer on the stream: whether all of it went out at once, and its
+        body's length. A body larger than the window follows in a task."""
         body = b"" if head_only else response.body
         fits = len(body) <= min(self.h2.local_flow_control_window(stream_id),
                                 self.h2.max_outbound_frame_size)
@@ -860,10 +868,7 @@ class HTTP2Connection:
             self._guard.data_sent += 1
         elif body:
             self.loop.create_task(self._send_rest(stream_id, body))
-        if self.logging:
-            self.ctx.access_log.record(self.client, method, host, path, response.status,
-                                       len(body), t0, headers, label, "HTTP/2")
-        return fits or not body
+        return fits or not body, len(body)
 
     async def _send_rest(self, stream_id: int, body: bytes) -> None:
         self._sending.add(stream_id)
@@ -898,35 +903,28 @@ class HTTP2Connection:
 
     # ------------------------------------------------------------ answering
     async def _run(self, req: H2Request) -> None:
-        try:
-            await req.handler.handle(req)
-            if not req.started:
-                raise HandlerError(500, "handler sent no response")
-            req.end()
-        except asyncio.CancelledError:
-            return
-        except (ConnectionResetError, StreamClosedError):
+        self.conclude(req, await answer(req))
+
+    def conclude(self, req: H2Request, status: int) -> None:
+        """`dispatch.answer`'s outcome for a stream's request: END_STREAM after a whole
+        answer; the site's error page if nothing was sent; else RST_STREAM."""
+        stream_id = req.stream_id
+        self._streams.pop(stream_id, None)
+        self.release(req, req.granted)
+        if status == GONE:
             # The stream or the connection went away (reset, closed) while the handler
-            # was sending: nothing can be answered, and nothing failed on our side.
+            # answered: nothing can be sent, and nothing failed on our side.
             return
-        except Exception as exc:
-            status = exc.status if isinstance(exc, (HandlerError, RequestError)) else 500
-            if status == 500 and not isinstance(exc, HandlerError):
-                log.exception("handler for %s failed", req.route)
-            if req.started:
-                self._reset(req.stream_id, INTERNAL_ERROR)
-            elif not self.transport.is_closing():
-                try:
-                    await req.send_prebuilt(req.errors.answer(status, req.headers))
-                except (ConnectionResetError, StreamClosedError):
-                    pass
-        finally:
-            self._streams.pop(req.stream_id, None)
-            self.release(req, req.granted)
-        req.tally.timed(req.status, time.perf_counter() - req._t0)
-        if req.logged:
-            self.ctx.access_log.record(req.client, req.method, req.host, req.path, req.status,
-                                       req.sent, req._t0, req.headers, req.route, "HTTP/2")
+        if not status:
+            req.end()
+        elif req.started:
+            self._reset(stream_id, INTERNAL_ERROR)
+        elif not self.transport.is_closing():
+            response = req.errors.answer(status, req.headers)
+            req.started = req.finished = True
+            req.status = response.status
+            req.sent = self._send_ready(stream_id, response, req.head_only)[1]
+        record(req, req.logged)
         self._idle()
 
     def send_headers(self, stream_id: int, headers, end_stream: bool = False) -> None:

@@ -56,16 +56,26 @@ def status_line(status: int) -> bytes:
 STATUS_LINES = {s.value: status_line(s.value) for s in HTTPStatus}
 
 
-def header_block(headers) -> bytes:
-    """`name: value\\r\\n` lines from (str|bytes, str|bytes) pairs."""
+def header_pairs(headers) -> list[tuple[bytes, bytes]]:
+    """(name, value) pairs as bytes from (str|bytes, str|bytes) pairs, checked."""
     out = []
     for name, value in headers:
         name = name.encode("latin-1") if isinstance(name, str) else name
         value = value.encode("latin-1") if isinstance(value, str) else value
         if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
             raise ValueError(f"header {name!r} holds a line break")
-        out.append(name + b": " + value + b"\r\n")
-    return b"".join(out)
+        out.append((name, value))
+    return out
+
+
+def lines_of(pairs) -> bytes:
+    """HTTP/1 header lines (`name: value\\r\\n` each) from checked bytes pairs."""
+    return b"".join([name + b": " + value + b"\r\n" for name, value in pairs])
+
+
+def header_block(headers) -> bytes:
+    """`name: value\\r\\n` lines from (str|bytes, str|bytes) pairs."""
+    return lines_of(header_pairs(headers))
 
 
 class Prebuilt:
@@ -74,7 +84,7 @@ class Prebuilt:
 
     is_async = False
     __slots__ = ("status", "body", "_head", "_full_tails", "_head_tails", "content_length",
-                 "h2_cache", "write_to", "_kept_alive", "_kept_alive_date")
+                 "fields", "h2_cache", "write_to", "_kept_alive", "_kept_alive_date")
 
     def __init__(self, status: int, body: bytes = b"", content_type: str | None = None,
                  headers=()) -> None:
@@ -82,12 +92,14 @@ class Prebuilt:
         self.body = body
         lines = [("content-type", content_type)] if content_type and body is not None else []
         lines.append(("content-length", str(len(body))))
+        # The header fields as pairs (for HTTP/2) and as HTTP/1 lines, made once.
+        self.fields = header_pairs(list(headers) + lines)
         self._head = STATUS_LINES.get(status) or status_line(status)
-        self._head += SERVER.line + header_block(list(headers) + lines)
+        self._head += SERVER.line + lines_of(self.fields)
         self._full_tails = tuple(end + body for end in CONNECTION_ENDINGS)
         self._head_tails = CONNECTION_ENDINGS
         self.content_length = len(body)
-        self.h2_cache = None          # the HTTP/2 header list, made on first use
+        self.h2_cache = None          # the HTTP/2 header block, encoded on first use
         # The whole keep-alive answer to a GET, as it was for `_kept_alive_date` (the
         # clock's date line): rebuilt on the first request in a new second, not on each.
         self._kept_alive = b""

@@ -58,7 +58,7 @@ class FakeTransport:
         self.reading = True
 
 
-class _WorkerStub:
+class WorkerStub:
     def __init__(self, config, loop) -> None:
         self.config = config
         self.loop = loop
@@ -89,7 +89,7 @@ class Wire:
                  handlers: dict | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         self.config = parse_config(data or config_dict())
-        self.worker = _WorkerStub(self.config, self.loop)
+        self.worker = WorkerStub(self.config, self.loop)
         router = build_router(self.config)
         for path, handler in (handlers or {}).items():
             router.catch_all.add_exact(path, handler)

@@ -44,7 +44,7 @@ from nestgate.auth import totp
 from nestgate.auth.passwords import verify_password
 from nestgate.auth.store import token_hash
 from nestgate.clock import CLOCK
-from nestgate.handlers import settle
+from nestgate.dispatch import resolve
 from nestgate.routing import host_name
 from nestgate.tally import TALLY
 
@@ -95,7 +95,7 @@ async def answer_with(handler, request) -> None:
     """Let `handler` answer `request`, whichever kind it is: a route that chooses by
     the client (GATED) or may have a ready answer (PEEK) is settled first, as the
     engine settles it when no session check stands in between."""
-    handler = settle(handler, request.connection, request.path, request.method,
+    handler = resolve(handler, request.connection, request.path, request.method,
                      request.headers)
     if handler.is_async:
         request.handler = handler

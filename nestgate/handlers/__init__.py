@@ -43,15 +43,3 @@ class ReadyChoice:
 
     async def handle(self, request) -> None:      # peek always answers; kept for the contract
         await request.send_prebuilt(self.choose(request.headers))
-
-
-def settle(handler, conn, path: str, method: bytes, headers):
-    """The handler that answers after GATED and PEEK are resolved: a synchronous
-    one (falsy `is_async`) or an asynchronous one."""
-    while handler.is_async is GATED:        # a site's gate, then the route's own choice
-        handler = handler.admit(conn, headers)
-    if handler.is_async is PEEK:
-        ready = handler.peek(path, method, headers)
-        if ready is not None:
-            return ready
-    return handler

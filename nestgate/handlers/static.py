@@ -37,7 +37,8 @@ from nestgate import compress
 from nestgate.clock import CLOCK
 from nestgate.handlers import PEEK
 from nestgate.responses import (CONNECTION_ENDINGS, SERVER, STATUS_LINES, Prebuilt,
-                                header_block, html_page, status_line)
+                                header_pairs, html_page, lines_of,
+                                status_line)
 from nestgate.sendwatch import cut
 from nestgate.tally import TALLY
 
@@ -81,15 +82,16 @@ class Bodiless:
     """A ready response without a body or Content-Length (304): `Prebuilt`'s render API."""
 
     is_async = False
-    __slots__ = ("status", "content_length", "body", "_head", "h2_cache")
+    __slots__ = ("status", "content_length", "body", "_head", "fields", "h2_cache")
 
     def __init__(self, status: int, headers) -> None:
         self.status = status
         self.content_length = 0
         self.body = b""
         self.h2_cache = None
+        self.fields = header_pairs(headers)
         self._head = (STATUS_LINES.get(status) or status_line(status)) + SERVER.line \
-            + header_block(headers)
+            + lines_of(self.fields)
 
     def render(self, mode: int, head_only: bool = False) -> bytes:
         return self._head + CLOCK.date_line + CONNECTION_ENDINGS[mode]
@@ -225,7 +227,7 @@ class StaticFiles:
         if rel is None:
             await request.send_prebuilt(self.not_found)
             return
-        self.loop = request.connection.loop
+        self.loop = request.loop
         entry = self._cache.get(rel)
         if entry is not None and CLOCK.now - entry.checked < self.recheck:
             self._cache.move_to_end(rel)
@@ -371,11 +373,10 @@ class StaticFiles:
         request.start(status, headers, length)
         if request.head_only or not length:
             return
-        transport = getattr(request.connection, "transport", None)
-        if request.scheme == "http" and request.version in ("1.0", "1.1") \
-                and transport is not None and transport.get_extra_info("socket") is not None:
+        transport = request.sendfile_transport()
+        if transport is not None:
             await self._sendfile(request, transport, opened.fd, start, length,
-                                 request.connection.limits.send_timeout)
+                                 request.send_timeout)
             request.sent += length
         else:                                 # TLS or HTTP/2: the bytes pass through us
             await self._send_reads(request, opened.fd, start, length)

@@ -108,7 +108,7 @@ class NotesApi:
     # ------------------------------------------------------------ routes
     async def _dispatch(self, request):
         method = request.method
-        loop = request.connection.loop
+        loop = request.loop
         if not self.item:
             if method in (b"GET", b"HEAD"):
                 return 200, await loop.run_in_executor(None, self._list, request.query), []

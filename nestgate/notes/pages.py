@@ -319,7 +319,7 @@ class CachedPage:
         if request.method not in (b"GET", b"HEAD"):
             await request.send_prebuilt(self.site.method_not_allowed)
             return
-        response = await self.site.render(request.connection.loop, self)
+        response = await self.site.render(request.loop, self)
         await request.send_prebuilt(self.site.not_found if response is None
                                     else response.choose(request.headers))
 

@@ -20,7 +20,6 @@ import ssl
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError
 from nestgate.handlers import Service
-from nestgate.http1 import Request
 from nestgate.proxy.balancer import Balancer
 from nestgate.proxy.upstream import PLAIN_CONNECTION, Exchange, Target, give_back
 from nestgate.tally import TALLY
@@ -137,7 +136,7 @@ class ProxyHandler(Service):
         """The common case without a coroutine: no body, no upgrade, an idle kept-alive
         connection ready. The exchange answers from its callbacks and `settled` tells
         the engine. Anything else (False) goes through `handle` in a task."""
-        if type(req) is not Request or req.body is not None or req.upgrade or not self._tasks:
+        if not req.relays_bytes or req.body is not None or req.upgrade or not self._tasks:
             return False
         target = self.single
         if target is None or not target.healthy:
@@ -190,16 +189,16 @@ class ProxyHandler(Service):
                 target.idle.append(conn)
             else:
                 conn.close()
-            ex.client.finish(req)
+            req.answered()
             return
         if conn.reused and not ex.received and error == 502 and not ex.started \
                 and req.method in IDEMPOTENT:
             give_back(conn, ex)
-            req.connection.fallback(req)        # a stale kept-alive connection
+            req.answer_in_task()                # a stale kept-alive connection
             return
         target.failed(CLOCK.now)
         give_back(conn, ex)
-        req.connection.finish(req, error)
+        req.answered(error)
 
     def abandon(self, ex: Exchange) -> None:
         """The client went away before a callback-driven exchange ended."""
@@ -347,7 +346,7 @@ class ProxyHandler(Service):
             parts.append(b"content-length: %d\r\n" % (int(length) if req.body is not None else 0))
         elif req.body is not None:
             parts.append(b"transfer-encoding: chunked\r\n")
-        if upgrade is not None and self.upgrades and getattr(req, "upgrade", False):
+        if upgrade is not None and self.upgrades and req.upgrade:
             parts += (b"connection: upgrade\r\nupgrade: ", upgrade, b"\r\n")
         parts.append(b"\r\n")
         return b"".join(parts)
@@ -410,7 +409,7 @@ class ProxyHandler(Service):
             transport.write(b"0\r\n\r\n")
 
     async def _tunnel(self, req, conn, ex: Exchange) -> None:
-        if not getattr(req, "upgrade", False) or not self.upgrades:
+        if not req.upgrade or not self.upgrades:
             conn.close()
             raise HandlerError(502)
         head = (b"HTTP/1.1 101 Switching Protocols\r\n" + ex.block

@@ -33,7 +33,6 @@ import httptools
 
 from nestgate import compress
 from nestgate.clock import CLOCK
-from nestgate.http1 import Request
 from nestgate.responses import SERVER, STATUS_LINES, status_line
 
 WRITE_HIGH_WATER = 64 * 1024
@@ -220,9 +219,10 @@ class Exchange:
         self.reusable = False         # ended cleanly: the handler gives the connection back
         self.fast = None              # the handler, when no coroutine waits (see `settle`)
         self.target = None
-        # HTTP/1.1 clients get raw bytes, written once per upstream read; other
-        # protocols (HTTP/2) are answered through the Request interface.
-        self.h1 = type(req) is Request
+        # A client whose answer is a byte stream (HTTP/1.1) gets the upstream's bytes
+        # framed here and written once per upstream read; others (HTTP/2) are answered
+        # through `start_raw` and `write`, under their flow control.
+        self.h1 = req.relays_bytes
         self.remember = self.h1 and not self.compress
         self.encoder = None           # a StreamEncoder when this response is compressed
         self.conn.exchange = self
@@ -541,7 +541,7 @@ class Exchange:
             if self.complete or self.error or self.upgrade_tail is not None:
                 return
             if self.paused:
-                await self.req.connection.wait_writable()
+                await self.req.writable()
                 self.paused = False
                 self.last = CLOCK.now
                 if not self.conn.closed:

@@ -1,0 +1,194 @@
+"""Handlers answered through the request contract, in memory, without a server.
+
+`Harness` builds a site's router from a config as a worker does and answers requests
+through `nestgate.dispatch` exactly as the protocol adapters do (route, resolve,
+ready answer or `answer` then `conclude`), with a third responder, `MemoryRequest`, that
+keeps the answer as (status, fields, body). Handlers that work here and over
+HTTP/1.1 and HTTP/2 cannot be asking which protocol they are on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from nestgate.config import parse_config
+from nestgate.errorpages import ERRORS
+from nestgate.errors import RequestError
+from nestgate.dispatch import GONE, answer, record, resolve
+from nestgate.request import Body, Request
+from nestgate.responses import header_pairs
+from nestgate.site import build_router
+from nestgate.worker import ServerContext
+from wire import WorkerStub
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict = field(default_factory=dict)
+    body: bytes = b""
+    ready: bool = False      # a ready answer, written without a request object or task
+    cut: bool = False        # the handler failed after its answer began
+
+
+class _Flow:
+    """A request body's source that always has the whole body."""
+
+    def __init__(self, loop) -> None:
+        self.loop = loop
+
+    def pause_reading_for_body(self) -> None:
+        pass
+
+    def resume_reading_for_body(self) -> None:
+        pass
+
+    def send_continue(self) -> None:
+        pass
+
+
+class MemoryConnection:
+    """What a handler's request and dispatch need from a client connection."""
+
+    def __init__(self, ctx, client: str) -> None:
+        self.ctx = ctx
+        self.loop = ctx.loop
+        self.limits = ctx.limits
+        self.client = client
+        self.decisions = None          # access decisions (nestgate.access.Gate.admit)
+        self.outcomes: list[int] = []  # each `conclude` status, in order
+
+    async def wait_writable(self) -> None:
+        return None
+
+    def conclude(self, req: MemoryRequest, status: int) -> None:
+        self.outcomes.append(status)
+        if status == GONE:
+            return
+        if not status:
+            req.end()
+        elif req.started:
+            req.cut = True
+        else:
+            req.fill(req.errors.answer(status, req.headers))
+        record(req, False)
+
+
+class MemoryRequest(Request):
+    """A responder that keeps the answer instead of sending it."""
+
+    __slots__ = ("fields", "chunks", "cut")
+
+    protocol = "memory"
+
+    def __init__(self, *args) -> None:
+        Request.__init__(self, *args)
+        self.fields: list[tuple[bytes, bytes]] = []
+        self.chunks: list[bytes] = []
+        self.cut = False
+
+    def _begin(self, status: int, pairs, content_length: int | None) -> None:
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = True
+        self.status = status
+        self.fields = [(name.lower(), value) for name, value in pairs]
+        if content_length is not None:     # the length given wins over a field's
+            self.fields = [f for f in self.fields if f[0] != b"content-length"]
+            self.fields.append((b"content-length", b"%d" % content_length))
+
+    def start(self, status: int, headers, content_length: int | None = None) -> None:
+        self._begin(status, header_pairs(headers), content_length)
+
+    def start_raw(self, status: int, block: bytes, content_length: int | None = None) -> None:
+        pairs = [line.split(b":", 1) for line in block.split(b"\r\n") if line]
+        self._begin(status, [(n.strip(), v.strip()) for n, v in pairs], content_length)
+
+    async def write(self, data: bytes) -> None:
+        self.push(data)
+
+    def push(self, data: bytes) -> bool:
+        if not self.started:
+            raise RuntimeError("write before start")
+        if data and not self.head_only:
+            self.chunks.append(bytes(data))
+            self.sent += len(data)
+        return False
+
+    async def send_prebuilt(self, response) -> None:
+        self.fill(response)
+
+    def fill(self, response) -> None:
+        """The whole answer from a ready response."""
+        self._begin(response.status, response.fields, None)
+        if not self.head_only:
+            self.chunks.append(response.body)
+            self.sent += len(response.body)
+        self.finished = True
+
+    def end(self) -> None:
+        self.finished = True
+
+
+def answer_of(response, head_only: bool) -> Answer:
+    return Answer(response.status, {n.lower().decode(): v.decode() for n, v in response.fields},
+                  b"" if head_only else response.body, ready=True)
+
+
+class Harness:
+    """A site's handlers, from a config dict, asked in memory on a private loop."""
+
+    def __init__(self, data: dict, handlers: dict | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.config = parse_config(data)
+        worker = WorkerStub(self.config, self.loop)
+        self.router = build_router(self.config)
+        for path, handler in (handlers or {}).items():     # extra handlers, unguarded
+            self.router.catch_all.add_exact(path, handler)
+        self.ctx = ServerContext(worker, self.config.listeners[0], self.router)
+        self.loop.run_until_complete(self._start_services())
+
+    async def _start_services(self) -> None:
+        for service in self.router.services:
+            service.start()
+
+    def ask(self, method: str, target: str, headers=(), body: bytes = b"",
+            host: str = "localhost", client: str = "192.0.2.10") -> Answer:
+        return self.loop.run_until_complete(
+            asyncio.wait_for(self._ask(method, target, headers, body, host, client), 10))
+
+    async def _ask(self, method, target, headers, body, host, client) -> Answer:
+        conn = MemoryConnection(self.ctx, client)
+        fields = [(b"host", host.encode())] + [(n.lower().encode(), v.encode())
+                                               for n, v in headers]
+        if body:
+            fields.append((b"content-length", b"%d" % len(body)))
+        method, raw = method.encode(), target.encode()
+        qmark = raw.find(b"?")
+        try:
+            route = self.router.route(host.encode(), raw if qmark < 0 else raw[:qmark])
+            handler = resolve(route.handler, conn, route.path, method, fields)
+        except RequestError as exc:        # as an adapter answers a bad request head
+            return answer_of(ERRORS.get(exc.status) or ERRORS[400], method == b"HEAD")
+        if not handler.is_async:
+            return answer_of(handler, method == b"HEAD")
+        req = MemoryRequest(conn, handler, route, method, raw, qmark, fields, host.encode(),
+                            True, 0.0)
+        if body:
+            req.body = Body(_Flow(self.loop), False)
+            req.body.feed(body)
+            req.body.finish()
+        conn.conclude(req, await answer(req))
+        return Answer(req.status, {n.decode(): v.decode() for n, v in req.fields},
+                      b"".join(req.chunks), cut=req.cut)
+
+    def close(self) -> None:
+        for service in self.router.services:
+            service.stop()
+        pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self.loop.close()
