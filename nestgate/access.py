@@ -153,6 +153,9 @@ class Gateway(Service):
                 from nestgate.auth.portal import SignIn
                 self.signin = SignIn(config.auth, self.state)
         self._policies: dict[int, Policy] = {}
+        if self.state is not None:
+            from nestgate.auth.store import POLL_INTERVAL
+            self.tick_every = POLL_INTERVAL     # the store's allow-list poll
 
     def start(self) -> None:
         if self.state is not None:
@@ -161,6 +164,9 @@ class Gateway(Service):
     def stop(self) -> None:
         if self.state is not None:
             self.state.stop()
+
+    def tick(self, now: float) -> None:
+        self.state.tick(now)                 # (ticked only when it has a state)
 
     def _policy(self, cfg: AccessConfig | None) -> Policy | None:
         if cfg is None:

@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 
 from nestgate.clientip import parse_networks
-from nestgate.handlers import GATED, Service
+from nestgate.handlers import GATED, Periodic, Service
 from nestgate.tally import TALLY
 
 RATE_ENTRIES = 1 << 17          # clients tracked at once, over every limit (2 MiB)
@@ -499,12 +499,14 @@ class RateSync(Service):
     the following requests. Redis not answering: each instance limits alone (fail
     open to the per-instance limit), said once, until it answers again."""
 
+    tick_every = SYNC_INTERVAL
+
     def __init__(self, state, table: RateTable) -> None:
         self.state = state                  # config.StateConfig
         self.table = table
         self.pending: dict[str, list] = {}  # key -> [count, tag, place, interval]
         self.down = False
-        self._task = None
+        self._sender = None
         self._executor = None
         self._client = None
         self._script = None
@@ -517,41 +519,40 @@ class RateSync(Service):
             found[0] += 1
 
     def start(self) -> None:
-        import asyncio
         from concurrent.futures import ThreadPoolExecutor
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="nestgate-ratesync")
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._sender = Periodic(SYNC_INTERVAL, self._send_pending)
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        if self._sender is not None:
+            self._sender.stop()
         if self._executor is not None:
             self._executor.shutdown(wait=False)
 
-    async def _run(self) -> None:
+    def tick(self, now: float) -> None:
+        if self.pending and self._sender is not None:
+            self._sender.tick(now)
+
+    async def _send_pending(self) -> None:
         import asyncio
         loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(SYNC_INTERVAL)
-            if not self.pending:
-                continue
-            batch, self.pending = self.pending, {}
-            try:
-                shared = await loop.run_in_executor(self._executor, self._send, batch)
-            except Exception as exc:  # noqa: BLE001 - any Redis failure: limit alone
-                if not self.down:
-                    self.down = True
-                    print(f"nestgate: rate limits: Redis does not answer ({exc}); each "
-                          f"instance limits alone until it does", file=sys.stderr, flush=True)
-                continue
-            if self.down:
-                self.down = False
-                print("nestgate: rate limits: shared through Redis again", file=sys.stderr,
-                      flush=True)
-            # The shared TATs are on the wall clock; the table is on the monotonic one.
-            offset = time.monotonic() - time.time()
-            for (count, tag, at, interval), tat in zip(batch.values(), shared):
-                self.table.raise_to(tag, at, float(tat) + offset)
+        batch, self.pending = self.pending, {}
+        try:
+            shared = await loop.run_in_executor(self._executor, self._send, batch)
+        except Exception as exc:  # noqa: BLE001 - any Redis failure: limit alone
+            if not self.down:
+                self.down = True
+                print(f"nestgate: rate limits: Redis does not answer ({exc}); each "
+                      f"instance limits alone until it does", file=sys.stderr, flush=True)
+            return
+        if self.down:
+            self.down = False
+            print("nestgate: rate limits: shared through Redis again", file=sys.stderr,
+                  flush=True)
+        # The shared TATs are on the wall clock; the table is on the monotonic one.
+        offset = time.monotonic() - time.time()
+        for (count, tag, at, interval), tat in zip(batch.values(), shared):
+            self.table.raise_to(tag, at, float(tat) + offset)
 
     def _send(self, batch: dict) -> list:
         if self._client is None:

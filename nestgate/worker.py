@@ -137,8 +137,8 @@ class Worker:
         self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         if self.access_log is not None:
             self.loop.add_signal_handler(signal.SIGUSR1, self.access_log.reopen)
-        tick = asyncio.create_task(self._tick())
         services = router.services
+        tick = asyncio.create_task(self._tick(services))
         for service in services:            # proxy health checks, the shared store
             service.start()
         self.publish()
@@ -177,16 +177,26 @@ class Worker:
         if self.access_log is not None:
             self.access_log.close()
 
-    async def _tick(self) -> None:
+    async def _tick(self, services) -> None:
+        """Every timer of the worker: connections' deadlines, the log's flush, the
+        figures, certificates, and each service's `tick` at its `tick_every`."""
         limits = self.config.limits
         shortest = min(limits.header_timeout, limits.body_timeout, limits.keepalive_timeout,
                        limits.send_timeout, self.config.log.flush_interval)
         interval = max(0.05, min(1.0, shortest / 4))
+        ticking = [service for service in services if service.tick_every]
+        # The loop wakes as often as the most pressed service needs; connections are
+        # swept at their own pace, whatever that is.
+        step = min([interval] + [service.tick_every for service in ticking])
         last_flush = last_tick = last_publish = CLOCK.now
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(step)
             CLOCK.tick()
             now = CLOCK.now
+            for service in ticking:
+                service.tick(now)
+            if now - last_tick < interval - step / 2:
+                continue
             elapsed, last_tick = now - last_tick, now
             for conn in list(self.connections):
                 conn.tick(elapsed)

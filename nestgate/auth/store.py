@@ -28,8 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from nestgate.clientip import Networks
 from nestgate.errors import HandlerError
+from nestgate.handlers import Periodic
 
 POLL_INTERVAL = 0.5          # seconds: a change through one worker is seen by all within 1 s
+PURGE_INTERVAL = 600.0       # seconds between removals of expired sessions
 BUSY_TIMEOUT_S = 5.0         # how long a statement waits for another process's lock
 
 _SCHEMA = """
@@ -338,7 +340,8 @@ class SharedState:
         self.dynamic = DynamicAllow()
         self._executor: ThreadPoolExecutor | None = None
         self._store: Store | None = None
-        self._task: asyncio.Task | None = None
+        self._poller: Periodic | None = None
+        self._purged = 0.0                 # when expired sessions were last removed
         self._data_version = -1
         self._secret: bytes | None = None
 
@@ -382,21 +385,18 @@ class SharedState:
             self.dynamic.load(await self.run("allow_entries"))
 
     async def _poll(self) -> None:
-        purged = 0.0
-        while True:
-            try:
-                await self.refresh()
-                if time.monotonic() - purged > 600:
-                    purged = time.monotonic()
-                    await self.run("purge")
-            except StoreUnavailable:
-                pass                       # said once by `run`; the allow entries are kept
-            await asyncio.sleep(POLL_INTERVAL)
+        try:
+            await self.refresh()
+            if time.monotonic() - self._purged > PURGE_INTERVAL:
+                self._purged = time.monotonic()
+                await self.run("purge")
+        except StoreUnavailable:
+            pass                           # said once by `run`; the allow entries are kept
 
     def start(self) -> None:
         """Load the allow entries before the first request (when the store answers),
         then poll for changes."""
-        if self._task is None:
+        if self._poller is None:
             try:
                 if self._store is None:
                     self._store = open_store(self.path)
@@ -404,11 +404,15 @@ class SharedState:
                 self.dynamic.load(self._store.allow_entries())
             except self._errors as exc:
                 self._complain(exc)        # the poller loads them once it answers
-            self._task = asyncio.get_running_loop().create_task(self._poll())
+            self._poller = Periodic(POLL_INTERVAL, self._poll)    # run by `tick`
+
+    def tick(self, now: float) -> None:
+        if self._poller is not None:
+            self._poller.tick(now)
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+        if self._poller is not None:
+            self._poller.stop()
+            self._poller = None
         if self._executor is not None:
             self._executor.shutdown(wait=False)

@@ -17,13 +17,53 @@ PEEK = 3
 class Service:
     """A part that runs beside the requests on a worker's loop (a proxy route's
     timeout watch and health checks, the gateway's shared store): the worker starts
-    every service of its router once serving and stops them when it ends."""
+    every service of its router once serving and stops them when it ends.
+
+    The worker's tick drives every timer: a service that has one sets `tick_every`
+    (seconds) and is ticked at least that often. `tick` must not wait; waiting work
+    goes into a task the service owns (`Periodic`), which `stop` cancels."""
+
+    tick_every = 0.0             # 0: no timer
 
     def start(self) -> None:
         """Begin on the running loop; returns at once."""
 
     def stop(self) -> None:
         """Cancel what `start` began."""
+
+    def tick(self, now: float) -> None:
+        """The worker's tick (`now` is the clock's monotonic reading)."""
+
+
+class Periodic:
+    """Waiting work started from ticks: one run at a time, each `every` seconds after
+    the last one ended (the first at the first tick)."""
+
+    __slots__ = ("every", "work", "task", "after")
+
+    def __init__(self, every: float, work) -> None:
+        self.every = every
+        self.work = work                 # an async function without arguments
+        self.task = None
+        self.after = 0.0
+
+    def tick(self, now: float) -> None:
+        if self.task is None and now >= self.after:
+            import asyncio
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        from nestgate.clock import CLOCK
+        try:
+            await self.work()
+        finally:
+            self.task = None
+            self.after = CLOCK.now + self.every
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
 
 
 class ReadyChoice:

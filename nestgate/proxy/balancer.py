@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from nestgate.clock import CLOCK
+from nestgate.handlers import Periodic
 
 
 class Balancer:
@@ -19,6 +20,9 @@ class Balancer:
         self.targets = list(targets)
         self.least = opts.balance == "least_conn"
         self.opts = opts
+        # Active checks, a round every `health_interval`, started by the worker's tick.
+        self.health = Periodic(opts.health_interval, self.check_all) \
+            if opts.health_path else None
 
     def pick(self, excluded=()):
         """The next target to try, or None when none is left."""
@@ -44,11 +48,16 @@ class Balancer:
         return best
 
     # ------------------------------------------------------ active checks
-    async def check_forever(self) -> None:
-        opts = self.opts
-        while True:
-            await asyncio.gather(*(self.check(t) for t in self.targets))
-            await asyncio.sleep(opts.health_interval)
+    def tick(self, now: float) -> None:
+        if self.health is not None:
+            self.health.tick(now)
+
+    def stop(self) -> None:
+        if self.health is not None:
+            self.health.stop()
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(t) for t in self.targets))
 
     async def check(self, target) -> None:
         opts = self.opts

@@ -94,49 +94,45 @@ class ProxyHandler(Service):
         # (client, scheme) -> the X-Forwarded-For and -Proto lines and the start of
         # X-Forwarded-Host, made once per client rather than formatted per request.
         self._forwarded_lines: dict[tuple[str, str], bytes] = {}
-        self._tasks: list[asyncio.Task] = []
+        self.running = False
+        # The worker's tick drives the timeout watch (and, through the balancer, the
+        # health checks): often enough to see the shortest timeout pass.
+        shortest = min(opts.read_timeout, opts.request_timeout or opts.read_timeout)
+        self.tick_every = max(0.05, min(1.0, shortest / 4))
+        if self.balancer.health is not None:
+            self.tick_every = min(self.tick_every, opts.health_interval)
 
     # ------------------------------------------------------ lifespan
     def start(self) -> None:
-        """Start the timeout watch and health checks (on the running loop)."""
-        if self._tasks:
-            return
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._watch()))
-        if self.opts.health_path:
-            self._tasks.append(loop.create_task(self.balancer.check_forever()))
+        self.running = True
 
     def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        self._tasks = []
+        self.running = False
+        self.balancer.stop()
 
-    async def _watch(self) -> None:
+    def tick(self, now: float) -> None:
+        """Exchanges past `read_timeout` or `request_timeout` fail with 504; idle
+        upstream connections past `idle_timeout` close; health checks fall due."""
         opts = self.opts
-        shortest = min(opts.read_timeout, opts.request_timeout or opts.read_timeout)
-        interval = max(0.05, min(1.0, shortest / 4))
-        while True:
-            await asyncio.sleep(interval)
-            CLOCK.tick()
-            now = CLOCK.now
-            for target in self.targets:
-                # An exchange in flight is its connection's `exchange` until it ends.
-                for conn in list(target.conns):
-                    ex = conn.exchange
-                    if type(ex) is not Exchange or ex.complete or ex.error or ex.paused:
-                        continue
-                    if now - ex.last > opts.read_timeout or \
-                            (opts.request_timeout and now - ex.t0 > opts.request_timeout):
-                        ex.fail(504)
-                if target.idle:
-                    target.close_idle(now - opts.idle_timeout)
+        for target in self.targets:
+            # An exchange in flight is its connection's `exchange` until it ends.
+            for conn in list(target.conns):
+                ex = conn.exchange
+                if type(ex) is not Exchange or ex.complete or ex.error or ex.paused:
+                    continue
+                if now - ex.last > opts.read_timeout or \
+                        (opts.request_timeout and now - ex.t0 > opts.request_timeout):
+                    ex.fail(504)
+            if target.idle:
+                target.close_idle(now - opts.idle_timeout)
+        self.balancer.tick(now)
 
     # ------------------------------------------------------ requests
     def begin(self, req) -> bool:
         """The common case without a coroutine: no body, no upgrade, an idle kept-alive
         connection ready. The exchange answers from its callbacks and `settled` tells
         the engine. Anything else (False) goes through `handle` in a task."""
-        if not req.relays_bytes or req.body is not None or req.upgrade or not self._tasks:
+        if not req.relays_bytes or req.body is not None or req.upgrade or not self.running:
             return False
         target = self.single
         if target is None or not target.healthy:
@@ -210,7 +206,7 @@ class ProxyHandler(Service):
         ex.conn.close()
 
     async def handle(self, req) -> None:
-        if not self._tasks:
+        if not self.running:
             self.start()
         opts = self.opts
         idempotent = req.method in IDEMPOTENT
