@@ -23,6 +23,13 @@ callback scheduled before its own (that protocol's `connection_made`, then the
 transport's `resume_reading`), so they are the first bytes it sees and the socket
 is read again only after them.
 
+When the handshake starts with nothing read yet (no PROXY header, no ClientHello
+looked at), TLS runs on the socket itself (`nestgate.tlssocket`): the descriptor is
+taken from the loop's TCP transport and wrapped in an SSLSocket, cheaper per request
+than the loop's memory-buffer TLS. `start_tls` serves the other cases, and all of them
+when NESTGATE_LOOP_TLS=1 is set in the environment (for comparison, or should an
+environment's sockets not allow it).
+
 Nothing is ever answered here: with no TLS yet there is no one to say 400 or 503 to,
 so a refused header, a connection past the limit or a failed handshake is closed.
 """
@@ -30,9 +37,15 @@ so a refused header, a connection past the limit or a failed handshake is closed
 from __future__ import annotations
 
 import asyncio
+import os
 
+from nestgate import tlssocket
 from nestgate.certs.clienthello import MAX_HELLO, NotClientHello, parse_client_hello
 from nestgate.clientip import ProxyHeaderError, take_proxy_header
+
+
+# TLS on the socket (nestgate.tlssocket) unless told to leave TLS to the event loop.
+SOCKET_TLS = os.environ.get("NESTGATE_LOOP_TLS", "") in ("", "0")
 
 
 class TLSHandshake(asyncio.Protocol):
@@ -53,6 +66,7 @@ class TLSHandshake(asyncio.Protocol):
         self._early = b""              # application data before the hand-over
         self._age = 0.0
         self._task = None              # kept here: the loop holds its tasks weakly
+        self._on_socket = False        # the descriptor went to a TLSSocketTransport
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -79,11 +93,36 @@ class TLSHandshake(asyncio.Protocol):
             self._hello = hello
             self._peek()
             return
+        if not hello and SOCKET_TLS and self._start_on_socket():
+            return
         self._hello = hello
         # The rest is for the TLS protocol. (uvloop starts reading after
         # connection_made even so: what comes until start_tls is kept in `_hello`.)
         self.transport.pause_reading()
         self._task = self.ctx.loop.create_task(self._start_tls())
+
+    def _start_on_socket(self) -> bool:
+        """TLS on the descriptor itself; False when the transport cannot give it."""
+        tcp = self.transport
+        if tcp.is_closing():
+            return False
+        sock = tlssocket.adopt(self.ctx.loop, tcp, self.sslcontext)
+        if sock is None:
+            return False
+        self._on_socket = True        # the TCP transport's end is not the connection's
+        self.transport = tlssocket.TLSSocketTransport(self.ctx.loop, sock, self)
+        return True
+
+    def handshake_done(self, tls) -> None:
+        """From the TLSSocketTransport: hand the connection to the usual protocol."""
+        self.ctx.connections.discard(self)
+        self._hand_over(tls)
+        self.transport = self.protocol_factory = None
+
+    def handshake_failed(self) -> None:
+        """From the TLSSocketTransport: the handshake failed or was cut (closed)."""
+        self.ctx.connections.discard(self)
+        self.transport = self.protocol_factory = None
 
     def _peek(self) -> None:
         try:
@@ -134,8 +173,10 @@ class TLSHandshake(asyncio.Protocol):
         self._early = b""
 
     def connection_lost(self, exc) -> None:
-        # The TCP connection before the handshake, or the TLS one before the hand-over.
-        self.ctx.connections.discard(self)
+        # The TCP connection before the handshake, or the TLS one before the hand-over;
+        # not the loop's TCP transport whose descriptor a TLSSocketTransport took.
+        if not self._on_socket:
+            self.ctx.connections.discard(self)
 
     def tick(self, elapsed: float) -> None:
         """The worker's tick: the handshake (and any PROXY header) takes at most

@@ -32,7 +32,7 @@ from nestgate.certs.manager import CertKeeper, prepare_certificates
 from nestgate.config import Config, ConfigError, config_warnings, read_config, with_overrides
 from nestgate.ratelimit import shared_limits
 from nestgate.sdnotify import notify
-from nestgate.tls import server_context
+from nestgate.tls import kernel_tls_problem, server_context
 
 RESTART_BACKOFF_MIN = 0.1
 STABLE_AFTER = 10.0          # a worker that lived this long resets its back-off
@@ -143,6 +143,10 @@ class Supervisor:
     def start_generation(self, config: Config) -> Generation:
         storage = prepare_certificates(config, say)
         contexts = {l: server_context(l, storage) for l in config.listeners if l.tls}
+        if contexts and not self.started_generations:
+            problem = kernel_tls_problem()
+            say("kernel TLS: on (OpenSSL hands records to the kernel where it can)"
+                if not problem else f"kernel TLS: off: {problem}")
         prepare_state(config)
         self.started_generations += 1
         number = self.started_generations

@@ -7,21 +7,53 @@ inherited by the forked workers. ALPN offers h2 (unless the listener sets
 
 from __future__ import annotations
 
+import functools
+import socket
 import ssl
 
 ALPN_HTTP1 = ["http/1.1"]
 ALPN_HTTP2 = ["h2", "http/1.1"]
+# SSL_OP_ENABLE_KTLS (OpenSSL 3), named `ssl.OP_ENABLE_KTLS` from Python 3.12 on.
+OP_ENABLE_KTLS = getattr(ssl, "OP_ENABLE_KTLS", 1 << 3)
+_TCP_ULP = getattr(socket, "TCP_ULP", 31)
 
 
-def _context(cert: str, key: str, alpn=ALPN_HTTP1) -> ssl.SSLContext:
+@functools.cache
+def kernel_tls_problem() -> str:
+    """"" when this kernel can take TLS records over (its `tls` module answers a
+    socket asking for it), else why it cannot. Asked once, at start."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1)
+        with socket.create_connection(listening.getsockname(), timeout=2) as probe:
+            accepted, _ = listening.accept()
+            accepted.close()
+            try:
+                probe.setsockopt(socket.IPPROTO_TCP, _TCP_ULP, b"tls")
+            except OSError as exc:
+                return f"the kernel offers no TLS (its tls module: {exc.strerror})"
+    return ""
+
+
+def _base_context(alpn) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
     ctx.set_alpn_protocols(alpn)
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    if not kernel_tls_problem():
+        # OpenSSL moves each connection's records into the kernel after the handshake
+        # where it can (cipher and kernel permitting); it needs TLS on the socket
+        # itself, which nestgate.tlssocket gives it. Otherwise the usual path.
+        ctx.options |= OP_ENABLE_KTLS
     # Session tickets stay on (OpenSSL's default, two per TLS 1.3 handshake): the
     # context is made by the supervisor before it forks, so every worker has the same
     # ticket keys and a returning browser resumes on whichever worker it reaches.
+    return ctx
+
+
+def _context(cert: str, key: str, alpn=ALPN_HTTP1) -> ssl.SSLContext:
+    ctx = _base_context(alpn)
+    ctx.load_cert_chain(cert, key)
     return ctx
 
 
@@ -50,7 +82,7 @@ def server_context(listener, storage=None) -> ssl.SSLContext:
         book.refresh()
         # Made here, before the fork, with no certificate of its own: its session
         # ticket keys are the ones every worker's handshakes use.
-        default = contexts[0] if contexts else _bare_context(alpn)
+        default = contexts[0] if contexts else _base_context(alpn)
         default.certificate_book = book
     else:
         default = contexts[0]
@@ -71,14 +103,6 @@ def server_context(listener, storage=None) -> ssl.SSLContext:
 
         default.sni_callback = choose
     return default
-
-
-def _bare_context(alpn) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(alpn)
-    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
-    return ctx
 
 
 def certificate_problem(certificate) -> str:
