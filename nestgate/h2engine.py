@@ -119,6 +119,14 @@ class WindowUpdated:
         self.stream_id = stream_id
 
 
+class PingAcknowledged:
+    """The client acknowledged a PING we sent (`H2Engine.ping`)."""
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
 class ConnectionTerminated:
     """The client sent GOAWAY."""
     __slots__ = ("code", "last_stream_id")
@@ -356,6 +364,10 @@ class H2Engine:
             stream.recv_window += stream.unacked
             stream.unacked = 0
 
+    def ping(self, data: bytes) -> None:
+        """A PING (8 bytes of `data`); its ACK comes back as PingAcknowledged."""
+        self._out.append(_PACK_HEAD(8 << 8 | PING, 0, 0) + data)
+
     def goaway(self, last_stream_id: int, code: int = NO_ERROR) -> None:
         """GOAWAY naming the last stream we will answer (6.8). Streams up to it go on;
         the caller refuses newer ones. More than one may be sent, each lower."""
@@ -444,6 +456,8 @@ class H2Engine:
                     self._fail(FRAME_SIZE_ERROR, "PING of other than 8 bytes")
                 if not flags & ACK:
                     self._out.append(_PACK_HEAD(8 << 8 | PING, ACK, 0) + payload)
+                else:
+                    events.append(PingAcknowledged(bytes(payload)))
             elif kind == PRIORITY:
                 self._priority(stream_id, payload, events)
             elif kind == GOAWAY:

@@ -53,6 +53,7 @@ from nestgate.clientip import ProxyHeaderError, forwarded_client, take_proxy_hea
 from nestgate.clock import CLOCK
 from nestgate.errorpages import ERRORS
 from nestgate.errors import RequestError
+from nestgate.flow import Writable
 from nestgate.responses import (CLOSE, CONNECTION_ENDINGS, CONTINUE,
                                 KEEP_ALIVE_EXPLICIT, SERVER, STATUS_LINES, header_block,
                                 status_line)
@@ -290,7 +291,7 @@ class HTTP1Connection(asyncio.Protocol):
         self.logging = False
         self._timing = False           # requests are timed: they may be logged
         self.write_paused = False
-        self._drain_waiter: asyncio.Future | None = None
+        self._writable = Writable()      # handlers waiting for the client to take more
         self._body_paused = False
         self._held = None              # unparsed input kept while reading is stopped
         self._release_due = False      # a call to parse `_held` is scheduled
@@ -377,8 +378,7 @@ class HTTP1Connection(asyncio.Protocol):
             if isinstance(item, Request) and item.body is not None:
                 item.body.abort()
         self._queue.clear()
-        if self._drain_waiter is not None and not self._drain_waiter.done():
-            self._drain_waiter.set_exception(ConnectionResetError("client went away"))
+        self._writable.close(ConnectionResetError("client went away"))
         # Break the cycles parser -> self -> transport.
         self.parser = None
         self._active = None
@@ -389,8 +389,7 @@ class HTTP1Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if self._drain_waiter is not None and not self._drain_waiter.done():
-            self._drain_waiter.set_result(None)
+        self._writable.wake()
         if self._active is None and self._queue:
             self._run_queue()             # ready answers that waited for room
         elif self._held is not None:
@@ -398,9 +397,8 @@ class HTTP1Connection(asyncio.Protocol):
 
     async def wait_writable(self) -> None:
         """Wait until the client's socket buffer is below the high-water mark."""
-        if self.write_paused and not self._closing_transport():
-            self._drain_waiter = self.loop.create_future()
-            await self._drain_waiter
+        while self.write_paused and not self._closing_transport():
+            await self._writable.wait()
 
     def _closing_transport(self) -> bool:
         return self.transport is None or self.transport.is_closing()

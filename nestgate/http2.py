@@ -60,6 +60,8 @@ from nestgate.errors import HandlerError, RequestError
 from nestgate.http1 import DRAIN_IDLE_GRACE, HTTP1Connection
 from nestgate.request import Body, Request
 from nestgate.errorpages import ERRORS
+from nestgate.flow import Writable
+from nestgate.grammar import LOWER_TCHAR, TCHAR, VISIBLE
 from nestgate.responses import SERVER
 from nestgate.ratelimit import count_connection, uncount_connection
 from nestgate.tally import H2_PROTECTIONS, TALLY, UNROUTED
@@ -77,6 +79,13 @@ MAX_CONCURRENT_STREAMS = 128     # advertised; a stream past it is refused alone
 RESET_ALLOWANCE = 2 * MAX_CONCURRENT_STREAMS
 RESET_CAP = 1000
 _NO_GOAWAY = 1 << 31              # above any stream id: no GOAWAY sent yet
+# The graceful stop's first GOAWAY names the largest stream id (RFC 9113 6.8): no new
+# streams, but those already on their way are still served. The PING sent with it
+# comes back after one round trip, when they have all arrived; the final GOAWAY then
+# names the last one. A client that does not answer the PING gets the final GOAWAY
+# after DRAIN_IDLE_GRACE.
+_ANY_STREAM = (1 << 31) - 1
+_DRAIN_PING = b"nestgate"
 # Connection-specific headers are illegal in HTTP/2 (RFC 9113 8.2.2).
 _CONNECTION_HEADERS = frozenset((b"connection", b"keep-alive", b"proxy-connection",
                                  b"transfer-encoding", b"upgrade"))
@@ -85,16 +94,11 @@ _STATUS = {s: str(s).encode() for s in range(100, 600)}
 # connection goes on) up to this many times it; past that it is an HPACK bomb and the
 # connection ends (COMPRESSION_ERROR).
 DECODED_LIST_FACTOR = 4
-# h2 refuses only CR, LF and NUL in field values, but the method and target are copied
-# into an upstream's HTTP/1.1 request line: a method must be a token (RFC 9110 5.6.2)
-# and a :path visible ASCII, as llhttp demands of HTTP/1.1. Deleting the allowed bytes
-# with `bytes.translate` leaves the bad ones; it is cheaper than a regular expression.
-_TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-_VISIBLE = bytes(range(0x21, 0x7F))
-# Field names are lower-case tokens (RFC 9113 8.2.1); values hold no NUL, CR or LF and
+# The method and target are copied into an upstream's HTTP/1.1 request line: a method
+# must be a token (RFC 9110 5.6.2) and a :path visible ASCII, as llhttp demands of
+# HTTP/1.1 (checked with nestgate.grammar's classes). Field names are lower-case tokens (RFC 9113 8.2.1); values hold no NUL, CR or LF and
 # neither begin nor end with whitespace (8.2.1). Any other field makes the request
 # malformed: 400 on its stream, never the whole connection (8.1.1).
-_NAME_CHARS = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
 _BAD_VALUE = re.compile(rb"[\0\r\n]|\A[ \t]|[ \t]\Z").search
 _PSEUDO = {b":method": 1, b":scheme": 2, b":path": 4, b":authority": 8}   # bits
 
@@ -265,7 +269,7 @@ DATE_FIELD = _DateField()
 def _field_problem(headers, authority: bytes) -> str | None:
     """Why a request's regular fields make it malformed (RFC 9113 8.2), or None."""
     for name, value in headers:
-        if not name or name.translate(None, _NAME_CHARS):
+        if not name or name.translate(None, LOWER_TCHAR):
             return "field name is not a lower-case token"
         if _BAD_VALUE(value):
             return "field value with NUL, CR, LF or surrounding whitespace"
@@ -514,6 +518,8 @@ class HTTP2Connection:
         self._stalled = 0.0
         self._send_watch = SendWatch()
         self._draining = False
+        self._drain_ping = False         # the graceful stop's PING is out, unanswered
+        self._drain_wait = 0.0
         self._opened = 0               # streams accepted, for keepalive_requests
         self.bytes_in = 0              # HTTP/2 bytes read and written, frames and all
         self.bytes_out = 0
@@ -526,7 +532,7 @@ class HTTP2Connection:
         self.outboxes: dict[int, collections.deque] = {}   # data queued by `push`, per stream
         self._sent_waiters: dict[int, list[asyncio.Future]] = {}
         self._end_after: set[int] = set()
-        self._writable: asyncio.Future | None = None
+        self._writable = Writable()      # senders waiting for the transport to take more
         self._guard = FrameGuard(self.limits.max_header_bytes, CLOCK.now)
         self._granted = 0                  # body bytes `room` let handlers hold unsent
         self._budget: asyncio.Future | None = None   # woken when some are sent
@@ -584,9 +590,11 @@ class HTTP2Connection:
         for req in list(self._streams.values()):
             self._abandon(req)
         self._streams.clear()
-        for waiter in list(self._window_waiters.values()) + [self._writable]:
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(ConnectionResetError("client went away"))
+        gone = ConnectionResetError("client went away")
+        self._writable.close(gone)
+        for waiter in self._window_waiters.values():
+            if not waiter.done():
+                waiter.set_exception(gone)
         if self._budget is not None and not self._budget.done():
             self._budget.set_result(None)        # `room` sees the transport closed
 
@@ -603,8 +611,7 @@ class HTTP2Connection:
         self.write_paused = False
         if not self.transport.is_closing():
             self.transport.resume_reading()
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
+        self._writable.wake()
 
     def eof_received(self):
         return None
@@ -615,7 +622,7 @@ class HTTP2Connection:
             if self.transport is None or self.transport.is_closing():
                 raise ConnectionResetError("client went away")
             if self.write_paused:
-                await self._until_writable()
+                await self._writable.wait()
             else:
                 await self.wait_sent(next(iter(self.outboxes)))
 
@@ -694,6 +701,9 @@ class HTTP2Connection:
                 if self._stream_gone(event.stream_id, event.remote):
                     self._calm("rapid_reset", f" ({self._wasted} of {self._opened})")
                     return
+            elif kind is engine.PingAcknowledged:
+                if event.data == _DRAIN_PING and self._drain_ping:
+                    self._final_goaway()
             elif kind is engine.ConnectionTerminated:
                 if event.code != NO_ERROR:       # the client gives up on everything
                     self.flush()
@@ -790,13 +800,13 @@ class HTTP2Connection:
             authority = authority or host
             if bad is not None:
                 raise RequestError(400, bad)
-            if not method or method.translate(None, _TCHAR):
+            if not method or method.translate(None, TCHAR):
                 raise RequestError(400, ":method is not a token")
             if raw_target[:1] != b"/":
                 raise RequestError(400, ":path must be an absolute path")   # RFC 9113 8.3.1
             if len(raw_target) > self.limits.max_url:
                 raise RequestError(414)
-            if raw_target.translate(None, _VISIBLE):
+            if raw_target.translate(None, VISIBLE):
                 raise RequestError(400, ":path has a byte outside visible ASCII")
             if size > self.limits.max_header_bytes or len(headers) > self.limits.max_headers:
                 raise RequestError(431)
@@ -924,6 +934,7 @@ class HTTP2Connection:
             req.started = req.finished = True
             req.status = response.status
             req.sent = self._send_ready(stream_id, response, req.head_only)[1]
+            self._flush_soon()
         record(req, req.logged)
         self._idle()
 
@@ -949,7 +960,7 @@ class HTTP2Connection:
         view = memoryview(data)
         while view or end:
             if self.write_paused:          # before writing: the transport holds one frame
-                await self._until_writable()   # past its high-water mark, at most
+                await self._writable.wait()   # past its high-water mark, at most
             window = min(self.h2.local_flow_control_window(stream_id),
                          self.h2.max_outbound_frame_size)
             if window <= 0 and view:
@@ -970,7 +981,7 @@ class HTTP2Connection:
                 raise ConnectionResetError("client went away")
             budget = OUTPUT_BUDGET - self._granted
             if self.write_paused:
-                await self._until_writable()
+                await self._writable.wait()
             elif budget <= 0:
                 if self._budget is None or self._budget.done():
                     self._budget = self.loop.create_future()
@@ -1001,12 +1012,6 @@ class HTTP2Connection:
         finally:
             self._window_waiters.pop(stream_id, None)
 
-    async def _until_writable(self) -> None:
-        # One future for every sender waiting on the transport; shielded, so that a
-        # sender cancelled while waiting (its stream reset) does not cancel it for all.
-        if self._writable is None or self._writable.done():
-            self._writable = self.loop.create_future()
-        await asyncio.shield(self._writable)
 
     def queue_data(self, stream_id: int, data: bytes) -> None:
         """Send `data` after what is already queued on the stream, as windows allow."""
@@ -1095,9 +1100,17 @@ class HTTP2Connection:
 
     # ------------------------------------------------------------ worker hooks
     def _idle(self) -> None:
-        if not self._streams and not self._sending and \
-                (self._draining or self._last_stream != _NO_GOAWAY):
+        if not self._streams and not self._sending and (self._last_stream != _NO_GOAWAY or (
+                self._draining and not self._drain_ping)):
             self.close_gracefully()
+
+    def _final_goaway(self) -> None:
+        """The graceful stop's second GOAWAY: the last stream the client opened is the
+        last one served; the streams in flight finish, then the connection closes."""
+        self._drain_ping = False
+        if self.transport is not None and not self.transport.is_closing():
+            self._goaway_after(min(self._last_stream, self.h2.highest_inbound_stream_id))
+        self._idle()
 
     def _goaway_after(self, stream_id: int) -> None:
         """GOAWAY(NO_ERROR) naming `stream_id` as the last stream served; the streams
@@ -1126,6 +1139,12 @@ class HTTP2Connection:
             if self._header_wait >= self.limits.header_timeout:
                 self._calm("header_timeout")
                 return
+        if self._drain_ping:
+            self._drain_wait += elapsed
+            if self._drain_wait >= DRAIN_IDLE_GRACE:
+                self._final_goaway()         # no answer to the PING: go on without it
+                if transport is None or transport.is_closing():
+                    return
         if self._window_waiters or self._window_stalled:
             self._watch_windows(elapsed)
         if self._streams:
@@ -1173,12 +1192,24 @@ class HTTP2Connection:
     def close_gracefully(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        self.h2.close_connection(
-            last_stream_id=min(self._last_stream, self.h2.highest_inbound_stream_id))
+        last = min(self._last_stream, self.h2.highest_inbound_stream_id)
+        if last < self._last_stream:     # else the GOAWAY naming it is out already
+            self.h2.close_connection(last_stream_id=last)
         self.flush()
         self.transport.close()
 
     def finish_and_close(self) -> None:
-        """Graceful stop: GOAWAY when the last stream in flight is done."""
+        """Graceful stop (a reload, a stop): the two-step GOAWAY (see _ANY_STREAM),
+        then the connection closes once the streams it names are answered."""
+        if self._draining:
+            return
         self._draining = True
-        self._idle()
+        if self.transport is None or self.transport.is_closing() \
+                or self._last_stream != _NO_GOAWAY:
+            self._idle()                 # closing already, or the final GOAWAY is out
+            return
+        self.h2.goaway(_ANY_STREAM)
+        self.h2.ping(_DRAIN_PING)
+        self._drain_ping = True
+        self._drain_wait = 0.0
+        self.flush()

@@ -287,3 +287,18 @@ path = "/hello"
 type = "return"
 body = "hello\\n"
 """
+
+
+# ---- HTTP/2 without sockets (tests/h2wire.py)
+@pytest.fixture
+def make_pump():
+    """`h2wire.Pump(...)` closed at the end of the test."""
+    import h2wire
+    made = []
+
+    def make(*args, **kwargs):
+        made.append(h2wire.Pump(*args, **kwargs))
+        return made[-1]
+    yield make
+    for pump in made:
+        pump.close()

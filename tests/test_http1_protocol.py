@@ -3,16 +3,7 @@
 import pytest
 
 from nestgate.handlers.health import HealthAnswer
-from wire import Wire, config_dict
-
-
-class Echo:
-    """An asynchronous handler that answers with the request body it read."""
-    is_async = True
-
-    async def handle(self, request):
-        body = await request.body.read_all() if request.body else b""
-        await request.send(200, [(b"content-type", b"text/plain")], body)
+from wire import Broken, Echo, Wire, config_dict
 
 
 class Streamer:
@@ -42,13 +33,6 @@ class HeaderEcho:
             await request.body.read_all()
         names = b"\n".join(name for name, _ in request.headers)
         await request.send(200, [(b"content-type", b"text/plain")], names)
-
-
-class Broken:
-    is_async = True
-
-    async def handle(self, request):
-        raise RuntimeError("boom")
 
 
 @pytest.fixture

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import hyperframe.frame
 import pytest
 
 from h2client import H2Client
+from h2wire import frames
 from test_e2e_core import TEMPLATE, tls_block
 
 
@@ -59,68 +61,18 @@ def test_h2_can_be_turned_off(start_server, certs):
 
 # ---- protocol level: an HTTP/2 client and server exchanging bytes, no sockets
 
-import h2.config  # noqa: E402
-import h2.connection  # noqa: E402
-import h2.events  # noqa: E402
-
-from nestgate.http2 import HTTP2Connection  # noqa: E402
-from test_http1_protocol import Echo, Broken  # noqa: E402
-from wire import FakeTransport, Wire  # noqa: E402
 
 
-class Pump:
-    """Moves bytes between an h2 client and an HTTP2Connection until a stream ends."""
-
-    def __init__(self, data: dict | None = None, handlers: dict | None = None) -> None:
-        self.wire = Wire(data, handlers=handlers or {"/echo": Echo(), "/broken": Broken()})
-        self.transport = FakeTransport()
-        self.server = HTTP2Connection(self.wire.ctx)
-        self.server.connection_made(self.transport)
-        self.client = h2.connection.H2Connection(h2.config.H2Configuration(
-            client_side=True, header_encoding=None))
-        self.client.initiate_connection()
-
-    def exchange(self, method: bytes, path: bytes, body: bytes = b"", headers=(),
-                 authority: bytes = b"a"):
-        stream = self.client.get_next_available_stream_id()
-        self.client.send_headers(stream, [(b":method", method), (b":path", path),
-                                          (b":scheme", b"https"), (b":authority", authority),
-                                          *headers], end_stream=not body)
-        pending = memoryview(body)
-        status, data = 0, b""
-        for _ in range(10_000):
-            while pending and self.client.local_flow_control_window(stream) > 0:
-                size = min(len(pending), self.client.local_flow_control_window(stream),
-                           self.client.max_outbound_frame_size)
-                self.client.send_data(stream, bytes(pending[:size]),
-                                      end_stream=size == len(pending))
-                pending = pending[size:]
-            out = self.client.data_to_send()
-            if out:
-                self.server.data_received(out)
-            self.wire.run(5)
-            inbound, self.transport.out = bytes(self.transport.out), bytearray()
-            for event in self.client.receive_data(inbound) if inbound else ():
-                if isinstance(event, h2.events.ResponseReceived):
-                    status = int(dict(event.headers)[b":status"])
-                elif isinstance(event, h2.events.DataReceived):
-                    data += event.data
-                    self.client.acknowledge_received_data(event.flow_controlled_length, stream)
-                elif isinstance(event, h2.events.StreamEnded) and event.stream_id == stream:
-                    return status, data
-        raise AssertionError("stream never ended")
-
-
-def test_large_bodies_both_ways_respect_flow_control():
-    pump = Pump()
+def test_large_bodies_both_ways_respect_flow_control(make_pump):
+    pump = make_pump()
     pump.wire.ctx.limits = pump.server.limits = type(pump.server.limits)(max_body=1 << 20)
     body = bytes(range(256)) * 1024                        # 256 KiB, four default windows
     status, data = pump.exchange(b"POST", b"/echo", body)
     assert status == 200 and data == body
 
 
-def test_handler_failure_is_500_on_its_stream_only():
-    pump = Pump()
+def test_handler_failure_is_500_on_its_stream_only(make_pump):
+    pump = make_pump()
     assert pump.exchange(b"GET", b"/broken")[0] == 500
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
 
@@ -143,27 +95,27 @@ class WhoAmI:
         await request.send(200, [], request.client.encode())
 
 
-def test_pushed_data_is_sent_in_order_before_the_stream_ends():
-    pump = Pump()
+def test_pushed_data_is_sent_in_order_before_the_stream_ends(make_pump):
+    pump = make_pump()
     pump.wire.ctx.router.catch_all.add_exact("/push", Pusher())
     status, data = pump.exchange(b"GET", b"/push")
     assert status == 200
     assert data == b"A" * 50_000 + b"B" * 50_000 + b"C" * 50_000 + b"D" * 50_000
 
 
-def test_forwarded_client_only_through_a_trusted_peer():
+def test_forwarded_client_only_through_a_trusted_peer(make_pump):
     from wire import config_dict
     for trusted, expected in ((["192.0.2.10"], b"203.0.113.5"), ([], b"192.0.2.10")):
         data = config_dict()
         if trusted:
             data["client_ip"] = {"trusted_proxies": trusted}
-        pump = Pump(data, handlers={"/who": WhoAmI()})
+        pump = make_pump(data, handlers={"/who": WhoAmI()})
         headers = [(b"x-forwarded-for", b"203.0.113.5")]
         assert pump.exchange(b"GET", b"/who", headers=headers) == (200, expected)
 
 
-def test_path_must_be_absolute():
-    pump = Pump()
+def test_path_must_be_absolute(make_pump):
+    pump = make_pump()
     for path in (b"hello", b"*", b"../x"):
         assert pump.exchange(b"GET", path)[0] == 400
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
@@ -180,31 +132,31 @@ def test_path_must_be_absolute():
     (b"GET", b"/hello\x01"),
 ], ids=["method-space", "method-tab", "method-non-token", "method-non-ascii",
         "path-space", "path-non-ascii", "path-del", "path-ctl"])
-def test_malformed_method_or_path_is_400_on_its_stream_only(method, path):
-    pump = Pump()
+def test_malformed_method_or_path_is_400_on_its_stream_only(method, path, make_pump):
+    pump = make_pump()
     status, body = pump.exchange(method, path)
     assert status == 400 and b"400 Bad Request" in body
     assert not pump.transport.closed
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
 
 
-def test_token_methods_with_unusual_characters_are_routed():
-    pump = Pump()
+def test_token_methods_with_unusual_characters_are_routed(make_pump):
+    pump = make_pump()
     assert pump.exchange(b"X-Custom!#$%&'*+.^_`|~9", b"/hello") == (200, b"hello\n")
     assert pump.exchange(b"GET", b"/hello?a=%20&b=~!$'()*,;:@") == (200, b"hello\n")
 
 
-def test_authority_with_a_space_is_400_from_the_router():
-    pump = Pump()
+def test_authority_with_a_space_is_400_from_the_router(make_pump):
+    pump = make_pump()
     assert pump.exchange(b"GET", b"/hello", authority=b"a b")[0] == 400
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
 
 
-def test_requests_ahead_of_a_goaway_in_the_same_read_are_dropped_quietly():
+def test_requests_ahead_of_a_goaway_in_the_same_read_are_dropped_quietly(make_pump):
     # h2 processes the whole read first: after the GOAWAY it cannot send, so the
     # request ahead of it goes unanswered (it used to raise out of data_received,
     # a traceback per connection at the end of every load run).
-    pump = Pump()
+    pump = make_pump()
     pump.server.data_received(pump.client.data_to_send())
     stream = pump.client.get_next_available_stream_id()
     pump.client.send_headers(stream, [(b":method", b"GET"), (b":path", b"/hello"),
@@ -213,3 +165,35 @@ def test_requests_ahead_of_a_goaway_in_the_same_read_are_dropped_quietly():
     pump.client.close_connection()
     pump.server.data_received(pump.client.data_to_send())
     assert pump.transport.closed
+
+
+def test_a_graceful_stop_is_the_two_step_goaway(make_pump):
+    """RFC 9113 6.8: GOAWAY with the largest stream id and a PING; a stream the client
+    sent before it saw them is still answered; on the PING's ACK the final GOAWAY names
+    that stream, and the connection closes once it is answered."""
+    pump = make_pump()
+    client, server, transport = pump.client, pump.server, pump.transport
+    assert pump.exchange(b"GET", b"/hello")[0] == 200
+    server.finish_and_close()
+    pump.wire.run(5)
+    first, transport.out = frames(bytes(transport.out)), bytearray()
+    goaway = [f for f in first if isinstance(f, hyperframe.frame.GoAwayFrame)]
+    pings = [f for f in first if isinstance(f, hyperframe.frame.PingFrame)]
+    assert [g.last_stream_id for g in goaway] == [2**31 - 1]
+    assert len(pings) == 1 and "ACK" not in pings[0].flags
+    # Stream 3 crosses the first GOAWAY on the wire: sent before the client reads it.
+    client.send_headers(3, [(b":method", b"GET"), (b":path", b"/hello"),
+                            (b":scheme", b"https"), (b":authority", b"a")], end_stream=True)
+    server.data_received(client.data_to_send())
+    pump.wire.run(5)
+    answer, transport.out = frames(bytes(transport.out)), bytearray()
+    assert any(f.stream_id == 3 and "END_STREAM" in f.flags for f in answer)
+    assert not transport.closed                  # still waiting for the PING's ACK
+    ack = hyperframe.frame.PingFrame(0, flags=["ACK"])
+    ack.opaque_data = pings[0].opaque_data
+    server.data_received(ack.serialize())
+    pump.wire.run(5)
+    final = frames(bytes(transport.out))
+    assert [f.last_stream_id for f in final
+            if isinstance(f, hyperframe.frame.GoAwayFrame)] == [3]
+    assert transport.closed

@@ -6,7 +6,7 @@ import h2.errors
 import h2.events
 import hyperframe.frame
 
-from test_http2 import Pump
+from h2wire import frames
 from wire import config_dict
 
 _GET = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"a")]
@@ -45,8 +45,8 @@ def goaway(events):
     return found[0] if found else None
 
 
-def test_rapid_reset_ends_the_connection_with_enhance_your_calm():
-    pump = Pump(handlers={"/hang": Hang()})
+def test_rapid_reset_ends_the_connection_with_enhance_your_calm(make_pump):
+    pump = make_pump(handlers={"/hang": Hang()})
     Hang.started = 0
     events = []
     for _ in range(40):                      # 40 x 10 streams opened and reset at once
@@ -70,8 +70,8 @@ class Quick:
         await request.send(200, [], b"ok")
 
 
-def test_streams_reset_after_their_answer_are_not_counted():
-    pump = Pump(handlers={"/quick": Quick()})
+def test_streams_reset_after_their_answer_are_not_counted(make_pump):
+    pump = make_pump(handlers={"/quick": Quick()})
     for _ in range(30):
         for _ in range(10):
             stream = open_stream(pump, b"/quick", end=False, method=b"POST")
@@ -81,18 +81,6 @@ def test_streams_reset_after_their_answer_are_not_counted():
     assert not pump.transport.closed
 
 
-def frames(data: bytes) -> list:
-    """The frames in what the server wrote (for what h2's client cannot take: it
-    stops accepting frames once it has read a GOAWAY, RFC 9113 6.8 notwithstanding)."""
-    out = []
-    while data:
-        frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(data[:9]))
-        frame.parse_body(memoryview(data[9:9 + length]))
-        out.append(frame)
-        data = data[9 + length:]
-    return out
-
-
 def raw_step(pump) -> list:
     pump.server.data_received(pump.client.data_to_send())
     pump.wire.run(5)
@@ -100,8 +88,8 @@ def raw_step(pump) -> list:
     return frames(inbound)
 
 
-def test_keepalive_requests_bounds_the_streams_of_a_connection():
-    pump = Pump(config_dict(limits={"keepalive_requests": 3}))
+def test_keepalive_requests_bounds_the_streams_of_a_connection(make_pump):
+    pump = make_pump(config_dict(limits={"keepalive_requests": 3}))
     step(pump)
     slow = open_stream(pump, b"/echo", end=False, method=b"POST")   # body still due
     assert goaway(step(pump)) is None
@@ -135,8 +123,8 @@ def resets(events) -> dict:
     return {e.stream_id: e.error_code for e in events if isinstance(e, h2.events.StreamReset)}
 
 
-def test_a_send_waiting_for_the_window_past_send_timeout_is_reset():
-    pump = Pump(handlers={"/big": Big()})
+def test_a_send_waiting_for_the_window_past_send_timeout_is_reset(make_pump):
+    pump = make_pump(handlers={"/big": Big()})
     stream = open_stream(pump, b"/big")
     step(pump)                                   # the client takes data, opens no window
     task = pump.server._streams[stream].task
@@ -151,8 +139,8 @@ def test_a_send_waiting_for_the_window_past_send_timeout_is_reset():
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
 
 
-def test_a_send_that_gets_window_now_and_then_is_not_reset():
-    pump = Pump(handlers={"/big": Big()})
+def test_a_send_that_gets_window_now_and_then_is_not_reset(make_pump):
+    pump = make_pump(handlers={"/big": Big()})
     stream = open_stream(pump, b"/big")
     step(pump)
     for _ in range(5):
@@ -164,8 +152,8 @@ def test_a_send_that_gets_window_now_and_then_is_not_reset():
     assert stream in pump.server._streams
 
 
-def test_a_body_that_never_comes_is_408_after_body_timeout():
-    pump = Pump()
+def test_a_body_that_never_comes_is_408_after_body_timeout(make_pump):
+    pump = make_pump()
     stream = open_stream(pump, b"/echo", end=False, method=b"POST",
                          headers=[(b"content-length", b"10")])
     step(pump)
@@ -192,8 +180,8 @@ class Slurp:
         request.end()
 
 
-def test_a_body_that_stops_after_the_answer_began_cancels_the_stream():
-    pump = Pump(handlers={"/slurp": Slurp()})
+def test_a_body_that_stops_after_the_answer_began_cancels_the_stream(make_pump):
+    pump = make_pump(handlers={"/slurp": Slurp()})
     stream = open_stream(pump, b"/slurp", end=False, method=b"POST")
     pump.client.send_data(stream, b"part")
     step(pump)
@@ -203,8 +191,8 @@ def test_a_body_that_stops_after_the_answer_began_cancels_the_stream():
     assert not pump.server._streams
 
 
-def test_a_client_that_does_not_read_is_not_read_from():
-    pump = Pump()
+def test_a_client_that_does_not_read_is_not_read_from(make_pump):
+    pump = make_pump()
     step(pump)
     pump.server.pause_writing()                  # its answers back up in the transport
     assert not pump.transport.reading
@@ -213,8 +201,8 @@ def test_a_client_that_does_not_read_is_not_read_from():
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
 
 
-def test_keepalive_timeout_counts_idle_time_not_connection_age():
-    pump = Pump()
+def test_keepalive_timeout_counts_idle_time_not_connection_age(make_pump):
+    pump = make_pump()
     step(pump)
     pump.server.tick(50.0)
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")   # answered at once
@@ -224,10 +212,10 @@ def test_keepalive_timeout_counts_idle_time_not_connection_age():
     assert pump.transport.closed
 
 
-def test_a_download_in_progress_keeps_the_connection():
+def test_a_download_in_progress_keeps_the_connection(make_pump):
     sites = [{"hosts": ["*"], "route": [
         {"path": "/large", "type": "return", "body": "x" * 100_000}]}]
-    pump = Pump(config_dict(sites=sites))
+    pump = make_pump(config_dict(sites=sites))
     stream = open_stream(pump, b"/large")        # more than the window: sent in the background
     step(pump)
     pump.server.tick(80.0)
@@ -244,8 +232,8 @@ def statuses(events) -> list:
             if isinstance(e, h2.events.ResponseReceived)]
 
 
-def test_a_declared_body_over_max_body_is_413_before_the_handler_runs():
-    pump = Pump(handlers={"/hang": Hang()})
+def test_a_declared_body_over_max_body_is_413_before_the_handler_runs(make_pump):
+    pump = make_pump(handlers={"/hang": Hang()})
     Hang.started = 0
     stream = open_stream(pump, b"/hang", end=False, method=b"POST",
                          headers=[(b"content-length", b"%d" % (2 << 20))])
@@ -255,16 +243,16 @@ def test_a_declared_body_over_max_body_is_413_before_the_handler_runs():
     assert not pump.server._streams
 
 
-def test_a_body_growing_past_max_body_is_413_not_refused():
-    pump = Pump()
+def test_a_body_growing_past_max_body_is_413_not_refused(make_pump):
+    pump = make_pump()
     status, body = pump.exchange(b"POST", b"/echo", b"x" * ((1 << 20) + 1))
     assert status == 413 and b"413" in body
     assert not pump.server._streams
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
 
 
-def test_a_body_growing_past_max_body_after_the_answer_began_is_cancelled():
-    pump = Pump(handlers={"/slurp": Slurp()})
+def test_a_body_growing_past_max_body_after_the_answer_began_is_cancelled(make_pump):
+    pump = make_pump(handlers={"/slurp": Slurp()})
     stream = open_stream(pump, b"/slurp", end=False, method=b"POST")
     events = step(pump)
     for _ in range(40):
@@ -279,17 +267,17 @@ def test_a_body_growing_past_max_body_after_the_answer_began_is_cancelled():
     assert resets(events) == {stream: h2.errors.ErrorCodes.CANCEL}
 
 
-def test_an_answer_that_needs_no_body_stops_the_upload():
-    pump = Pump()
+def test_an_answer_that_needs_no_body_stops_the_upload(make_pump):
+    pump = make_pump()
     stream = open_stream(pump, b"/hello", end=False, method=b"POST")
     events = step(pump)
     assert statuses(events) == [200]
     assert resets(events) == {stream: h2.errors.ErrorCodes.NO_ERROR}
 
 
-def test_a_stream_over_the_concurrency_limit_is_refused_alone():
+def test_a_stream_over_the_concurrency_limit_is_refused_alone(make_pump):
     from nestgate.http2 import MAX_CONCURRENT_STREAMS
-    pump = Pump(handlers={"/hang": Hang()})
+    pump = make_pump(handlers={"/hang": Hang()})
     # The client has not read our SETTINGS yet: it does not know the limit.
     streams = [open_stream(pump, b"/hang") for _ in range(MAX_CONCURRENT_STREAMS + 2)]
     events = step(pump)
@@ -309,12 +297,12 @@ class Records:
         self.clients.append((client, path, status))
 
 
-def test_requests_behind_a_trusted_loopback_proxy_are_logged_by_their_client():
+def test_requests_behind_a_trusted_loopback_proxy_are_logged_by_their_client(make_pump):
     from nestgate.http2 import HTTP2Connection
     from wire import FakeTransport
     data = config_dict()
     data["client_ip"] = {"trusted_proxies": ["127.0.0.1"]}   # log_loopback stays false
-    pump = Pump(data)
+    pump = make_pump(data)
     pump.wire.ctx.access_log = log = Records()
     pump.transport = FakeTransport(("127.0.0.1", 50000))
     pump.server = HTTP2Connection(pump.wire.ctx)

@@ -19,16 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from wire import Wire
-
-
-class Echo:
-    """Answers with the request body it read: shows where the engine put the framing."""
-    is_async = True
-
-    async def handle(self, request):
-        body = await request.body.read_all() if request.body else b""
-        await request.send(200, [(b"content-type", b"text/plain")], body)
+from wire import Echo, Wire
 
 
 class Recorder:

@@ -58,6 +58,23 @@ class FakeTransport:
         self.reading = True
 
 
+# Handlers for protocol tests.
+class Echo:
+    """An asynchronous handler that answers with the request body it read."""
+    is_async = True
+
+    async def handle(self, request):
+        body = await request.body.read_all() if request.body else b""
+        await request.send(200, [(b"content-type", b"text/plain")], body)
+
+
+class Broken:
+    is_async = True
+
+    async def handle(self, request):
+        raise RuntimeError("boom")
+
+
 class WorkerStub:
     def __init__(self, config, loop) -> None:
         self.config = config
@@ -120,9 +137,17 @@ class Wire:
         self.conn.tick(seconds)
 
     def close(self) -> None:
+        """The client goes away. Nothing the connection started may outlive it: a
+        task still pending then is a leak (a handler nobody will ever answer for)."""
         self.conn.connection_lost(None)
         self.run()
+        left = [task for task in asyncio.all_tasks(self.loop) if not task.done()]
+        for task in left:
+            task.cancel()
+        if left:
+            self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
         self.loop.close()
+        assert not left, f"tasks still pending after the connection closed: {left}"
 
 
 @dataclass

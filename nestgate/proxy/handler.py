@@ -19,6 +19,7 @@ import ssl
 
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError
+from nestgate.grammar import TCHAR
 from nestgate.handlers import Service
 from nestgate.proxy.balancer import Balancer
 from nestgate.proxy.upstream import PLAIN_CONNECTION, Exchange, Target, give_back
@@ -43,8 +44,7 @@ NEVER_HOP_BY_HOP = frozenset((b"content-length", b"transfer-encoding", b"host"))
 _PLAIN_OPTIONS = frozenset((b"close", b"keep-alive", b"upgrade", b""))
 _NO_NAMES: frozenset[bytes] = frozenset()
 # A connection option is a token (RFC 9110 7.6.1); anything else (":authority", a
-# name with a space in it) is malformed. Deleting token bytes leaves the bad ones.
-_TOKEN_BYTES = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+# name with a space in it) is malformed.
 _SCHEMES = {"http": b"http", "https": b"https"}
 _FORWARDED_LIMIT = 4096       # (client, scheme) pairs whose X-Forwarded-* lines are kept
 
@@ -400,7 +400,7 @@ class ProxyHandler(Service):
             transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
             ex.last = CLOCK.now
             if conn.write_paused:
-                await conn.drain()
+                await conn.wait_writable()
         if chunked and not conn.closed:
             transport.write(b"0\r\n\r\n")
 
@@ -449,7 +449,7 @@ def _hop_names(req, tokens: bytes) -> frozenset[bytes] | set[bytes]:
     if tokens in PLAIN_CONNECTION:
         return _NO_NAMES                        # the usual values, without splitting
     names = {t.strip(b" \t").lower() for t in tokens.split(b",")}
-    if not names.isdisjoint(NEVER_HOP_BY_HOP) or b"".join(names).translate(None, _TOKEN_BYTES):
+    if not names.isdisjoint(NEVER_HOP_BY_HOP) or b"".join(names).translate(None, TCHAR):
         req.keep_alive = False
         raise HandlerError(400, "Connection option refused")
     return names - _PLAIN_OPTIONS
@@ -504,7 +504,7 @@ class Pipe:
                         self.upstream.transport.resume_reading()
                     continue
                 if self.upstream_full:
-                    await self.upstream.drain()
+                    await self.upstream.wait_writable()
                     self.upstream_full = False
                     self.client.transport.resume_reading()
                     continue

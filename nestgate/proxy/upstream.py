@@ -33,6 +33,7 @@ import httptools
 
 from nestgate import compress
 from nestgate.clock import CLOCK
+from nestgate.flow import Writable
 from nestgate.responses import SERVER, STATUS_LINES, status_line
 
 WRITE_HIGH_WATER = 64 * 1024
@@ -93,7 +94,7 @@ BAD_GATEWAY, GATEWAY_TIMEOUT = 502, 504
 class UpstreamConnection(asyncio.Protocol):
     """A connection to one target; `exchange` receives its bytes while it is in use."""
 
-    __slots__ = ("target", "transport", "exchange", "closed", "write_paused", "_drain",
+    __slots__ = ("target", "transport", "exchange", "closed", "write_paused", "_writable",
                  "idle_since", "reused", "spare")
 
     def __init__(self, target) -> None:
@@ -102,7 +103,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.exchange = None
         self.closed = False
         self.write_paused = False
-        self._drain: asyncio.Future | None = None
+        self._writable = Writable()
         self.idle_since = 0.0
         self.reused = False
         self.spare: Exchange | None = None      # reused for the next request
@@ -128,23 +129,19 @@ class UpstreamConnection(asyncio.Protocol):
         exchange, self.exchange = self.exchange, None
         if exchange is not None:
             exchange.lost()
-        if self._drain is not None and not self._drain.done():
-            self._drain.set_result(None)
+        self._writable.close()              # a waiting writer sees `closed`
 
     def pause_writing(self) -> None:
         self.write_paused = True
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if self._drain is not None and not self._drain.done():
-            self._drain.set_result(None)
+        self._writable.wake()
 
-    async def drain(self) -> None:
-        """Until the upstream socket takes more (the meaning asyncio gives `drain`);
-        a worker's graceful stop of a client connection is `finish_and_close`."""
-        if self.write_paused and not self.closed:
-            self._drain = asyncio.get_running_loop().create_future()
-            await self._drain
+    async def wait_writable(self) -> None:
+        """Until the upstream socket takes more, or the connection is gone."""
+        while self.write_paused and not self.closed:
+            await self._writable.wait()
 
     def close(self) -> None:
         self.closed = True
