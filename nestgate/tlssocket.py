@@ -34,6 +34,12 @@ READ_SIZE = 64 * 1024         # a recv gives at most one TLS record (16 KiB) any
 # with unread bytes, the kernel would answer with a reset, and the client could lose
 # the last thing we said (an HTTP/2 GOAWAY, a 400) before reading it.
 LINGER_SECONDS = 2.0
+# OpenSSL writes each TLS record (16 KiB at most) to the socket by itself: a larger
+# write would leave as that many small segments (on loopback, as many packets for the
+# kernel to carry). The socket is corked around it, so they leave together, as the
+# loop's TLS, which encrypts into a buffer and writes that once, would send them.
+CORK_ABOVE = 16 * 1024
+_CORK = (socket.IPPROTO_TCP, getattr(socket, "TCP_CORK", 3))
 _WANT_READ = ssl.SSLWantReadError
 _WANT_WRITE = ssl.SSLWantWriteError
 
@@ -213,7 +219,7 @@ class TLSSocketTransport:
             self._check_high()
             return
         try:
-            sent = self._tls.write(data)
+            sent = self._tls.write(data) if len(data) <= CORK_ABOVE else self._corked(data)
         except _WANT_WRITE:
             sent = 0
         except _WANT_READ:
@@ -237,7 +243,7 @@ class TLSSocketTransport:
         while self._inflight is not None:
             data = self._inflight
             try:
-                sent = tls.write(data)
+                sent = tls.write(data) if len(data) <= CORK_ABOVE else self._corked(data)
             except _WANT_WRITE:
                 self._update_watch()
                 return
@@ -263,6 +269,14 @@ class TLSSocketTransport:
             self._protocol.resume_writing()
         if self._closing and not self._closed and self._inflight is None:
             self._close_now(notify=True)
+
+    def _corked(self, data) -> int:
+        sock = self._sock
+        sock.setsockopt(*_CORK, 1)
+        try:
+            return self._tls.write(data)
+        finally:
+            sock.setsockopt(*_CORK, 0)
 
     def _check_high(self) -> None:
         if not self._write_paused and self._queued > self._high:

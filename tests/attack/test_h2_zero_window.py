@@ -16,9 +16,9 @@ from h2raw import (
 )
 from test_static import SITE
 
-CONNECTIONS, STREAMS = 8, 100
+CONNECTIONS, STREAMS = 10, 100    # 1,000 abusive streams
 FILE_BYTES = 4 << 20
-RSS_GROWTH_BOUND_KIB = 48 * 1024     # 800 streams; 256 KiB read ahead each was 200 MiB
+RSS_GROWTH_BOUND_KIB = 48 * 1024     # 1,000 streams; 256 KiB read ahead each was 250 MiB
 SEND_TIMEOUT_S = 3
 CANCEL = 0x8
 
