@@ -6,62 +6,14 @@ from __future__ import annotations
 import json
 import random
 import socket
-import struct
 import time
 
 import pytest
 
+from conftest import HELLO, ask, config, v1, v2
 from nestgate.access import Policy
-from nestgate.clientip import V2_SIGNATURE
 from nestgate.config import ConfigError, parse_config
-from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
 from wire import Wire, config_dict
-
-
-def config(sites: str, listen: str = "", top: str = "") -> str:
-    return f"""
-[server]
-workers = 1
-{top}
-[[listen]]
-address = "127.0.0.1:0"
-{listen}
-{sites}
-"""
-
-
-def ask(port: int, host: str = "app.test", path: str = "/hello", proxy: bytes = b"",
-        headers: bytes = b"") -> tuple[int, bytes]:
-    """One request on a new connection, optionally after a PROXY header."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(proxy + b"GET %s HTTP/1.1\r\nHost: %s\r\n%bConnection: close\r\n\r\n"
-                     % (path.encode(), host.encode(), headers))
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    if not data:
-        return 0, b""
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body
-
-
-def v1(ip: str) -> bytes:
-    family = b"TCP6" if ":" in ip else b"TCP4"
-    dst = b"::1" if ":" in ip else b"127.0.0.1"
-    return b"PROXY %s %s %s 40000 80\r\n" % (family, ip.encode(), dst)
-
-
-def v2(ip: str) -> bytes:
-    body = socket.inet_aton(ip) + socket.inet_aton("127.0.0.1") + struct.pack("!HH", 4000, 80)
-    return V2_SIGNATURE + b"\x21\x11" + struct.pack("!H", len(body)) + body
-
-
-HELLO = """
-[[site.route]]
-path = "/hello"
-type = "return"
-body = "hello"
-"""
 
 
 def test_invalid_entries_rejected_at_load_with_their_names():

@@ -15,8 +15,7 @@ import socket
 import time
 from pathlib import Path
 
-from conftest import RETURN_SITE, _env, free_port, poll, scrape  # noqa: F401
-from test_proxy_upstreams import refused_port, upstream  # noqa: F401 (fixture)
+from conftest import RETURN_SITE, _env, free_port, poll, refused_port, scrape  # noqa: F401
 
 TOKEN = "4f1c9e0b7a2d4c6e8f0a1b2c3d4e5f60"
 
@@ -483,7 +482,7 @@ def test_reload_through_the_api_waits_for_the_new_workers_and_names_the_changes(
 
 
 def test_sessions_are_listed_and_revoked_on_every_worker(start_server, upstream, tmp_path):
-    from test_auth import Browser, protected
+    from conftest import Browser, protected
     up = upstream()
     config = protected(up.url, str(tmp_path / "state.db"), workers=2).replace(
         "[auth]", f'[admin]\ntoken = "{TOKEN}"\naudit_log = "audit.log"\n\n[auth]', 1)
@@ -866,7 +865,7 @@ def test_metrics_count_answers_by_site_route_and_code_across_a_reload(start_serv
 
 def test_metrics_count_http2_answers(start_server, certs):
     from h2client import H2Client
-    from test_e2e_core import tls_block
+    from conftest import tls_block
     server = start_server(CONFIG.format(admin="", body="x").replace(
         "[[site]]", f'[[listen]]\naddress = "127.0.0.1:0"\n{tls_block(certs)}\n[[site]]', 1))
     client = H2Client(server.port("https"), certs["ca"])
@@ -935,7 +934,7 @@ def test_notes_are_purged_and_read_again_through_the_api(start_server, tmp_path)
     folder.mkdir()
     note = folder / "hello.md"
     note.write_text("---\ntitle: Hello\ndate: 2026-01-01\n---\n\nfirst text\n")
-    from test_notes_outside_edits import SITE as NOTES_SITE      # two workers, notes
+    from conftest import NOTES_SITE      # two workers, notes
     server = start_server(NOTES_SITE.format(notes=folder))
     admin, port = server.admin_port(), server.port()
     assert all(b"first text" in site_get(port, "/notes/hello")[1] for _ in range(6))
@@ -1046,7 +1045,7 @@ def test_metrics_count_the_bytes_both_ways_exactly(start_server, tmp_path):
 
 def test_metrics_count_http2_bytes_inside_tls(start_server, certs):
     from h2client import H2Client
-    from test_e2e_core import TEMPLATE, tls_block
+    from conftest import TEMPLATE, tls_block
     server = start_server(TEMPLATE.format(tls=tls_block(certs)))
     admin = server.admin_port()
     client = H2Client(server.port("https"), certs["ca"])

@@ -10,10 +10,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from conftest import REPO, _env
+from conftest import HELLO, REPO, _env, ask, config
 from nestgate.auth.store import Store
 from nestgate.cli import main
-from test_access import HELLO, ask, config
 
 STORE_CONFIG = """
 [[listen]]

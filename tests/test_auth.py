@@ -5,7 +5,6 @@ grants and the dynamic allow-list."""
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import re
 import sqlite3
@@ -13,145 +12,17 @@ import subprocess
 import sys
 import threading
 import time
-from urllib.parse import urlencode
 
 import pytest
 
-from conftest import REPO, _env
+from conftest import (HTML, PASSWORD_HASH, REPO, TOTP_SECRET, Browser, _env, ask, otp_code,
+                      protected, settled_step, v1)
 from nestgate.auth import totp
-from nestgate.auth.passwords import hash_password, verify_password
+from nestgate.auth.passwords import verify_password
 from nestgate.auth.config import AuthConfig
 from nestgate.auth.portal import REFRESH_AFTER, SessionCheck, SignIn, safe_next
 from nestgate.auth.store import ACCOUNT_MEMORY, Store, StoreUnavailable, account_delay
 from nestgate.responses import Prebuilt
-from test_access import ask, v1
-from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
-
-PASSWORD_HASH = hash_password("demo-password")
-TOTP_SECRET = totp.new_secret()
-HTML = {"Accept": "text/html,application/xhtml+xml"}
-
-
-def protected(up_url: str, store: str, extra_auth: str = "", workers: int = 1,
-              site_extra: str = "") -> str:
-    return f"""
-[server]
-workers = {workers}
-
-[[listen]]
-address = "127.0.0.1:0"
-proxy_protocol_from = ["127.0.0.1"]
-
-[auth]
-store = "{store}"
-{extra_auth}
-
-[[auth.user]]
-name = "demo"
-password = "{PASSWORD_HASH}"
-
-[[auth.user]]
-name = "otp"
-password = "{PASSWORD_HASH}"
-totp = "{TOTP_SECRET}"
-
-[[site]]
-hosts = ["private.test"]
-protected = true
-health = true                    # tests ask /api/v1/health which worker answers
-{site_extra}
-
-[[site.route]]
-prefix = "/"
-type = "proxy"
-upstream = "{up_url}"
-
-[[site]]
-hosts = ["lan.test"]
-allow = ["10.0.0.0/8"]
-
-[[site.route]]
-path = "/hello"
-type = "return"
-body = "hello"
-"""
-
-
-class Browser:
-    """Just enough of a browser: one cookie jar, one Host. A new connection for each
-    request, or with `keep` one kept-alive connection for all (so one worker)."""
-
-    def __init__(self, port: int, host: str = "private.test", keep: bool = False) -> None:
-        self.port, self.host = port, host
-        self.jar: dict[str, str] = {}
-        self.conn = None
-        if keep:
-            self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            self.conn.connect()
-            self.conn.auto_open = 0              # never quietly reconnect elsewhere
-
-    def request(self, method: str, path: str, body: bytes | None = None, headers=None,
-                cookies: bool = True):
-        conn = self.conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        hdrs = {"Host": self.host}
-        if cookies and self.jar:
-            hdrs["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.jar.items())
-        hdrs.update(headers or {})
-        conn.request(method, path, body=body, headers=hdrs)
-        resp = conn.getresponse()
-        data = resp.read()
-        for value in resp.msg.get_all("set-cookie") or []:
-            name, _, rest = value.partition("=")
-            val = rest.split(";", 1)[0]
-            if "Max-Age=0" in value:
-                self.jar.pop(name, None)
-            else:
-                self.jar[name] = val
-        if conn is not self.conn:
-            conn.close()
-        return resp, data
-
-    def form_token(self, path: str) -> str:
-        """GET a form page; the CSRF token in it."""
-        resp, page = self.request("GET", path, headers=HTML)
-        assert resp.status == 200
-        return re.search(rb'name="csrf" value="([0-9a-f]+)"', page).group(1).decode()
-
-    def post_form(self, path: str, fields: dict, headers=None):
-        hdrs = {"Content-Type": "application/x-www-form-urlencoded"}
-        hdrs.update(headers or {})
-        return self.request("POST", path, urlencode(fields).encode(), hdrs)
-
-    def login_form(self, next_url: str = "/"):
-        return self.form_token("/__auth__/login?" + urlencode({"next": next_url}))
-
-    def sign_in(self, user="demo", password="demo-password", next_url="/", code=None,
-                csrf=None, headers=None):
-        token = self.login_form(next_url) if csrf is None else csrf
-        fields = {"user": user, "password": password, "csrf": token, "next": next_url}
-        if code is not None:
-            fields["code"] = code
-        return self.post_form("/__auth__/login", fields, headers)
-
-    def sign_out(self, csrf=None, headers=None):
-        token = self.form_token("/__auth__/logout") if csrf is None else csrf
-        return self.post_form("/__auth__/logout", {"csrf": token}, headers)
-
-    def worker_pid(self) -> int:
-        """The worker answering (needs a session; meant for a `keep` browser)."""
-        resp, body = self.request("GET", "/api/v1/health")
-        assert resp.status == 200
-        return json.loads(body)["pid"]
-
-
-@pytest.fixture
-def gate(start_server, upstream, tmp_path):
-    up = upstream()
-
-    def start(**kw):
-        server = start_server(protected(up.url, str(tmp_path / "state.db"), **kw))
-        return server, up
-    return start
 
 
 def test_password_hashes_and_passwd_command():
@@ -347,20 +218,6 @@ def test_totp_user(gate):
     assert b.sign_in(user="otp")[0].status == 401                  # no code
     resp, _ = b.sign_in(user="otp", code=totp.now_code(TOTP_SECRET))
     assert resp.status == 303
-
-
-def settled_step(margin: float = 10.0) -> int:
-    """The current TOTP step, first waiting for the next one when less than `margin`
-    seconds of it are left: the codes of it and its neighbours keep their meaning to
-    the server while a test runs. (A wait for the clock, not for a server.)"""
-    left = totp.STEP - time.time() % totp.STEP
-    if left < margin:
-        time.sleep(left + 0.05)
-    return int(time.time() // totp.STEP)
-
-
-def otp_code(step: int) -> str:
-    return totp.code_at(TOTP_SECRET, step)
 
 
 def test_totp_code_is_good_once_on_every_worker(gate):

@@ -12,11 +12,9 @@ import pytest
 
 from nestgate.config import ConfigError, config_warnings, parse_config
 
-from conftest import REPO, _env
+from conftest import HASH, REPO, _env
 
 LISTEN = {"listen": [{"address": "127.0.0.1:0"}]}
-HASH = ("$argon2id$v=19$m=65536,t=3,p=4$c8g/YgaM4wH4BBq0H2QTvg$"
-        "IeV7kzhub6/NglonFM4gwRMzH74MGL89i1EnCIlEogY")
 
 
 def problems_of(data: dict) -> list[str]:

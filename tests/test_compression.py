@@ -13,8 +13,8 @@ import brotli
 import pytest
 import zstandard
 
+from conftest import listeners
 from h2client import H2Client
-from test_e2e_core import tls_block
 
 TEXT = b"<p>The quick brown fox jumps over the lazy dog.</p>\n" * 200
 DECODE = {"br": brotli.decompress, "gzip": gzip.decompress,
@@ -34,12 +34,6 @@ def get(port, path, accept=None, method="GET", conn=None, extra=()):
     body = resp.read()
     headers = {k.lower(): v for k, v in resp.getheaders()}
     return resp.status, headers, body, conn
-
-
-def listeners(certs) -> str:
-    """One worker, a plain and a TLS listener."""
-    return ('[server]\nworkers = 1\n\n[[listen]]\naddress = "127.0.0.1:0"\n\n'
-            f'[[listen]]\naddress = "127.0.0.1:0"\n{tls_block(certs)}\n')
 
 
 def decoded(headers, body) -> bytes:

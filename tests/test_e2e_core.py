@@ -9,46 +9,7 @@ import ssl
 
 import pytest
 
-TEMPLATE = """
-[server]
-workers = 1
-
-[limits]
-header_timeout = "1s"
-keepalive_timeout = "2s"
-max_body = "1KiB"
-
-[[listen]]
-address = "127.0.0.1:0"
-{tls}
-
-[[site]]
-name = "main"
-hosts = ["localhost", "127.0.0.1", "*.example.test"]
-
-[[site.route]]
-path = "/hello"
-type = "return"
-body = "hello\\n"
-
-[[site.route]]
-prefix = "/docs/"
-type = "return"
-body = "docs\\n"
-
-[[site.route]]
-path = "/old"
-type = "redirect"
-to = "/hello"
-status = 301
-"""
-
-
-def tls_block(certs) -> str:
-    return (f'[[listen.certificate]]\ncert = "{certs["local"][0]}"\nkey = "{certs["local"][1]}"\n'
-            f'names = ["localhost", "127.0.0.1"]\n'
-            f'[[listen.certificate]]\ncert = "{certs["other"][0]}"\nkey = "{certs["other"][1]}"\n'
-            f'names = ["other.test"]\n')
+from conftest import TEMPLATE, read_all, tls_block
 
 
 class Client:
@@ -78,19 +39,6 @@ def client(request, start_server, certs):
     tls = tls_block(certs) if request.param == "https" else ""
     server = start_server(TEMPLATE.format(tls=tls))
     return Client(server, request.param, certs)
-
-
-def read_all(sock) -> bytes:
-    chunks = []
-    while True:
-        try:
-            data = sock.recv(65536)
-        except (ConnectionResetError, ssl.SSLError):
-            break
-        if not data:
-            break
-        chunks.append(data)
-    return b"".join(chunks)
 
 
 def test_health(client):

@@ -8,9 +8,8 @@ import json
 import subprocess
 import sys
 
+from conftest import listeners, refused_port
 from h2client import H2Client
-from test_compression import listeners
-from test_proxy_upstreams import refused_port
 
 SITES = """
 [[site]]

@@ -8,6 +8,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from conftest import note, notes_get
+
 SITE = """
 [server]
 workers = 1
@@ -54,22 +56,6 @@ def serve(start_server, notes, site_extra="", notes_extra=""):
     return start_server(SITE.format(notes=notes, site_extra=site_extra, notes_extra=notes_extra))
 
 
-def get(port, path):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.request("GET", path)
-    resp = conn.getresponse()
-    body = resp.read()
-    conn.close()
-    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
-
-
-def note(folder, slug, title, date, tags=(), draft=False, body="text"):
-    tag_list = ", ".join(f'"{t}"' for t in tags)
-    (folder / f"{slug}.md").write_text(
-        f"---\ntitle: {title}\ndate: {date}\ntags: [{tag_list}]\ndraft: {str(draft).lower()}\n"
-        f"---\n\n{body}\n")
-
-
 @pytest.fixture
 def notes(tmp_path):
     folder = tmp_path / "notes"
@@ -85,7 +71,7 @@ def notes(tmp_path):
 
 def test_note_page_renders_gfm_and_escapes_html(start_server, notes):
     server = serve(start_server, notes)
-    status, headers, body = get(server.port(), "/notes/rich")
+    status, headers, body = notes_get(server.port(), "/notes/rich")
     assert status == 200 and headers["content-type"] == "text/html; charset=utf-8"
     assert headers["x-content-type-options"] == "nosniff"
     page = body.decode()
@@ -101,45 +87,45 @@ def test_note_page_renders_gfm_and_escapes_html(start_server, notes):
 
 def test_raw_html_when_the_owner_allows_it(start_server, notes):
     server = serve(start_server, notes, notes_extra="raw_html = true")
-    assert b"<script>alert(1)</script>" in get(server.port(), "/notes/rich")[2]
+    assert b"<script>alert(1)</script>" in notes_get(server.port(), "/notes/rich")[2]
 
 
 def test_list_newest_first_paginated_drafts_hidden(start_server, notes):
     server = serve(start_server, notes)
     port = server.port()
-    status, _, body = get(port, "/notes")
+    status, _, body = notes_get(port, "/notes")
     page = body.decode()
     assert status == 200
     assert page.index("/notes/rich") < page.index("/notes/older")
     assert "/notes/oldest" not in page and "Secret" not in page and "broken" not in page
     assert 'href="/notes/page/2"' in page
-    status, _, body = get(port, "/notes/page/2")
+    status, _, body = notes_get(port, "/notes/page/2")
     assert status == 200 and b"/notes/oldest" in body and b'href="/notes"' in body
-    assert get(port, "/notes/page/3")[0] == 404
-    assert get(port, "/notes/page/1")[0] == 404
-    assert get(port, "/notes/page/x")[0] == 404
-    assert get(port, "/notes/secret")[0] == 404          # drafts are not published
-    assert get(port, "/notes/broken")[0] == 404
-    assert get(port, "/notes/missing")[0] == 404
-    status, headers, _ = get(port, "/notes/rich/")
+    assert notes_get(port, "/notes/page/3")[0] == 404
+    assert notes_get(port, "/notes/page/1")[0] == 404
+    assert notes_get(port, "/notes/page/x")[0] == 404
+    assert notes_get(port, "/notes/secret")[0] == 404          # drafts are not published
+    assert notes_get(port, "/notes/broken")[0] == 404
+    assert notes_get(port, "/notes/missing")[0] == 404
+    status, headers, _ = notes_get(port, "/notes/rich/")
     assert status == 308 and headers["location"] == "/notes/rich"
 
 
 def test_tags(start_server, notes):
     server = serve(start_server, notes)
     port = server.port()
-    status, _, body = get(port, "/notes/tag/code")
+    status, _, body = notes_get(port, "/notes/tag/code")
     assert status == 200 and b"/notes/rich" in body and b"/notes/older" in body
     assert b"Secret" not in body
-    assert get(port, "/notes/tag/c%2B%2B")[0] == 200
-    assert get(port, "/notes/tag/c++")[0] == 200
-    assert get(port, "/notes/tag/nothing")[0] == 404
-    assert get(port, "/notes/tag/code/page/2")[0] == 404      # two notes, page size two
+    assert notes_get(port, "/notes/tag/c%2B%2B")[0] == 200
+    assert notes_get(port, "/notes/tag/c++")[0] == 200
+    assert notes_get(port, "/notes/tag/nothing")[0] == 404
+    assert notes_get(port, "/notes/tag/code/page/2")[0] == 404      # two notes, page size two
 
 
 def test_atom_feed(start_server, notes):
     server = serve(start_server, notes, site_extra='base_url = "https://lily.example"')
-    status, headers, body = get(server.port(), "/notes/feed.xml")
+    status, headers, body = notes_get(server.port(), "/notes/feed.xml")
     assert status == 200 and headers["content-type"] == "application/atom+xml; charset=utf-8"
     ns = {"a": "http://www.w3.org/2005/Atom"}
     feed = ET.fromstring(body)
@@ -152,18 +138,18 @@ def test_atom_feed(start_server, notes):
 def test_edit_on_disk_is_served_soon(start_server, notes):
     server = serve(start_server, notes)
     port = server.port()
-    assert b"Older" in get(port, "/notes/older")[2]
-    get(port, "/notes")
+    assert b"Older" in notes_get(port, "/notes/older")[2]
+    notes_get(port, "/notes")
     note(notes, "older", "Edited outside", "2026-01-01")
     note(notes, "brand-new", "Brand new", "2026-07-01")
     deadline = time.monotonic() + 10
-    while b"Edited outside" not in get(port, "/notes/older")[2]:
+    while b"Edited outside" not in notes_get(port, "/notes/older")[2]:
         assert time.monotonic() < deadline, "outside edit never served"
         time.sleep(0.1)
-    assert b"Brand new" in get(port, "/notes")[2]
-    assert get(port, "/notes/brand-new")[0] == 200
+    assert b"Brand new" in notes_get(port, "/notes")[2]
+    assert notes_get(port, "/notes/brand-new")[0] == 200
     (notes / "brand-new.md").unlink()
-    while get(port, "/notes/brand-new")[0] != 404:
+    while notes_get(port, "/notes/brand-new")[0] != 404:
         assert time.monotonic() < deadline, "deletion never seen"
         time.sleep(0.1)
 
@@ -174,7 +160,7 @@ def test_small_page_cache_still_serves_everything(start_server, notes):
     server = serve(start_server, notes, notes_extra="cache_pages = 2")
     for _ in range(2):
         for i in range(10):
-            status, _, body = get(server.port(), f"/notes/n{i}")
+            status, _, body = notes_get(server.port(), f"/notes/n{i}")
             assert status == 200 and f"Note {i}".encode() in body
 
 
@@ -183,15 +169,15 @@ def test_owner_templates_override_builtin(start_server, notes, tmp_path):
     own.mkdir()
     (own / "note.html").write_text("<p>custom {{ note.title }}</p>{{ body_html }}")
     server = serve(start_server, notes, site_extra=f'templates = "{own}"')
-    status, _, body = get(server.port(), "/notes/older")
+    status, _, body = notes_get(server.port(), "/notes/older")
     assert body.startswith(b"<p>custom Older</p>")
-    assert b"<!doctype html>" in get(server.port(), "/notes")[2]     # others stay built in
+    assert b"<!doctype html>" in notes_get(server.port(), "/notes")[2]     # others stay built in
 
 
 def test_pages_answer_405_to_other_methods(start_server, notes):
     server = serve(start_server, notes)
     for path in ("/notes", "/notes/rich", "/notes/tag/code", "/notes/never-written"):
-        get(server.port(), path)                 # cached or not, the answer is the same
+        notes_get(server.port(), path)                 # cached or not, the answer is the same
         for method in ("POST", "DELETE", "PUT"):
             conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=10)
             conn.request(method, path, body=b"x")
@@ -203,7 +189,7 @@ def test_pages_answer_405_to_other_methods(start_server, notes):
 
 def test_rendered_markdown_is_kept_and_checked_against_the_note(start_server, notes):
     server = serve(start_server, notes)
-    status, _, page = get(server.port(), "/notes/older")
+    status, _, page = notes_get(server.port(), "/notes/older")
     assert status == 200
     kept = list((notes / ".nestgate-html").glob("older.*.html"))
     assert len(kept) == 1
@@ -214,7 +200,7 @@ def test_rendered_markdown_is_kept_and_checked_against_the_note(start_server, no
     note(notes, "older", "Older", "2026-01-01", ["code"], body="edited on disk")
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        page = get(server.port(), "/notes/older")[2]
+        page = notes_get(server.port(), "/notes/older")[2]
         if b"edited on disk" in page:
             break
         time.sleep(0.2)
@@ -224,12 +210,12 @@ def test_rendered_markdown_is_kept_and_checked_against_the_note(start_server, no
 def test_a_new_sites_pages_are_styled_by_the_built_in_assets(start_server, notes):
     import re
     server = serve(start_server, notes)
-    _, _, page = get(server.port(), "/notes/older")
+    _, _, page = notes_get(server.port(), "/notes/older")
     linked = re.findall(rb'href="(/__nestgate__/[^"]+)"', page)
     assert b"/__nestgate__/style.css" in linked
     for path in linked:
-        status, headers, body = get(server.port(), path.decode())
+        status, headers, body = notes_get(server.port(), path.decode())
         assert status == 200 and body, path
-    status, headers, _ = get(server.port(), "/__nestgate__/style.css")
+    status, headers, _ = notes_get(server.port(), "/__nestgate__/style.css")
     assert headers["content-type"].startswith("text/css")
-    assert get(server.port(), "/__nestgate__/../nestgate.toml")[0] in (400, 404)
+    assert notes_get(server.port(), "/__nestgate__/../nestgate.toml")[0] in (400, 404)

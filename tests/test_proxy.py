@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-from conftest import rss_kib
-from test_proxy_upstreams import Upstream, refused_port, upstream  # noqa: F401 (fixture)
+from conftest import refused_port, rss_kib
 
 
 def gateway(routes: str, top: str = "", site: str = "") -> str:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from conftest import REPO, Server, _env
-from test_auth import Browser
-from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
+from conftest import REPO, Browser, Server, _env
 
 
 def test_home_server_example(upstream, tmp_path):

@@ -16,12 +16,11 @@ from types import SimpleNamespace
 import pytest
 import uvloop
 
+from conftest import read_all, tls_block, v1, v2
 from h2client import H2Client
 from nestgate.clientip import V2_SIGNATURE, Networks
 from nestgate.proxytls import ProxyThenTLS
 from nestgate.worker import ServerContext
-from test_access import v1, v2
-from test_e2e_core import read_all, tls_block
 
 CONFIG = """
 [server]

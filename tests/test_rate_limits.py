@@ -15,56 +15,15 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import _env
-from conftest import poll, scrape
-from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
+from conftest import RATE_LIMIT_SITE, _load, get_from, poll, scrape
 
 from nestgate.errorpages import DEFAULT_PAGES
 from nestgate.ratelimit import Limited, RateTable, client_key, parse_rate, rate_limit_from
 from nestgate.responses import Prebuilt
 
-SITE = """
-[server]
-workers = 2
-
-[[listen]]
-address = "127.0.0.1:0"
-{listen}
-
-[[site]]
-hosts = ["*"]
-{site}
-
-[[site.route]]
-path = "/"
-type = "return"
-body = "hello"
-
-[[site.route]]
-prefix = "/api/"
-type = "return"
-body = "api"
-{route}
-"""
-
 
 def config(site: str = "", route: str = "", listen: str = "") -> str:
-    return SITE.format(site=site, route=route, listen=listen)
-
-
-def get(port: int, path: str = "/", headers: dict | None = None, source: str = "127.0.0.1"):
-    """(status, headers, body) on a new connection from `source`."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5,
-                                  source_address=(source, 0)) as sock:
-        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n{extra}\r\n"
-                     .encode())
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode().split("\r\n")
-    fields = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    return int(lines[0].split()[1]), fields, body
+    return RATE_LIMIT_SITE.format(site=site, route=route, listen=listen)
 
 
 # ---------------------------------------------------------------- the table and config
@@ -167,32 +126,6 @@ def test_a_bad_limit_names_the_file_and_key(tmp_path, value, expected):
 
 
 # ---------------------------------------------------------------- on a real server
-async def _load(port: int, connections: int, seconds: float) -> dict[int, int]:
-    """Keep-alive requests on `connections` connections for `seconds`: statuses."""
-    counts: dict[int, int] = {}
-    deadline = time.monotonic() + seconds
-    request = b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n"
-
-    async def one() -> None:
-        while time.monotonic() < deadline:
-            # A connection ends after keepalive_requests answers: open another.
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            try:
-                while time.monotonic() < deadline:
-                    writer.write(request)
-                    head = (await reader.readuntil(b"\r\n\r\n")).lower()
-                    status = int(head.split(b" ", 2)[1])
-                    length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
-                    await reader.readexactly(length)
-                    counts[status] = counts.get(status, 0) + 1
-                    if b"connection: close" in head:
-                        break
-            finally:
-                writer.close()
-    await asyncio.gather(*(one() for _ in range(connections)))
-    return counts
-
-
 def test_the_limit_holds_for_the_whole_server_under_load(start_server):
     """10/s with a burst of 20 over 2 workers and 50 connections for 10 s: 20 + 100
     requests through, within 10 %, the rest refused; the metrics count every refusal."""
@@ -216,18 +149,18 @@ def test_the_limit_holds_for_the_whole_server_under_load(start_server):
 def test_a_refusal_says_when_to_come_back_as_a_page_or_json(start_server):
     server = start_server(config(route='rate_limit = { rate = "1/m", burst = 2 }'))
     port = server.port()
-    assert [get(port, "/api/a")[0] for _ in range(2)] == [200, 200]
-    status, fields, body = get(port, "/api/a", {"Accept": "text/html"})
+    assert [get_from(port, "/api/a")[0] for _ in range(2)] == [200, 200]
+    status, fields, body = get_from(port, "/api/a", {"Accept": "text/html"})
     assert status == 429 and 1 <= int(fields["retry-after"]) <= 60
     assert b"Too many requests came from your address" in body
     assert fields["content-type"].startswith("text/html")
-    status, fields, body = get(port, "/api/a", {"Accept": "application/json"})
+    status, fields, body = get_from(port, "/api/a", {"Accept": "application/json"})
     assert status == 429 and json.loads(body)["status"] == 429
     assert fields["cache-control"] == "no-store"
     # The route's own limit replaces the site's (there is none): "/" is not limited,
     # and another client address has its own allowance.
-    assert {get(port, "/")[0] for _ in range(5)} == {200}
-    assert get(port, "/api/a", source="127.0.0.2")[0] == 200
+    assert {get_from(port, "/")[0] for _ in range(5)} == {200}
+    assert get_from(port, "/api/a", source="127.0.0.2")[0] == 200
 
 
 def test_exempt_addresses_and_the_site_404_and_pages_added_later(start_server, tmp_path):
@@ -240,14 +173,14 @@ def test_exempt_addresses_and_the_site_404_and_pages_added_later(start_server, t
     port = server.port()
     # Unmatched paths and note pages (rendered, then registered while serving) count
     # against the site's limit like any route: a scanner cannot step around it.
-    statuses = [get(port, path)[0] for path in ("/nothing", "/notes/first", "/notes/first",
+    statuses = [get_from(port, path)[0] for path in ("/nothing", "/notes/first", "/notes/first",
                                                 "/notes/first", "/nothing")]
     assert statuses[:3] == [404, 200, 200] and statuses[3:] == [429, 429]
-    assert {get(port, "/notes/first", source="127.0.0.2")[0] for _ in range(6)} == {200}
+    assert {get_from(port, "/notes/first", source="127.0.0.2")[0] for _ in range(6)} == {200}
 
 
 def test_signed_in_users_can_be_limited_by_user(start_server, upstream, tmp_path):
-    from test_auth import Browser, protected
+    from conftest import Browser, protected
     up = upstream()
     limit = 'rate_limit = { rate = "1/m", burst = 4, key = "user" }'
     server = start_server(protected(up.url, str(tmp_path / "state.db"), site_extra=limit))
@@ -315,7 +248,7 @@ def test_connections_per_client_over_http2_get_goaway(start_server, certs):
     import h2.connection
     import h2.errors
     import h2.events
-    from test_e2e_core import tls_block
+    from conftest import tls_block
     server = start_server(config(listen="max_connections_per_client = 1\n" + tls_block(certs)))
     port = server.port("https")
     context = ssl.create_default_context(cafile=certs["ca"])

@@ -17,10 +17,8 @@ import time
 
 import pytest
 from conftest import _env
-from conftest import poll
-from test_auth import Browser, otp_code, protected, settled_step
+from conftest import Browser, otp_code, poll, protected, settled_step
 from redisserver import REDIS_PASSWORD, RedisServer, free_port as _free_port
-from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
 
 
 @pytest.fixture
@@ -166,9 +164,9 @@ def test_a_rate_limit_holds_over_both_instances(start_server, redis_server):
     instances share what they used every 0.1 s)."""
     import asyncio
 
-    from test_rate_limits import SITE, _load
+    from conftest import RATE_LIMIT_SITE, _load
     url = redis_server.url
-    config = f'[state]\nbackend = "redis"\nurl = "{url}"\n' + SITE.format(
+    config = f'[state]\nbackend = "redis"\nurl = "{url}"\n' + RATE_LIMIT_SITE.format(
         listen="", route="", site='rate_limit = { rate = "10/s", burst = 20 }')
     a = start_server(config, name="a.toml")
     b = start_server(config, name="b.toml")
@@ -185,16 +183,16 @@ def test_a_rate_limit_holds_over_both_instances(start_server, redis_server):
 
 
 def test_rate_limits_go_on_alone_while_redis_does_not_answer(start_server, redis_server):
-    from test_rate_limits import SITE, get
+    from conftest import RATE_LIMIT_SITE, get_from
     url, proc = redis_server.url, redis_server.proc
-    server = start_server(f'[state]\nbackend = "redis"\nurl = "{url}"\n' + SITE.format(
+    server = start_server(f'[state]\nbackend = "redis"\nurl = "{url}"\n' + RATE_LIMIT_SITE.format(
         listen="", route="", site='rate_limit = { rate = "100/s", burst = 100 }'))
     port = server.port()
     os.kill(proc.pid, signal.SIGSTOP)
     try:
-        assert {get(port, "/")[0] for _ in range(5)} == {200}     # limited here alone
+        assert {get_from(port, "/")[0] for _ in range(5)} == {200}     # limited here alone
         server.wait_for("each instance limits alone", timeout=10)
-        assert {get(port, "/")[0] for _ in range(5)} == {200}
+        assert {get_from(port, "/")[0] for _ in range(5)} == {200}
     finally:
         os.kill(proc.pid, signal.SIGCONT)
     # Each worker finds Redis again with its next batch: requests (new connections,
@@ -202,7 +200,7 @@ def test_rate_limits_go_on_alone_while_redis_does_not_answer(start_server, redis
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and \
             not any("shared through Redis again" in line for line in server.lines):
-        assert get(port, "/")[0] == 200
+        assert get_from(port, "/")[0] == 200
         time.sleep(0.1)
     server.wait_for("shared through Redis again", timeout=1)
     assert not any(REDIS_PASSWORD in line for line in server.lines)
@@ -329,7 +327,7 @@ def test_a_note_written_on_one_instance_is_told_to_the_others(start_server, redi
     import http.client
 
     import redis
-    from test_rate_limits import get
+    from conftest import get_from
     notes = tmp_path / "notes"
     notes.mkdir()
     note = notes / "first.md"
@@ -368,7 +366,7 @@ token = "notes-token-for-the-tests-000"
 
     # Every worker of B has the note's page rendered from the old words ...
     for _ in range(6):
-        status_, _h, body = get(b.port(), "/notes/first")
+        status_, _h, body = get_from(b.port(), "/notes/first")
         assert status_ == 200 and b"Old words." in body
     # ... the file changes in a way its (inode, mtime, size) do not show ...
     before = note.stat()
@@ -376,11 +374,11 @@ token = "notes-token-for-the-tests-000"
         f.write(note.read_bytes().replace(b"Old words.", b"New words."))
     os.utime(note, ns=(before.st_atime_ns, before.st_mtime_ns))
     time.sleep(1.5)                                  # the directory check sees nothing
-    assert b"Old words." in get(b.port(), "/notes/first")[2]
+    assert b"Old words." in get_from(b.port(), "/notes/first")[2]
     # ... and another instance says it wrote it.
     redis.Redis.from_url(redis_server.url).publish(
         "gw1:notes", json.dumps({"site": "blog", "slug": "first", "from": "elsewhere"}))
     for _ in range(6):                               # new connections: both workers
-        assert b"New words." in poll(lambda: get(b.port(), "/notes/first")[2],
+        assert b"New words." in poll(lambda: get_from(b.port(), "/notes/first")[2],
                                      lambda page: b"New words." in page, timeout=2)
     listener.close()

@@ -112,7 +112,7 @@ def test_login_back_off_holds_under_concurrent_guesses(start_server, tmp_path):
     import socket
     import threading
     from urllib.parse import urlencode
-    from test_auth import Browser, HTML, PASSWORD_HASH
+    from conftest import HTML, PASSWORD_HASH, Browser
     server = start_server(f"""
 [server]
 workers = 1
@@ -231,7 +231,7 @@ def test_secrets_in_query_strings_are_not_logged(tmp_path):
 def test_login_with_too_many_fields_is_not_a_server_error(start_server, tmp_path):
     """parse_qs(max_num_fields=...) raises ValueError past the limit: a 500 for anyone."""
     import http.client
-    from test_auth import HTML, PASSWORD_HASH
+    from conftest import HTML, PASSWORD_HASH
     server = start_server(f"""
 [server]
 workers = 1
@@ -267,7 +267,7 @@ protected = true
 def test_config_error_for_a_bad_totp_secret_does_not_print_it():
     """A mistyped secret (1 and 8 are not base32) is still nearly the whole secret."""
     from nestgate.config import ConfigError, parse_config
-    from test_auth import PASSWORD_HASH
+    from conftest import PASSWORD_HASH
     secret = "JBSWY3DPEHPK3PX1"
     with pytest.raises(ConfigError) as info:
         parse_config({"listen": [{"address": "127.0.0.1:0"}],

@@ -10,7 +10,6 @@ import time
 
 from conftest import BASIC_SITE
 from nestgate.sendwatch import SendWatch
-from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
 
 BIG = 16 * 1024 * 1024          # well past what loopback socket buffers hold
 

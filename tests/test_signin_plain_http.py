@@ -3,8 +3,7 @@ the page must say so instead of "the form expired"."""
 
 from __future__ import annotations
 
-from test_auth import Browser
-from test_check import HASH
+from conftest import HASH, Browser
 
 SITE = """
 [server]

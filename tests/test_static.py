@@ -11,32 +11,8 @@ import time
 
 import pytest
 
+from conftest import serve
 from wire import parse_responses
-
-SITE = """
-[server]
-workers = {workers}
-
-[[listen]]
-address = "127.0.0.1:0"
-{tls}
-
-[[site]]
-hosts = ["*"]
-
-[[site.route]]
-prefix = "/"
-type = "static"
-root = "{root}"
-sendfile_min = "64KiB"
-recheck = "{recheck}"
-{extra}
-"""
-
-
-def serve(start_server, root, extra="", recheck="1s", workers=1, tls=""):
-    return start_server(SITE.format(root=root, extra=extra, recheck=recheck, workers=workers,
-                                    tls=tls))
 
 
 def get(port, path, headers=None, method="GET", context=None):

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import h2_protections, poll
+from conftest import TEMPLATE, h2_protections, poll, tls_block
 from h2raw import (
     DataFrame,
     PingFrame,
@@ -19,7 +19,6 @@ from h2raw import (
     get,
 )
 from hyperframe.frame import PriorityFrame
-from test_e2e_core import TEMPLATE, tls_block
 
 ENHANCE_YOUR_CALM = 0xB
 FLOOD_SECONDS = 3.0

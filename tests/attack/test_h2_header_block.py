@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
+from conftest import TEMPLATE, tls_block
 from h2raw import ContinuationFrame, HeadersFrame, RawH2, get
-from test_e2e_core import TEMPLATE, tls_block
 
 ENHANCE_YOUR_CALM = 0xB
 MAX_HEADER_BYTES = 8 * 1024

@@ -4,8 +4,8 @@ streams go on."""
 
 from __future__ import annotations
 
+from conftest import TEMPLATE, tls_block
 from h2raw import RawH2, get
-from test_e2e_core import TEMPLATE, tls_block
 
 PROTOCOL_ERROR = 0x1
 

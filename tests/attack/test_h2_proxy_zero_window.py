@@ -16,7 +16,6 @@ from h2raw import (
     open_streams,
     wait_all_reset,
 )
-from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
 
 CONNECTIONS, STREAMS = 4, 100
 BODY_BYTES = 8 << 20

@@ -5,8 +5,8 @@ reaches the log as a traceback."""
 from __future__ import annotations
 
 import pytest
+from conftest import TEMPLATE, tls_block
 from h2raw import DataFrame, RawH2, RstStreamFrame, get
-from test_e2e_core import TEMPLATE, tls_block
 
 CANCEL = 0x8
 ROUNDS = 60

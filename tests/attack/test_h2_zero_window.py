@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from conftest import STATIC_SITE
 from h2raw import (
     SETTINGS_INITIAL_WINDOW_SIZE,
     RawH2,
@@ -14,7 +15,6 @@ from h2raw import (
     open_streams,
     wait_all_reset,
 )
-from test_static import SITE
 
 CONNECTIONS, STREAMS = 10, 100    # 1,000 abusive streams
 FILE_BYTES = 4 << 20
@@ -29,7 +29,7 @@ def big_file_server(start_server, certs, tmp_path):
     (root / "big.bin").write_bytes(b"x" * FILE_BYTES)
     tls = (f'[[listen.certificate]]\ncert = "{certs["local"][0]}"\n'
            f'key = "{certs["local"][1]}"\nnames = ["localhost"]\n')
-    config = SITE.format(root=root, extra="", recheck="1s", workers=1, tls=tls) + (
+    config = STATIC_SITE.format(root=root, extra="", recheck="1s", workers=1, tls=tls) + (
         f'\n[limits]\nsend_timeout = "{SEND_TIMEOUT_S}s"\nkeepalive_timeout = "60s"\n')
     return start_server(config)
 

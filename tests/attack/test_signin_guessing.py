@@ -11,8 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from test_auth import Browser, gate  # noqa: F401 (fixture)
-from test_proxy_upstreams import upstream  # noqa: F401 (fixture)
+from conftest import Browser
 
 TRUSTED = '\n[client_ip]\ntrusted_proxies = ["127.0.0.1"]\n'
 ATTACK_SECONDS = 10.0

@@ -16,9 +16,9 @@ from collections import Counter
 
 import pytest
 
+from conftest import serve
 from nestgate.handlers.static import NotFound, StaticFiles
 from nestgate.routetypes import StaticOptions
-from test_static import serve
 
 SWAP_SECONDS = 3.0
 

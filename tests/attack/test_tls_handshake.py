@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from test_e2e_core import read_all, tls_block
+from conftest import read_all, tls_block
 
 CONFIG = """
 [server]
