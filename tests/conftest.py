@@ -39,6 +39,9 @@ from nestgate.clientip import V2_SIGNATURE
 from nestgate.bench.ports import free_port  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
+# The attack tests' raw clients (h2raw, rawupstream) serve other tests too, whichever
+# directory pytest happens to collect first.
+sys.path.insert(0, str(REPO / "tests" / "attack"))
 _LISTEN = re.compile(r"listening on (https?)://(\S+):(\d+)")
 _ADMIN = re.compile(r"admin API on https?://\S+:(\d+) ")
 

@@ -7,9 +7,9 @@ import json
 import hyperframe.frame
 import pytest
 
+from conftest import TEMPLATE, tls_block
 from h2client import H2Client
 from h2wire import frames
-from test_e2e_core import TEMPLATE, tls_block
 
 
 @pytest.fixture

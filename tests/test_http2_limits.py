@@ -338,7 +338,7 @@ def test_a_client_goaway_still_gets_the_answers_it_asked_for(start_server, certs
     """GOAWAY(NO_ERROR) from the client in the same write as its requests: it opens
     no more streams, but those it opened are answered, then the connection closes."""
     from h2raw import GoAwayFrame, RawH2, get
-    from test_e2e_core import TEMPLATE, tls_block
+    from conftest import TEMPLATE, tls_block
     server = start_server(TEMPLATE.format(tls=tls_block(certs)))
     conn = RawH2(server.port("https"), certs["ca"])
     first, second = conn.new_stream(), conn.new_stream()
