@@ -105,7 +105,7 @@ class Gate:
         """The handler that answers this request."""
         client = conn.client
         dynamic = self.dynamic
-        cache = getattr(conn, "decisions", None)
+        cache = conn.decisions
         if cache is None:
             cache = conn.decisions = {}
         # Keyed by policy: every gate of a site shares one decision per connection.

@@ -16,9 +16,28 @@ Every response says `connection: keep-alive` or `connection: close` (as nginx
 does), so the answer never depends on the request's minor version.
 
 Pipelined requests are answered in order: while a task is answering, later
-requests are parsed and queued (as ready bytes or as waiting `Request`s) and
-run when the one ahead finishes. A request that breaks the protocol or a limit
-queues its error response and the connection closes after it.
+requests are parsed and queued and take their turn when the one ahead finishes.
+Each queued answer is a ready response (`_ReadyAnswer`) or a waiting
+`HTTP1Request`; both take their turn, end the connection or are abandoned the same
+way. A request that breaks the protocol or a limit queues its error response and
+the connection closes after it.
+
+A connection's life is a few phases; each says what becomes of the client's next
+bytes, and a phase only moves to one listed in `_NEXT` (checked on each move):
+
+  phase         the client's bytes                           moves to
+  OPEN          parsed as requests                           LAST CLOSING UPGRADING CLOSED
+  LAST          the rest of the request that ends the        CLOSING UPGRADING CLOSED
+                connection; a request after it ends reading
+  PROXY_HEADER  a PROXY protocol header, then OPEN           OPEN CLOSING CLOSED
+  CLOSING       dropped; answers ahead still go out          CLOSED
+  UPGRADING     kept for the handler of an upgrade request   TUNNEL CLOSING CLOSED
+                (reading is stopped)
+  TUNNEL        handed to the handler's sink                 CLOSING CLOSED
+  CLOSED        none: the transport is gone
+
+While requests are read, `state` says where in one the reading is: IDLE (between
+requests), HEAD or BODY; the tick's timeouts follow it.
 
 A client that pipelines and does not read must not make the worker hold its input:
 reading stops (the unparsed rest of a read is kept, at most one read) while the
@@ -96,6 +115,20 @@ PIPELINE_HIGH = 16
 PIPELINE_LOW = 4
 FEED_SLICE = 16 * 1024
 DRAIN_IDLE_GRACE = 1.0            # seconds an idle connection may still send one request
+
+# The connection's phases (see the module docstring). Those before CLOSING read the
+# client's bytes; a phase changes a few times in a connection's life, never per request.
+OPEN, LAST, PROXY_HEADER, CLOSING, UPGRADING, TUNNEL, CLOSED = range(7)
+PHASE_NAMES = ("open", "last", "proxy-header", "closing", "upgrading", "tunnel", "closed")
+_NEXT = {
+    OPEN: (LAST, CLOSING, UPGRADING, CLOSED),
+    LAST: (CLOSING, UPGRADING, CLOSED),
+    PROXY_HEADER: (OPEN, CLOSING, CLOSED),
+    CLOSING: (CLOSED,),
+    UPGRADING: (TUNNEL, CLOSING, CLOSED),
+    TUNNEL: (CLOSING, CLOSED),
+    CLOSED: (),
+}
 
 
 class HTTP1Request(Request):
@@ -255,6 +288,46 @@ class HTTP1Request(Request):
             self.connection.write(b"0\r\n\r\n")
             self.sent += 5
 
+    # ---- a turn in the connection's queue (as `_ReadyAnswer`)
+    def take_turn(self) -> bool:
+        """Its turn has come: the handler starts. False: later answers wait for it."""
+        self.connection.start_answer(self)
+        return False
+
+    def end_connection(self) -> None:
+        self.keep_alive = False
+
+    def abandon(self) -> None:
+        if self.body is not None:
+            self.body.abort()
+
+
+class _ReadyAnswer:
+    """A ready response that waits in the queue for the answers ahead of it."""
+
+    __slots__ = ("connection", "response", "mode", "head_only")
+
+    def __init__(self, connection, response, mode: int, head_only: bool) -> None:
+        self.connection = connection
+        self.response = response
+        self.mode = mode
+        self.head_only = head_only
+
+    def take_turn(self) -> bool:
+        """Written; False when the connection ends with it."""
+        conn = self.connection
+        mode = CLOSE if conn.ctx.draining else self.mode
+        conn.bytes_out += self.response.write_to(conn.transport, mode, self.head_only)
+        if mode == CLOSE:
+            conn.close_now()
+            return False
+        return True
+
+    def end_connection(self) -> None:
+        self.mode = CLOSE
+
+    def abandon(self) -> None:
+        pass
 
 
 
@@ -264,6 +337,8 @@ class _AfterLast(Exception):
 
 class HTTP1Connection(asyncio.Protocol):
     """One client connection. `ctx` is the listener's `ServerContext`."""
+
+    first_phase = OPEN
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
@@ -295,8 +370,7 @@ class HTTP1Connection(asyncio.Protocol):
         self._body_paused = False
         self._held = None              # unparsed input kept while reading is stopped
         self._release_due = False      # a call to parse `_held` is scheduled
-        self._last_seen = False        # the request that ends the connection is parsed
-        self._closing = False        # no more requests are read
+        self.phase = self.first_phase
         self._requests = 0
         # HTTP bytes read and written (after TLS), for the worker's figures: reads are
         # counted as they arrive, ready answers as they are written, a handler's answer
@@ -310,7 +384,8 @@ class HTTP1Connection(asyncio.Protocol):
         self._stalled = 0.0
         self._send_watch = SendWatch()
         self._body_progress = False
-        # answering side: the running async request, then what waits behind it
+        # answering side: the running async request, then the answers waiting behind it
+        # (`HTTP1Request`s and `_ReadyAnswer`s)
         self._active: HTTP1Request | None = None
         self._queue: collections.deque = collections.deque()
         # the request being parsed
@@ -341,7 +416,7 @@ class HTTP1Connection(asyncio.Protocol):
         # `connection: close`); only overload turns one away.
         if len(ctx.connections) >= self.limits.max_connections:
             # Overload: a ready 503 is cheaper than letting the backlog time out.
-            self._closing = True
+            self._enter(CLOSING)
             self.write_closing(ERRORS[503])
             UNROUTED.count(503)
             return
@@ -357,8 +432,16 @@ class HTTP1Connection(asyncio.Protocol):
         """Requests read on this connection so far (for the worker's figures)."""
         return self._requests
 
+    def _enter(self, phase: int) -> None:
+        """Move to `phase` (staying in the same one is no move)."""
+        if phase != self.phase:
+            if phase not in _NEXT[self.phase]:
+                raise RuntimeError(f"an HTTP/1 connection cannot go from "
+                                   f"{PHASE_NAMES[self.phase]} to {PHASE_NAMES[phase]}")
+            self.phase = phase
+
     def connection_lost(self, exc) -> None:
-        self._closing = True
+        self._enter(CLOSED)
         ctx = self.ctx
         ctx.connections.discard(self)
         ctx.requests_done += self._requests
@@ -374,9 +457,8 @@ class HTTP1Connection(asyncio.Protocol):
                 self._active.task.cancel()
             elif self._active.cancel is not None:
                 self._active.cancel()
-        for item in self._queue:
-            if isinstance(item, Request) and item.body is not None:
-                item.body.abort()
+        for waiting in self._queue:
+            waiting.abandon()
         self._queue.clear()
         self._writable.close(ConnectionResetError("client went away"))
         # Break the cycles parser -> self -> transport.
@@ -441,7 +523,7 @@ class HTTP1Connection(asyncio.Protocol):
     def _release(self) -> None:
         """Read again once the queue is short and nothing else waits. The kept input
         is parsed from a fresh call: this may run inside a parser callback."""
-        if self._held is None or self._release_due or self._closing \
+        if self._held is None or self._release_due or self.phase >= CLOSING \
                 or self.write_paused or self._body_paused or len(self._queue) > PIPELINE_LOW:
             return
         self._release_due = True
@@ -450,7 +532,7 @@ class HTTP1Connection(asyncio.Protocol):
     def _read_held(self) -> None:
         self._release_due = False
         held, self._held = self._held, None
-        if held is None or self._closing or self._closing_transport():
+        if held is None or self.phase >= CLOSING or self._closing_transport():
             return
         if self._must_wait():                  # filled up again meanwhile
             self._held = held
@@ -467,7 +549,10 @@ class HTTP1Connection(asyncio.Protocol):
 
     def set_sink(self, sink) -> None:
         """After `Request.take_over`: `sink(bytes)` gets what the client sends; reading
-        resumes."""
+        resumes. Nothing to do when the client has gone meanwhile."""
+        if self.phase != UPGRADING:
+            return
+        self._enter(TUNNEL)
         self._sink = sink
         if not self._closing_transport():
             self.transport.resume_reading()
@@ -486,7 +571,7 @@ class HTTP1Connection(asyncio.Protocol):
 
     def refuse_over_client_limit(self) -> None:
         """The client has `max_connections_per_client` open already: 503, then close."""
-        self._closing = True
+        self._enter(CLOSING)
         if not self._closing_transport():
             self.write_closing(ERRORS[503])
         UNROUTED.count(503)
@@ -499,8 +584,8 @@ class HTTP1Connection(asyncio.Protocol):
     # ------------------------------------------------------------ reading
     def data_received(self, data: bytes) -> None:
         self.bytes_in += len(data)
-        if self._closing:
-            if self._sink is not None:
+        if self.phase >= CLOSING:
+            if self.phase == TUNNEL:
                 self._sink(data)
             return
         if self._held is not None:       # came after reading stopped: keep the order
@@ -513,7 +598,7 @@ class HTTP1Connection(asyncio.Protocol):
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
             if isinstance(cause, _AfterLast):
-                self._closing = True         # answered up to the last; drop the rest
+                self._enter(CLOSING)         # answered up to the last; drop the rest
                 return
             status = cause.status if isinstance(cause, RequestError) else 500
             if status == 500:
@@ -522,15 +607,16 @@ class HTTP1Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade as exc:
             # Only handlers that take over the connection accept an upgrade; for the
             # rest the request was answered as usual and the connection ends after it.
-            self._closing = True
             req = self._active
             if (req is not None and req.upgrade and not self._queue
                     and getattr(req.handler, "upgrades", False)):
                 # Hold the client's next bytes until the handler knows the answer.
+                self._enter(UPGRADING)
                 req.keep_alive = False
                 self._upgrade_tail = bytes(data[exc.args[0]:])
                 self.transport.pause_reading()
                 return
+            self._enter(CLOSING)
             self._close_when_idle()
         except httptools.HttpParserError:
             self._fail(400)
@@ -538,7 +624,7 @@ class HTTP1Connection(asyncio.Protocol):
         if self.state:
             self._unfinished(len(data))
         if self.write_paused or len(self._queue) > PIPELINE_HIGH:
-            if not self._closing:
+            if self.phase < CLOSING:
                 self._hold(b"")
 
     def _feed_all(self, data) -> None:
@@ -548,8 +634,8 @@ class HTTP1Connection(asyncio.Protocol):
         for offset in range(0, len(view), FEED_SLICE):
             end = offset + FEED_SLICE
             self.data_received(view[offset:end])
-            if self._closing:
-                if self._upgrade_tail is not None:     # the tunnel's first bytes
+            if self.phase >= CLOSING:
+                if self.phase == UPGRADING:            # the tunnel's first bytes
                     self._upgrade_tail += bytes(view[end:])
                 return
             if self._held is not None or self._body_paused:
@@ -588,7 +674,7 @@ class HTTP1Connection(asyncio.Protocol):
     # _unusual) is put back by on_headers_complete only when it was set.
     def on_url(self, url: bytes) -> None:
         if self.state == IDLE:
-            if self._last_seen:
+            if self.phase:                 # not OPEN: the last request was read
                 raise _AfterLast()
             self.state = HEAD
             self._headers = []
@@ -706,7 +792,7 @@ class HTTP1Connection(asyncio.Protocol):
         if keep_alive and self._requests >= self._keepalive_requests:
             keep_alive = False          # (finish_and_close() makes this every request's case)
         if not keep_alive:
-            self._last_seen = True           # nothing after this request is parsed
+            self._enter(LAST)                # nothing after this request is parsed
 
         site = self._known_site(host) or self.ctx.router.site_for(host)
         url = self._url
@@ -758,7 +844,7 @@ class HTTP1Connection(asyncio.Protocol):
             expect = has_body and self._expect_continue()
             if expect:
                 keep_alive = False   # the client may or may not send the body now
-                self._closing = True
+                self._enter(CLOSING)
             mode = KEEP_ALIVE_EXPLICIT if keep_alive else CLOSE
             if has_body and not expect:
                 self._sync = (handler, mode, method, path, host, route)  # after the body
@@ -774,7 +860,7 @@ class HTTP1Connection(asyncio.Protocol):
         self._sync = None
         self._parsing = req if has_body else None
         if self._active is None and not self._queue:
-            self._start(req)
+            self.start_answer(req)
         else:
             self._queue.append(req)
 
@@ -827,13 +913,13 @@ class HTTP1Connection(asyncio.Protocol):
         head_only = method == b"HEAD"
         if self._active is None and not self._queue and not self.write_paused:
             if mode == CLOSE or self.ctx.draining:
-                self._closing = True
+                self._enter(CLOSING)
                 self.bytes_out += response.write_to(self.transport, CLOSE, head_only)
                 self.transport.close()
             else:
                 self.bytes_out += response.write_to(self.transport, mode, head_only)
         else:
-            self._queue.append((response, mode, head_only))
+            self._queue.append(_ReadyAnswer(self, response, mode, head_only))
         if self.logging:
             self.ctx.access_log.record(
                 self.client, method, host, path, response.status,
@@ -841,7 +927,8 @@ class HTTP1Connection(asyncio.Protocol):
                 self._t0, self._headers, route.label)
 
     # ------------------------------------------------------------ answering
-    def _start(self, req: HTTP1Request) -> None:
+    def start_answer(self, req: HTTP1Request) -> None:
+        """`req`'s turn: its handler answers it, from callbacks or in a task."""
         self._active = req
         if not begin(req):
             req.task = self.loop.create_task(self._run(req))
@@ -909,29 +996,26 @@ class HTTP1Connection(asyncio.Protocol):
             else:
                 req.body.abort()
         if not req.keep_alive:
-            self._closing = True
-            self._queue.clear()
-            if self.transport is not None:
-                self.transport.close()
+            self.close_now()
             return
         if self._queue:
             self._run_queue()
 
+    def close_now(self) -> None:
+        """The answer just written was the last: nothing after it is read or answered."""
+        self._enter(CLOSING)
+        for waiting in self._queue:
+            waiting.abandon()
+        self._queue.clear()
+        if self.transport is not None:
+            self.transport.close()
+
     def _run_queue(self) -> None:
-        while self._queue and not self.write_paused:
-            item = self._queue.popleft()
-            if isinstance(item, Request):
-                self._start(item)
+        """The answers waiting take their turns while the client takes the bytes."""
+        queue = self._queue
+        while queue and not self.write_paused:
+            if not queue.popleft().take_turn():
                 break
-            response, mode, head_only = item
-            if self.ctx.draining:
-                mode = CLOSE
-            self.bytes_out += response.write_to(self.transport, mode, head_only)
-            if mode == CLOSE:
-                self._closing = True
-                self._queue.clear()
-                self.transport.close()
-                return
         if self._held is not None:
             self._release()
 
@@ -939,7 +1023,7 @@ class HTTP1Connection(asyncio.Protocol):
         """A protocol error or limit: answer `status` after what is ahead, then close."""
         if self._closing_transport():
             return       # bytes after a closing response: nothing more is answered
-        self._closing = True
+        self._enter(CLOSING)
         self.state = IDLE
         response = ERRORS.get(status) or ERRORS[400]
         broken, self._parsing = self._parsing, None
@@ -957,20 +1041,20 @@ class HTTP1Connection(asyncio.Protocol):
         if self._active is None and not self._queue:
             self.write_closing(response)
         else:
-            self._queue.append((response, CLOSE, False))
+            self._queue.append(_ReadyAnswer(self, response, CLOSE, False))
         UNROUTED.count(status)
         if self.logging:
             self.ctx.access_log.record(self.client, b"-", b"", "-", status,
                                        response.content_length, self._t0, self._headers, "")
 
     def _close_when_idle(self) -> None:
-        if self._active is None and not self._queue and self.transport is not None:
-            self.transport.close()
+        """The connection ends after the answers ahead: the last of them says so."""
+        if self._queue:
+            self._queue[-1].end_connection()
         elif self._active is not None:
-            self._active.keep_alive = False
-            for item in self._queue:
-                if isinstance(item, Request):
-                    item.keep_alive = False
+            self._active.end_connection()
+        elif self.transport is not None:
+            self.transport.close()
 
     # ------------------------------------------------------------ worker hooks
     def tick(self, elapsed: float) -> None:
@@ -980,7 +1064,7 @@ class HTTP1Connection(asyncio.Protocol):
                 self._send_watch.stuck(transport, elapsed, self.limits.send_timeout):
             cut(transport)
             return
-        if self._closing:
+        if self.phase >= CLOSING:
             return
         state = self.state
         if state == IDLE and (self._active is not None or self._queue):
@@ -1005,7 +1089,7 @@ class HTTP1Connection(asyncio.Protocol):
         if self._stalled < limit or self._closing_transport():
             return
         if state == IDLE:
-            self._closing = True
+            self._enter(CLOSING)
             self.transport.close()
         else:
             self._fail(408)           # after any answer still ahead of it
@@ -1022,11 +1106,11 @@ class ProxyProtocolConnection(HTTP1Connection):
     before httptools sees a byte. Only peers in the listener's `proxy_protocol_from`
     may send one (the header is optional for them); anyone else sending one gets 400."""
 
-    _pp_pending = True
+    first_phase = PROXY_HEADER
     _pp_buf = b""
 
     def data_received(self, data: bytes) -> None:
-        if not self._pp_pending:
+        if self.phase != PROXY_HEADER:
             return HTTP1Connection.data_received(self, data)
         buf = self._pp_buf + data
         try:
@@ -1037,7 +1121,7 @@ class ProxyProtocolConnection(HTTP1Connection):
             self._pp_buf = buf
             return
         consumed, source = parsed
-        self._pp_pending = False
+        self._enter(OPEN)
         self._pp_buf = b""
         if source:
             self.set_client(source)
@@ -1045,7 +1129,6 @@ class ProxyProtocolConnection(HTTP1Connection):
             HTTP1Connection.data_received(self, buf[consumed:])
 
     def _refuse(self) -> None:
-        self._pp_pending = False
-        self._closing = True
+        self._enter(CLOSING)
         if not self._closing_transport():
             self.write_closing(ERRORS[400])

@@ -57,6 +57,7 @@ class MemoryConnection:
         self.limits = ctx.limits
         self.client = client
         self.decisions = None          # access decisions (nestgate.access.Gate.admit)
+        self.xff_trusted = False       # the client is not a trusted proxy
         self.outcomes: list[int] = []  # each `conclude` status, in order
 
     async def wait_writable(self) -> None:

@@ -2,6 +2,7 @@
 
 import pytest
 
+from nestgate import http1
 from nestgate.handlers.health import HealthAnswer
 from wire import Broken, Echo, Wire, config_dict
 
@@ -363,3 +364,55 @@ def test_http11_stream_with_connection_keep_alive_is_chunked(wire):
     first, second = wire.responses()
     assert first.headers["transfer-encoding"] == second.headers["transfer-encoding"] == "chunked"
     assert not wire.closed
+
+
+# ---- the connection's phases (http1.OPEN ... CLOSED and the moves `_NEXT` allows)
+
+def test_phases_only_move_as_the_table_says():
+    # Every phase can end (CLOSED), CLOSED ends everything, and no phase returns to a
+    # reading phase once reading stopped.
+    for phase, nexts in http1._NEXT.items():
+        assert phase == http1.CLOSED or http1.CLOSED in nexts
+        if phase >= http1.CLOSING:
+            assert all(n >= http1.CLOSING for n in nexts), http1.PHASE_NAMES[phase]
+    assert http1._NEXT[http1.CLOSED] == ()
+
+
+def test_a_move_the_table_forbids_is_refused(wire):
+    wire.send(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    assert wire.conn.phase == http1.OPEN
+    wire.conn.connection_lost(None)
+    with pytest.raises(RuntimeError, match="from closed to open"):
+        wire.conn._enter(http1.OPEN)
+
+
+def test_connection_close_moves_to_last_then_closing(wire):
+    wire.send(b"POST /echo HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 4\r\n\r\n"
+              b"da", settle=0)
+    assert wire.conn.phase == http1.LAST       # the rest of this request is still read
+    wire.send(b"taGET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    assert [(r.status, r.body) for r in wire.responses()] == [(200, b"data")]
+    assert wire.conn.phase == http1.CLOSING and wire.closed
+
+
+def test_upgrade_request_queued_behind_an_answer_is_answered_then_closes(wire):
+    # The upgrade goes to a route that does not take connections over: it is answered
+    # in its turn, as the last answer on the connection.
+    wire.send(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nfirst"
+              b"GET /hello HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\n"
+              b"Upgrade: websocket\r\n\r\n")
+    responses = wire.responses()
+    assert [(r.status, r.body, r.headers["connection"]) for r in responses] == [
+        (200, b"first", "keep-alive"), (200, b"hello\n", "close")]
+    assert wire.closed
+
+
+def test_request_after_an_answer_that_refused_its_expected_body_is_not_read(wire):
+    # The ready answer to a request awaiting 100 Continue ends the connection: what
+    # follows is unknowable (body or not) and is never parsed as a request.
+    wire.send(b"POST /hello HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n"
+              b"Expect: 100-continue\r\n\r\ndata"
+              b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+    [response] = wire.responses()
+    assert response.headers["connection"] == "close" and wire.closed
+    assert wire.conn.phase == http1.CLOSING

@@ -321,7 +321,7 @@ class ProxyHandler(Service):
                             parts += (name, b": ", value, b"\r\n")
                     if b"cookie" in names:
                         cookies = None
-            if not getattr(conn, "xff_trusted", False):           # HTTP/2: not kept
+            if not conn.xff_trusted:
                 xff = proto = fhost = None
             elif claims is not None:
                 for name, value in claims:          # a trusted proxy's word, as its X-F-F
