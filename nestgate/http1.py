@@ -131,6 +131,11 @@ _NEXT = {
 }
 
 
+def _chunk_framing(chunk: bytes) -> int:
+    """Bytes of a framed chunk (`size\r\n` ... `\r\n`) that are not body."""
+    return chunk.index(b"\r\n") + 4
+
+
 class HTTP1Request(Request):
     """A Request answered on an HTTP/1.x connection: a status line, header lines and
     the body as bytes (chunked when HTTP/1.1 and no length is known)."""
@@ -213,7 +218,7 @@ class HTTP1Request(Request):
         self.status = status
         data = b"".join((lines, CLOCK.date_line, CONNECTION_ENDINGS[
             KEEP_ALIVE_EXPLICIT if self.settle_keep_alive() else CLOSE]))
-        self.sent += len(data)
+        self.connection.bytes_out += len(data)     # `sent` counts body bytes only
         return data
 
     async def write(self, data: bytes) -> None:
@@ -222,9 +227,10 @@ class HTTP1Request(Request):
         if self.head_only or not data:
             return
         conn = self.connection
+        self.sent += len(data)
         if self._chunked:
             data = b"%x\r\n%b\r\n" % (len(data), data)
-        self.sent += len(data)
+            conn.bytes_out += _chunk_framing(data)
         conn.write(data)
         if conn.write_paused:
             await conn.wait_writable()
@@ -241,9 +247,10 @@ class HTTP1Request(Request):
         """Body bytes as they go on the wire (chunk-framed if need be), not written."""
         if self.head_only or not data:
             return b""
+        self.sent += len(data)
         if self._chunked:
             data = b"%x\r\n%b\r\n" % (len(data), data)
-        self.sent += len(data)
+            self.connection.bytes_out += _chunk_framing(data)
         return data
 
     def end_bytes(self) -> bytes:
@@ -252,7 +259,7 @@ class HTTP1Request(Request):
             return b""
         self.finished = True
         if self._chunked:
-            self.sent += 5
+            self.connection.bytes_out += 5
             return b"0\r\n\r\n"
         return b""
 
@@ -262,7 +269,7 @@ class HTTP1Request(Request):
         data = response.render(mode, self.head_only)
         self.started = self.finished = True
         self.status = response.status
-        self.sent += len(data)
+        self.count_ready(data, response)
         self.connection.write(data)
         if self.connection.write_paused:
             await self.connection.wait_writable()
@@ -277,7 +284,7 @@ class HTTP1Request(Request):
         self.started = self.finished = True
         self.status = 101
         self.keep_alive = False
-        self.sent += len(head)
+        self.connection.bytes_out += len(head)
         return self.connection.become_tunnel(head)
 
     def end(self) -> None:
@@ -286,7 +293,14 @@ class HTTP1Request(Request):
         self.finished = True
         if self._chunked:
             self.connection.write(b"0\r\n\r\n")
-            self.sent += 5
+            self.connection.bytes_out += 5
+
+    def count_ready(self, data: bytes, response) -> None:
+        """A ready response's bytes `data`: its body in `sent`, the rest in the
+        connection's bytes out."""
+        body = 0 if self.head_only else response.content_length
+        self.sent += body
+        self.connection.bytes_out += len(data) - body
 
     # ---- a turn in the connection's queue (as `_ReadyAnswer`)
     def take_turn(self) -> bool:
@@ -774,6 +788,14 @@ class HTTP1Connection(asyncio.Protocol):
         headers = self._headers
         if len(headers) > self._max_headers:
             raise RequestError(431)
+        if self.xff_trusted:
+            # Before any check can refuse the request: a refusal is logged (or not)
+            # for the client the proxy names, as an answer is.
+            ctx = self.ctx
+            self.client = forwarded_client(
+                self.peer, [v for n, v in headers if n == b"x-forwarded-for"],
+                ctx.trusted_proxies)
+            self.logging = self._timing and ctx.should_log(self.client)
         parser = self.parser
         host = self._host
         keep_alive = parser.should_keep_alive()
@@ -813,12 +835,6 @@ class HTTP1Connection(asyncio.Protocol):
                 qmark = -1
                 raw_path = url
             route = site.route(raw_path)
-        if self.xff_trusted:
-            ctx = self.ctx
-            self.client = forwarded_client(
-                self.peer, [v for n, v in headers if n == b"x-forwarded-for"],
-                ctx.trusted_proxies)
-            self.logging = self._timing and ctx.should_log(self.client)
         handler = route.handler
         path = route.path
         method = parser.get_method()
@@ -983,7 +999,7 @@ class HTTP1Connection(asyncio.Protocol):
         data = response.render(mode, req.head_only)
         req.started = req.finished = True
         req.status = response.status
-        req.sent = len(data)
+        req.count_ready(data, response)
         self.write(data)
 
     def _done(self, req: HTTP1Request) -> None:

@@ -1,6 +1,7 @@
 """One behaviour set, asked over HTTP/1.1, HTTP/2 over TLS and HTTP/2 in clear (h2c):
-every handler and access decision must answer the same status, body and content
-headers whichever protocol carries the request. A difference between the protocols
+every handler and access decision (allow and deny lists, sign-in with and without a
+session, the local exemption, rate limits) must answer the same status, body and
+content headers whichever protocol carries the request, and log the same record. A difference between the protocols
 (as when rendered note pages escaped a site's access list over one of them) shows up
 as a failing case here, named by its request.
 """
@@ -14,6 +15,7 @@ import re
 import socket
 import ssl
 import threading
+import time
 
 import h2.config
 import h2.connection
@@ -22,10 +24,13 @@ import pytest
 
 from nestgate.auth.passwords import hash_password
 
+from conftest import Browser, poll
+
 HOME = b"<!doctype html><title>Files</title><p>static home</p>\n"
 TEXT = b"0123456789abcdef" * 64                      # 1 KiB
 NOTE = "---\ntitle: Plans\ndate: 2026-05-01\n---\n\nthe plans, in **bold**\n"
 OUTSIDER = "203.0.113.9"
+PROTOCOLS = ("http/1.1", "h2", "h2c")
 _CSRF = re.compile(rb'name="csrf" value="[^"]*"')
 # The headers that must agree; others (date, connection, framing) may differ.
 COMPARED = ("content-type", "content-length", "content-range", "location", "etag",
@@ -95,6 +100,11 @@ max_body = "16KiB"
 [client_ip]
 trusted_proxies = ["127.0.0.1"]
 
+[log]
+path = "{folder / 'access.log'}"
+format = "json"
+flush_interval = "0.1s"
+
 [auth]
 store = "{folder / 'state.db'}"
 [[auth.user]]
@@ -152,14 +162,35 @@ upstream = "http://127.0.0.1:{upstream.server_address[1]}"
 [[site]]
 hosts = ["office.test"]
 allow = ["10.0.0.0/8"]
+deny = ["10.9.0.0/16"]
 
 [[site.route]]
 prefix = "/"
 type = "return"
 body = "office only\\n"
+
+[[site]]
+hosts = ["lan.test"]
+protected = true
+exempt_local = true
+
+[[site.route]]
+prefix = "/"
+type = "proxy"
+upstream = "http://127.0.0.1:{upstream.server_address[1]}"
+
+[[site]]
+hosts = ["limited.test"]
+rate_limit = {{ rate = "1/m", burst = 1 }}
+
+[[site.route]]
+prefix = "/"
+type = "return"
+body = "limited\\n"
 """)
     started = Server(config, ())
     started.ca = str(folder / "ca.pem")
+    started.log = folder / "access.log"
     yield started
     started.stop()
     upstream.shutdown()
@@ -262,6 +293,13 @@ CASES = {
                                            ("x-forwarded-for", OUTSIDER)), b""),
     "allow list, inside": ("GET", "/x", (("host", "office.test"),
                                          ("x-forwarded-for", "10.1.2.3")), b""),
+    "deny list inside the allow list": ("GET", "/x", (("host", "office.test"),
+                                                      ("x-forwarded-for", "10.9.1.1")), b""),
+    "protected, local visitor exempt": ("GET", "/x", (("host", "lan.test"),
+                                                      ("x-forwarded-for", "192.168.1.5")), b""),
+    "protected with exemption, outsider": ("GET", "/x", (("host", "lan.test"),
+                                                         ("accept", "text/html"),
+                                                         ("x-forwarded-for", OUTSIDER)), b""),
     "unknown host": ("GET", "/hello", (("host", "nobody.invalid"),), b""),
     "unknown path": ("GET", "/nothing-here", (), b""),
     "method not allowed on health": ("DELETE", "/api/v1/health", (), b""),
@@ -283,3 +321,66 @@ def test_http2_answers_as_http1(server, case):
             (case, protocol, other_body[:300], first_body[:300])
         for name in COMPARED:
             assert other_headers.get(name) == first_headers.get(name), (case, protocol, name)
+
+
+def test_a_signed_in_visitor_passes_on_every_protocol(server):
+    browser = Browser(server.port("http"))
+    resp, _ = browser.sign_in(next_url="/x")
+    assert resp.status == 303 and browser.jar
+    cookie = "; ".join(f"{k}={v}" for k, v in browser.jar.items())
+    answers = {p: ask(server, p, "GET", "/x", (("host", "private.test"), ("cookie", cookie)))
+               for p in PROTOCOLS}
+    assert {p: (status, body) for p, (status, _, body) in answers.items()} == {
+        p: (200, b"upstream saw /x") for p in PROTOCOLS}
+
+
+def test_a_rate_limit_refuses_alike_on_every_protocol(server):
+    # Each protocol's client (named by X-Forwarded-For) has a burst of one: its second
+    # request is refused, with the same status and headers whichever protocol asks.
+    refused = {}
+    for n, protocol in enumerate(PROTOCOLS):
+        headers = (("host", "limited.test"), ("x-forwarded-for", f"198.51.100.{n + 1}"))
+        first = ask(server, protocol, "GET", "/", headers)
+        second = ask(server, protocol, "GET", "/", headers)
+        assert (first[0], first[2]) == (200, b"limited\n"), protocol
+        assert second[0] == 429, protocol
+        refused[protocol] = second
+    for protocol in ("h2", "h2c"):
+        for name in ("cache-control", "content-type", "retry-after"):
+            assert refused[protocol][1].get(name) == refused["http/1.1"][1].get(name), \
+                (protocol, name)
+        assert refused[protocol][2] == refused["http/1.1"][2]
+
+
+# What a record must agree on across protocols (time and duration differ). A request
+# refused while its head is read (a body over max_body) is logged for its client with
+# its status; what else of it was read differs by protocol.
+SERVED_FIELDS = ("client", "method", "host", "path", "status", "bytes", "route")
+LOGGED = {"return": SERVED_FIELDS, "static file": SERVED_FIELDS, "proxy GET": SERVED_FIELDS,
+          "unknown path": SERVED_FIELDS, "allow list, outsider": SERVED_FIELDS,
+          "notes API no token": SERVED_FIELDS, "body over max_body": ("client", "status")}
+
+
+def _records(log_path, agent):
+    lines = log_path.read_text().splitlines() if log_path.exists() else []
+    return [r for r in map(json.loads, lines) if r.get("user_agent") == agent]
+
+
+@pytest.mark.parametrize("case", list(LOGGED))
+def test_the_request_log_records_alike_on_every_protocol(server, case):
+    method, path, headers, body = CASES[case]
+    if not any(name == "x-forwarded-for" for name, _ in headers):
+        headers = (*headers, ("x-forwarded-for", "198.51.100.77"))   # loopback is not logged
+    agents = {p: f"both-{p}-{case}-{time.monotonic_ns()}" for p in PROTOCOLS}
+    for protocol in PROTOCOLS:
+        ask(server, protocol, method, path, (*headers, ("user-agent", agents[protocol])), body)
+    records = poll(lambda: {p: _records(server.log, agents[p]) for p in PROTOCOLS},
+                   lambda got: all(len(r) == 1 for r in got.values()))
+    assert all(len(r) == 1 for r in records.values()), (case, records)
+    first = records["http/1.1"][0]
+    assert first["protocol"] == "HTTP/1.1"
+    for protocol in ("h2", "h2c"):
+        record = records[protocol][0]
+        assert record["protocol"] == "HTTP/2", protocol
+        assert {k: record[k] for k in LOGGED[case]} == \
+            {k: first[k] for k in LOGGED[case]}, (case, protocol)

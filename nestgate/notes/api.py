@@ -24,6 +24,7 @@ import json
 import os
 from urllib.parse import parse_qs
 
+from nestgate.errors import HandlerError
 from nestgate.notes.store import SLUG, BadNote, StoreError, make_note, split_front_matter
 from nestgate.tally import TALLY
 
@@ -34,10 +35,12 @@ _MAX_PER_PAGE = 100
 SUMMARY_MAX = 1000             # characters
 
 
-class ApiError(Exception):
+class ApiError(HandlerError):
+    """A refused API call: answered here as JSON (`{"error": message, "field": ...}`)."""
+
     def __init__(self, status: int, message: str, field: str | None = None, headers=()):
-        super().__init__(message)
-        self.status, self.message, self.field, self.headers = status, message, field, headers
+        super().__init__(status, message)
+        self.message, self.field, self.headers = message, field, headers
 
 
 class NotesApi:

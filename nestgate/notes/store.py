@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from nestgate.errors import HandlerError
+
 SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}\Z")     # \Z: "$" lets a newline end it
 RESERVED_SLUGS = frozenset({"page", "tag", "feed"})
 GENERATION_FILE = ".nestgate-generation"
@@ -32,12 +34,8 @@ _SUFFIX = ".md"
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)    # libyaml when present
 
 
-class StoreError(Exception):
+class StoreError(HandlerError):
     """A note could not be saved or removed; `status` is the HTTP status it maps to."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class BadNote(ValueError):
