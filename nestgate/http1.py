@@ -131,11 +131,6 @@ _NEXT = {
 }
 
 
-def _chunk_framing(chunk: bytes) -> int:
-    """Bytes of a framed chunk (`size\r\n` ... `\r\n`) that are not body."""
-    return chunk.index(b"\r\n") + 4
-
-
 class HTTP1Request(Request):
     """A Request answered on an HTTP/1.x connection: a status line, header lines and
     the body as bytes (chunked when HTTP/1.1 and no length is known)."""
@@ -227,10 +222,11 @@ class HTTP1Request(Request):
         if self.head_only or not data:
             return
         conn = self.connection
-        self.sent += len(data)
+        size = len(data)
+        self.sent += size
         if self._chunked:
-            data = b"%x\r\n%b\r\n" % (len(data), data)
-            conn.bytes_out += _chunk_framing(data)
+            data = b"%x\r\n%b\r\n" % (size, data)
+            conn.bytes_out += len(data) - size          # the chunk's framing
         conn.write(data)
         if conn.write_paused:
             await conn.wait_writable()
@@ -247,10 +243,11 @@ class HTTP1Request(Request):
         """Body bytes as they go on the wire (chunk-framed if need be), not written."""
         if self.head_only or not data:
             return b""
-        self.sent += len(data)
+        size = len(data)
+        self.sent += size
         if self._chunked:
-            data = b"%x\r\n%b\r\n" % (len(data), data)
-            self.connection.bytes_out += _chunk_framing(data)
+            data = b"%x\r\n%b\r\n" % (size, data)
+            self.connection.bytes_out += len(data) - size   # the chunk's framing
         return data
 
     def end_bytes(self) -> bytes:
