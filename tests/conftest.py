@@ -255,6 +255,14 @@ def poll(produce, check, timeout: float = 10):
     return value
 
 
+def still_serves(port: int) -> None:
+    """A fresh connection still gets the `/hello` route's "hello\\n" (after an attack)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/hello")
+    assert conn.getresponse().read() == b"hello\n"
+    conn.close()
+
+
 def scrape(port: int, token: str | None = None) -> tuple[int, str, dict]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})

@@ -12,11 +12,10 @@ requests counted, and the worker keeps its size.
 
 from __future__ import annotations
 
-import http.client
 import socket
 import time
 
-from conftest import poll, scrape
+from conftest import poll, scrape, still_serves
 
 READ_SECONDS = 5.0
 HIDDEN = 2000                     # requests sent where the body would be
@@ -40,13 +39,6 @@ path = "/hello"
 type = "return"
 body = "hello\\n"
 """
-
-
-def still_serves(port: int) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    conn.request("GET", "/hello")
-    assert conn.getresponse().read() == b"hello\n"
-    conn.close()
 
 
 def answered(admin: int) -> float:

@@ -10,11 +10,12 @@ the client's own socket fills and its sends block; `send_timeout` then resets it
 from __future__ import annotations
 
 import errno
-import http.client
 import socket
 import time
 
 import pytest
+
+from conftest import still_serves
 
 SEND_TIMEOUT = 2.0
 ATTACK_SECONDS = 5.0        # longer than send_timeout: the reset must come first
@@ -87,13 +88,6 @@ def attack(server, first: bytes, request: bytes) -> tuple[int, float | None]:
     finally:
         sock.close()
     return peak - start, ended
-
-
-def still_serves(port: int) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    conn.request("GET", "/hello")
-    assert conn.getresponse().read() == b"hello\n"
-    conn.close()
 
 
 @pytest.mark.parametrize("case", CASES)
