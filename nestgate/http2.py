@@ -265,6 +265,26 @@ class _DateField:
 
 DATE_FIELD = _DateField()
 
+# (status, header lines, length, Server) -> the encoded fields of a proxied head (`start_raw`),
+# cleared when full rather than grown by an upstream that varies its headers.
+_RAW_BLOCKS: dict[tuple, bytes] = {}
+_RAW_BLOCKS_LIMIT = 256
+
+
+def _response_fields(status: int, pairs, content_length: int | None) -> list:
+    """A response's fields for HTTP/2, Date apart: `:status` and Server first, the
+    connection-specific ones (RFC 9113 8.2.2) and any Content-Length left out, then the
+    framing's own length."""
+    fields = [(b":status", _STATUS.get(status) or str(status).encode()),
+              (b"server", SERVER.value)]
+    for name, value in pairs:
+        name = name.lower()
+        if name not in _CONNECTION_HEADERS and name != b"content-length":
+            fields.append((name, value))
+    if content_length is not None:
+        fields.append((b"content-length", b"%d" % content_length))
+    return fields
+
 
 def _field_problem(headers, authority: bytes) -> str | None:
     """Why a request's regular fields make it malformed (RFC 9113 8.2), or None."""
@@ -425,27 +445,32 @@ class H2Request(Request):
         self._start_pairs(status, pairs, content_length)
 
     def start_raw(self, status: int, block: bytes, content_length: int | None = None) -> None:
-        pairs = []
-        for line in block.split(b"\r\n"):
-            if line:
-                name, _, value = line.partition(b":")
-                pairs.append((name.strip(), value.strip()))
-        self._start_pairs(status, pairs, content_length)
+        # A proxied response's head: the same few heads come back from an upstream
+        # again and again, so each is encoded once (without its Date) and kept.
+        key = (status, block, content_length, SERVER.value)
+        encoded = _RAW_BLOCKS.get(key)
+        if encoded is None:
+            pairs = []
+            for line in block.split(b"\r\n"):
+                if line:
+                    name, _, value = line.partition(b":")
+                    pairs.append((name.strip(), value.strip()))
+            encoded = encode_fields(_response_fields(status, pairs, content_length))
+            if len(_RAW_BLOCKS) >= _RAW_BLOCKS_LIMIT:
+                _RAW_BLOCKS.clear()
+            _RAW_BLOCKS[key] = encoded
+        self._send_head(status, encoded + DATE_FIELD.current())
 
     def _start_pairs(self, status, pairs, content_length) -> None:
+        self._send_head(status, encode_fields(_response_fields(status, pairs, content_length))
+                        + DATE_FIELD.current())
+
+    def _send_head(self, status: int, block: bytes) -> None:
         if self.started:
             raise RuntimeError("response already started")
         self.started = True
         self.status = status
-        headers = [(b":status", _STATUS.get(status) or str(status).encode()),
-                   (b"server", SERVER.value), (b"date", CLOCK.date)]
-        for name, value in pairs:
-            name = name.lower()
-            if name not in _CONNECTION_HEADERS and name != b"content-length":
-                headers.append((name, value))
-        if content_length is not None:
-            headers.append((b"content-length", b"%d" % content_length))
-        self.connection.send_headers(self.stream_id, headers, end_stream=self.head_only)
+        self.connection.send_block(self.stream_id, block, end_stream=self.head_only)
         if self.head_only:
             self.finished = True
 

@@ -614,11 +614,10 @@ def test_request_timeout_covers_the_whole_exchange(start_server, upstream):
     assert time.monotonic() - t0 < 5
 
 
-def test_proxy_over_http2(start_server, upstream, certs):
-    from h2client import H2Client
-    up = upstream()
+def h2_gateway(start_server, up, certs):
+    """A one-worker gateway to `up` on an HTTPS listener (HTTP/2 by ALPN)."""
     cert, key = certs["local"]
-    server = start_server(f"""
+    return start_server(f"""
 [server]
 workers = 1
 [[listen]]
@@ -630,6 +629,12 @@ key = "{key}"
 hosts = ["*"]
 {route(up.url)}
 """)
+
+
+def test_proxy_over_http2(start_server, upstream, certs):
+    from h2client import H2Client
+    up = upstream()
+    server = h2_gateway(start_server, up, certs)
     client = H2Client(server.port("https"), certs["ca"])
     try:
         status, headers, body = client.request("POST", "/echo", body=b"x" * 16000)
@@ -638,6 +643,37 @@ hosts = ["*"]
         assert dict(seen["headers"])["x-forwarded-proto"] == "https"
         status, _headers, body = client.request("GET", "/big?n=300000&chunked")
         assert status == 200 and len(body) == 300000
+    finally:
+        client.close()
+
+
+def test_proxied_heads_over_http2_each_their_own_after_the_encoded_ones_are_kept(
+        start_server, upstream, certs):
+    # An upstream head is encoded for HTTP/2 once and kept, bounded: every answer still
+    # carries its own fields, a Date, nestgate's Server and its length, including
+    # after more distinct heads than are kept.
+    from h2client import H2Client
+    up = upstream()
+    server = h2_gateway(start_server, up, certs)
+    from nestgate.http2 import _RAW_BLOCKS_LIMIT
+    client = H2Client(server.port("https"), certs["ca"])
+    try:
+        for value in ["a", "b", "a"] + [f"n{i}" for i in range(_RAW_BLOCKS_LIMIT + 44)] + ["b"]:
+            status, headers, body = client.request("GET", f"/vary?v={value}")
+            assert (status, headers["x-vary"], body) == (200, value, b"ok"), value
+            assert headers["server"] == "nestgate" and headers["content-length"] == "2"
+            assert headers["date"].endswith(" GMT")
+        # A remembered head whose body comes in two reads, and one followed by bytes
+        # the upstream does not owe (the answer stands, the connection is not reused).
+        for _ in range(3):
+            assert client.request("GET", "/late-body")[::2] == (200, b"0123456789")
+        for _ in range(3):
+            assert client.request("GET", "/overrun/whole")[::2] == (200, b"hi")
+        status, headers, body = client.request("GET", "/big?n=5000")
+        assert status == 200 and headers["content-length"] == "5000" and len(body) == 5000
+        status, headers, body = client.request("HEAD", "/big?n=5000")
+        assert (status, headers["content-length"], body) == (200, "5000", b"")
+        assert client.request("GET", "/status/204")[0] == 204
     finally:
         client.close()
 

@@ -15,8 +15,9 @@ head's bytes (llhttp has checked them) are looked up in `_HEADS`, and only a hea
 not seen before is split into lines in Python. An upstream repeats its heads byte
 for byte (the Date line turns over once a second), so once a head is known, a
 response that begins with it and is framed by Content-Length does not go through
-the parser at all (`_remembered`): the parser would read the same head the same
-way, so the memo answers and the body is counted to its length. Bytes past that
+the parser at all (`_remembered`), over HTTP/1.1 and HTTP/2 alike: the parser would
+read the same head the same way, so the memo answers and the body is counted to its
+length. Bytes past that
 length are the upstream framing differently from us: the response stands, the
 connection is not reused.
 
@@ -157,7 +158,7 @@ class Exchange:
                  "upgrade_value", "upgrade_tail", "received", "out", "head_buf", "head_start",
                  "last_head", "last_known", "owed", "keep_alive", "heads", "private",
                  "reusable", "fast", "target", "h1", "pending", "credit", "cancel",
-                 "client", "compress", "remember", "encoder")
+                 "client", "compress", "encoder")
 
     @classmethod
     def on(cls, conn: UpstreamConnection, req) -> Exchange:
@@ -220,7 +221,6 @@ class Exchange:
         # framed here and written once per upstream read; others (HTTP/2) are answered
         # through `start_raw` and `write`, under their flow control.
         self.h1 = req.relays_bytes
-        self.remember = self.h1 and not self.compress
         self.encoder = None           # a StreamEncoder when this response is compressed
         self.conn.exchange = self
 
@@ -230,7 +230,7 @@ class Exchange:
         self.last = CLOCK.now
         if self.owed:
             self._count(data)
-        elif self.started or self.head_buf or not self.remember or not self._remembered(data):
+        elif self.started or self.head_buf or self.compress or not self._remembered(data):
             if not self._parse(data):
                 return
         out = self.out
@@ -268,23 +268,27 @@ class Exchange:
                 return False
             self.last_head = head
             self.last_known = known
-        if self.req.head_only:
+        req = self.req
+        if req.head_only:
             return False
         self.block, length, self.chunked, self.upgrade_value, lines, status, keep_alive = known
         self.length = length
         self.status = status
         self.started = True
-        req = self.req
-        head = req.head_from(status, lines)
         start = end + 4
         got = len(data) - start
-        self.out.append(head + data[start:start + length] if got else head)
+        if self.h1:
+            head = req.head_from(status, lines)
+            self.out.append(head + data[start:start + length] if got else head)
+            req.sent += min(got, length)
+        else:
+            req.start_raw(status, self.block, length)
+            if got:
+                self._relay(data[start:start + length])
         if got < length:
             self.owed = length - got
             self.keep_alive = keep_alive
-            req.sent += got
         else:
-            req.sent += length
             # Bytes past the response: it stands, the connection is not reused (`_parse`).
             self._finish(keep_alive and got == length)
         return True
@@ -293,15 +297,19 @@ class Exchange:
         """Body bytes of a response `_remembered` began, up to its Content-Length."""
         owed = self.owed
         size = len(data)
-        if size < owed:
+        if size >= owed:
+            self.owed = 0
+            if size > owed:
+                data = data[:owed]
+        else:
             self.owed = owed - size
-            self.req.sent += size
+        if self.h1:
+            self.req.sent += len(data)
             self.out.append(data)
-            return
-        self.owed = 0
-        self.req.sent += owed
-        self.out.append(data if size == owed else data[:owed])
-        self._finish(self.keep_alive and size == owed)
+        else:
+            self._relay(data)
+        if not self.owed:
+            self._finish(self.keep_alive and size == owed)
 
     def _parse(self, data: bytes) -> bool:
         """`data` through the parser; False when that ended the exchange in failure."""
@@ -464,14 +472,18 @@ class Exchange:
             if data:
                 self.out.append(data)
         else:
-            self.pending.append(chunk)
-            self.credit -= len(chunk)
-            if self.credit <= 0 and not self.paused:
-                # Past the room the client's protocol granted: read no further until
-                # `wait` has written these and been granted more.
-                self.paused = True
-                self.conn.transport.pause_reading()
-            self._wake()
+            self._relay(chunk)
+
+    def _relay(self, chunk: bytes) -> None:
+        """Not HTTP/1.1: a body chunk for `wait` to write through the protocol's `write`."""
+        self.pending.append(chunk)
+        self.credit -= len(chunk)
+        if self.credit <= 0 and not self.paused:
+            # Past the room the client's protocol granted: read no further until
+            # `wait` has written these and been granted more.
+            self.paused = True
+            self.conn.transport.pause_reading()
+        self._wake()
 
     def on_message_complete(self) -> None:
         if self.status < 200 or self.complete:
