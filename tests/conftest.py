@@ -383,6 +383,8 @@ class Upstream:
       /trickle-head    a response whose head comes a few bytes per write
       /vary?v=X        a 2-byte response with the header `x-vary: X`
       /late-body       a 10-byte body, half written with the head, half a moment later
+      /head-with-body  a 5-byte body for every method, HEAD too (a faulty upstream), a
+                       moment after the head
       /hi              "hi", with the same head as /overrun's first response
 
     Every request is recorded in `requests`; `connections` counts accepted sockets.
@@ -498,6 +500,13 @@ class Upstream:
                 writer.write(answer[i:i + 9])
                 await writer.drain()
                 await asyncio.sleep(0.005)
+        elif path == "/head-with-body":
+            # A body whatever the method, HEAD too, a moment after the head: after the
+            # proxy has finished the HEAD answer.
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(b"stray")
         elif path == "/late-body":
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n01234")
             await writer.drain()

@@ -221,6 +221,20 @@ def test_head_and_interim_and_close_delimited(start_server, upstream):
     assert resp.status == 200
 
 
+def test_a_body_after_a_head_answer_never_reaches_the_next_request(start_server, upstream):
+    # An upstream that sends a body after its answer to HEAD (RFC 9110 9.3.2 says it
+    # must not): those bytes must not be read as the next response on that connection.
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    conn = None
+    for _ in range(3):
+        resp, body, conn = get(server.port(), "/head-with-body", method="HEAD", conn=conn)
+        assert resp.status == 200 and body == b""
+        # Asked at once: the stray body comes before the upstream reads this request.
+        resp, body, conn = get(server.port(), "/echo", conn=conn)
+        assert resp.status == 200 and json.loads(body)["target"] == "/echo"
+
+
 def test_interim_responses_are_not_forwarded(start_server, upstream):
     up = upstream()
     server = start_server(gateway(route(up.url)))

@@ -455,10 +455,11 @@ class Exchange:
         self.started = True
         if req.head_only:
             # No body follows a HEAD response whatever its headers say; the parser
-            # cannot be told, so this exchange ends here (and the parser with it).
-            keep_alive = self.parser.should_keep_alive()
+            # cannot be told, so this exchange ends here (and the parser with it). The
+            # connection is not reused: an upstream that sends a body anyway (RFC 9110
+            # 9.3.2 says it must not) would have it read as the next client's response.
             self.parser = None
-            self._finish(keep_alive)
+            self._finish(False)
 
     def on_body(self, chunk: bytes) -> None:
         if self.complete:
