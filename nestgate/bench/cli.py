@@ -86,8 +86,9 @@ def main(argv: list[str]) -> int:
     p = parser()
     args = p.parse_args(argv)
     if args.list:
+        width = max(len(s.name) for s in scenarios.SCENARIOS) + 2
         for s in scenarios.SCENARIOS:
-            print(f"{s.name:<16}{s.title}{'  [quick]' if s.name in scenarios.QUICK else ''}")
+            print(f"{s.name:<{width}}{s.title}{'  [quick]' if s.name in scenarios.QUICK else ''}")
         return 0
     try:
         chosen = scenarios.select(args.scenario, args.quick)
