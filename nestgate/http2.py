@@ -266,9 +266,11 @@ class _DateField:
 DATE_FIELD = _DateField()
 
 # (status, header lines, length, Server) -> the encoded fields of a proxied head (`start_raw`),
-# cleared when full rather than grown by an upstream that varies its headers.
+# cleared when full rather than grown by an upstream that varies its headers; only heads
+# of up to _RAW_BLOCK_MAX bytes, so it holds about 1 MB at most.
 _RAW_BLOCKS: dict[tuple, bytes] = {}
 _RAW_BLOCKS_LIMIT = 256
+_RAW_BLOCK_MAX = 2048
 
 
 def _response_fields(status: int, pairs, content_length: int | None) -> list:
@@ -447,8 +449,9 @@ class H2Request(Request):
     def start_raw(self, status: int, block: bytes, content_length: int | None = None) -> None:
         # A proxied response's head: the same few heads come back from an upstream
         # again and again, so each is encoded once (without its Date) and kept.
+        kept = len(block) <= _RAW_BLOCK_MAX
         key = (status, block, content_length, SERVER.value)
-        encoded = _RAW_BLOCKS.get(key)
+        encoded = _RAW_BLOCKS.get(key) if kept else None
         if encoded is None:
             pairs = []
             for line in block.split(b"\r\n"):
@@ -456,9 +459,10 @@ class H2Request(Request):
                     name, _, value = line.partition(b":")
                     pairs.append((name.strip(), value.strip()))
             encoded = encode_fields(_response_fields(status, pairs, content_length))
-            if len(_RAW_BLOCKS) >= _RAW_BLOCKS_LIMIT:
-                _RAW_BLOCKS.clear()
-            _RAW_BLOCKS[key] = encoded
+            if kept:
+                if len(_RAW_BLOCKS) >= _RAW_BLOCKS_LIMIT:
+                    _RAW_BLOCKS.clear()
+                _RAW_BLOCKS[key] = encoded
         self._send_head(status, encoded + DATE_FIELD.current())
 
     def _start_pairs(self, status, pairs, content_length) -> None:

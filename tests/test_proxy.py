@@ -669,10 +669,12 @@ def test_proxied_heads_over_http2_each_their_own_after_the_encoded_ones_are_kept
     from h2client import H2Client
     up = upstream()
     server = h2_gateway(start_server, up, certs)
-    from nestgate.http2 import _RAW_BLOCKS_LIMIT
+    from nestgate.http2 import _RAW_BLOCK_MAX, _RAW_BLOCKS_LIMIT
     client = H2Client(server.port("https"), certs["ca"])
     try:
-        for value in ["a", "b", "a"] + [f"n{i}" for i in range(_RAW_BLOCKS_LIMIT + 44)] + ["b"]:
+        long = "L" * (_RAW_BLOCK_MAX + 100)          # encoded for each answer, not kept
+        for value in ["a", "b", "a", long, long] + \
+                [f"n{i}" for i in range(_RAW_BLOCKS_LIMIT + 44)] + ["b"]:
             status, headers, body = client.request("GET", f"/vary?v={value}")
             assert (status, headers["x-vary"], body) == (200, value, b"ok"), value
             assert headers["server"] == "nestgate" and headers["content-length"] == "2"
