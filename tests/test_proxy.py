@@ -717,3 +717,31 @@ def test_response_head_read_once_and_remembered_within_bounds():
     long = b"HTTP/1.1 200 OK\r\nset-cookie: " + b"c" * up._HEAD_MEMO_MAX
     assert up._read_head(long, 200, True)[0] == long[17:] + b"\r\n"
     assert long not in up._HEADS
+
+
+def test_a_remembered_head_for_a_stream_reset_meanwhile_fails_the_exchange_quietly():
+    # The client's HTTP/2 stream is reset in the same turn of the loop as the upstream's
+    # answer arrives, before the stream's task is cancelled: the head cannot be sent,
+    # and the exchange fails as it would in the parser's callback (no exception out of
+    # the upstream socket's data_received).
+    from types import SimpleNamespace
+    from nestgate.h2engine import StreamClosedError
+    from nestgate.proxy import upstream as up
+
+    class ResetStream:
+        relays_bytes = False
+        head_only = False
+        connection = None
+        sent = 0
+
+        def start_raw(self, status, block, length):
+            raise StreamClosedError("stream 1 is closed")
+
+    head = b"HTTP/1.1 200 OK\r\nx-kind: remembered\r\ncontent-length: 2"
+    up._read_head(head, 200, True)                 # known, as after a first response
+    conn = SimpleNamespace(target=SimpleNamespace(private=False, compress=False),
+                           closed=False, exchange=None)
+    conn.close = lambda: setattr(conn, "closed", True)
+    ex = up.Exchange(conn, ResetStream())
+    ex.feed(head + b"\r\n\r\nok")
+    assert ex.error == 502 and conn.closed and conn.exchange is None and not ex.pending

@@ -282,7 +282,13 @@ class Exchange:
             self.out.append(head + data[start:start + length] if got else head)
             req.sent += min(got, length)
         else:
-            req.start_raw(status, self.block, length)
+            try:
+                req.start_raw(status, self.block, length)
+            except ConnectionResetError:
+                # The client's stream was reset in this same turn of the loop, before
+                # its task was cancelled: as in the parser's callback (`_parse`).
+                self.fail(BAD_GATEWAY)
+                return True
             if got:
                 self._relay(data[start:start + length])
         if got < length:
