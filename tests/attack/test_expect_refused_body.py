@@ -15,30 +15,14 @@ from __future__ import annotations
 import socket
 import time
 
-from conftest import poll, scrape, still_serves
+from conftest import BASIC_SITE, poll, scrape, still_serves
 
 READ_SECONDS = 5.0
 HIDDEN = 2000                     # requests sent where the body would be
 RSS_GROWTH_BOUND_KIB = 8 * 1024
 
-CONFIG = """
-[server]
-workers = 1
-
-[[listen]]
-address = "127.0.0.1:0"
-
-[admin]
-address = "127.0.0.1:0"
-
-[[site]]
-hosts = ["*"]
-
-[[site.route]]
-path = "/hello"
-type = "return"
-body = "hello\\n"
-"""
+# The basic site, with the admin listener whose metrics count the answers.
+CONFIG = BASIC_SITE.replace("[[site]]", '[admin]\naddress = "127.0.0.1:0"\n\n[[site]]', 1)
 
 
 def answered(admin: int) -> float:
