@@ -618,8 +618,10 @@ class HTTP1Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade as exc:
             # Only handlers that take over the connection accept an upgrade; for the
             # rest the request was answered as usual and the connection ends after it.
-            req = self._active
-            if (req is not None and req.upgrade and not self._queue
+            # The upgrade request is the last one read: being answered, or waiting its
+            # turn behind answers to pipelined requests ahead of it.
+            req = self._queue[-1] if self._queue else self._active
+            if (type(req) is HTTP1Request and req.upgrade
                     and getattr(req.handler, "upgrades", False)):
                 # Hold the client's next bytes until the handler knows the answer.
                 self._enter(UPGRADING)

@@ -371,7 +371,10 @@ class Upstream:
       /endless-header  a status line, 1 MiB of one header line, then waits until released
       /reset-mid-body  promises 100000 bytes, sends 1000, then resets the connection
       /close           a body delimited by closing the connection (no length)
-      /ws              101 Switching Protocols, then echoes every byte upper-cased
+      /ws              101 Switching Protocols, then echoes every byte upper-cased; the
+                       tunnel's end is recorded in `tunnels_ended` ("eof" when the proxy
+                       closed its side)
+      /ws-h2c          101 Switching Protocols to h2c, whatever the request asked for
       /status/N        an empty response with status N
       /connection-lines  a 2-byte response whose Connection header takes two field lines,
                        each naming a header it also sends (x-hop-one, x-hop-two)
@@ -397,6 +400,7 @@ class Upstream:
         self.connections = 0
         self.writers = set()
         self.healthy = True
+        self.tunnels_ended: list[str] = []
         self.release = None
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
@@ -595,6 +599,14 @@ class Upstream:
                          b"connection: upgrade\r\nx-tunnel: yes\r\n\r\nhello")
             if tail:
                 writer.write(tail.upper())
+            while data := await reader.read(65536):
+                writer.write(data.upper())
+                await writer.drain()
+            self.tunnels_ended.append("eof")
+            return False
+        elif path == "/ws-h2c" and parser.should_upgrade():
+            writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n"
+                         b"connection: upgrade\r\n\r\n")
             while data := await reader.read(65536):
                 writer.write(data.upper())
                 await writer.drain()

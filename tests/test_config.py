@@ -271,3 +271,43 @@ def test_a_site_proxied_at_its_root_leaves_the_health_path_to_its_app():
     assert proxied.health is False and plain.health is True
     asked = parse_config({"listen": listen, "site": [{**site, "health": True}]}).sites[0]
     assert asked.health is True
+
+
+def proxy_route(**keys) -> dict:
+    return {"listen": [{"address": "127.0.0.1:0"}], "site": [{"hosts": ["app.test"], "route": [
+        {"prefix": "/", "type": "proxy", "upstream": "http://127.0.0.1:9", **keys}]}]}
+
+
+@pytest.mark.parametrize("keys, upgrade", [
+    pytest.param({}, ("websocket",), id="default"),
+    pytest.param({"websocket": True}, ("websocket",), id="websocket-true"),
+    pytest.param({"websocket": False}, (), id="websocket-false"),
+    pytest.param({"upgrade": []}, (), id="none"),
+    pytest.param({"upgrade": ["WebSocket", "websocket", "x-custom"]}, ("websocket", "x-custom"),
+                 id="lower-case-once-each"),
+])
+def test_a_proxy_route_names_the_upgrades_it_passes(keys, upgrade):
+    opts = parse_config(proxy_route(**keys)).sites[0].routes[0].options
+    assert opts.upgrade == upgrade
+    assert opts.tunnel_idle_timeout == 60.0
+
+
+@pytest.mark.parametrize("keys, problem", [
+    pytest.param({"upgrade": ["h2c"]}, "upgrade: expected no 'h2c': an HTTP upgrade would "
+                 "carry requests past the route's rules", id="h2c"),
+    pytest.param({"upgrade": ["websocket", "H2C"]}, "upgrade: expected no 'H2C'", id="H2C"),
+    pytest.param({"upgrade": ["HTTP"]}, "upgrade: expected no 'HTTP'", id="http"),
+    pytest.param({"upgrade": ["web socket"]}, "upgrade: expected protocol names that are "
+                 "tokens, not 'web socket'", id="not-a-token"),
+    pytest.param({"upgrade": "websocket"}, "upgrade: expected a list of Upgrade protocol "
+                 "names", id="not-a-list"),
+    pytest.param({"upgrade": ["websocket"], "websocket": True}, "websocket: expected either "
+                 "upgrade or websocket, not both", id="both"),
+    pytest.param({"tunnel_idle_timeout": "0s"}, "tunnel_idle_timeout: expected a duration "
+                 "above zero", id="idle-zero"),
+    pytest.param({"tunnel_idle_timeout": "forever"}, "tunnel_idle_timeout: expected",
+                 id="idle-not-a-duration"),
+])
+def test_proxy_upgrade_problems_name_the_key(keys, problem):
+    [found] = problems_of(proxy_route(**keys))
+    assert found.startswith("site.toml: site[0].route[0].") and problem in found, found

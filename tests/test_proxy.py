@@ -605,6 +605,41 @@ def test_upgrade_refused_by_upstream_is_a_normal_answer(start_server, upstream):
     assert data.startswith(b"HTTP/1.1 426") and b"connection: close" in data.lower()
 
 
+def test_upstream_switching_to_a_protocol_not_asked_for_is_502(start_server, upstream):
+    # Asked for websocket, the upstream answers 101 to h2c: nothing is tunnelled.
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    sock = socket.create_connection(("127.0.0.1", server.port()), timeout=5)
+    sock.sendall(b"GET /ws-h2c HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\n"
+                 b"Upgrade: websocket\r\n\r\nafter")
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    assert data.startswith(b"HTTP/1.1 502") and data.count(b"HTTP/1.1 ") == 1, data[:200]
+    assert b"AFTER" not in data
+
+
+@pytest.mark.parametrize("offer, forwarded", [
+    pytest.param(b"websocket", "websocket", id="websocket"),
+    pytest.param(b"h2c, WebSocket/13", "WebSocket/13", id="only-the-named-one"),
+    pytest.param(b"h2c", None, id="none-named: a plain request"),
+    pytest.param(b"x-custom", None, id="other"),
+])
+def test_only_the_upgrades_a_route_names_go_upstream(start_server, upstream, offer, forwarded):
+    up = upstream()
+    server = start_server(gateway(route(up.url)))
+    sock = socket.create_connection(("127.0.0.1", server.port()), timeout=5)
+    sock.sendall(b"GET /echo HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\n"
+                 b"Upgrade: " + offer + b"\r\n\r\n")
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    assert data.startswith(b"HTTP/1.1 200") and b"connection: close" in data.lower()
+    headers = dict(up.requests[0]["headers"])
+    assert headers.get("upgrade") == forwarded
+    assert headers.get("connection") == ("upgrade" if forwarded else None)
+
+
 # ------------------------------------------------------------------ limits and HTTP/2
 
 

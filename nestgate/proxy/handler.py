@@ -28,8 +28,10 @@ from nestgate.tally import TALLY
 IDEMPOTENT = frozenset((b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"))
 
 # Request headers never forwarded as received.
+# HTTP2-Settings belongs to the h2c upgrade, which is never passed (`NEVER_UPGRADE`).
 HOP_BY_HOP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
-                        b"transfer-encoding", b"upgrade", b"expect", b"proxy-authorization"))
+                        b"transfer-encoding", b"upgrade", b"expect", b"proxy-authorization",
+                        b"http2-settings"))
 FORWARDED = frozenset((b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host"))
 # Other headers that tell the upstream who the client is: believed from trusted
 # proxies only, as X-Forwarded-For is, whenever nestgate sets X-Forwarded-*.
@@ -70,7 +72,10 @@ class ProxyHandler(Service):
         # nestgate's own sign-in cookie is never the upstream's business: an app (or
         # whoever compromises it) could replay it. Cookie lines lose it, keep the rest.
         self.session_cookie = session_cookie.encode()
-        self.upgrades = opts.websocket
+        # Whether the route takes connections over at all (the engines ask), and which
+        # Upgrade protocols it passes (matched by name, in lower case).
+        self.upgrades = bool(opts.upgrade)
+        self.upgrade_names = frozenset(name.encode() for name in opts.upgrade)
         tls = client_ssl_context(opts) if any(t.scheme == "https" for t in opts.targets) else None
         self.targets = [Target(t, opts, tls if t.scheme == "https" else None, private)
                         for t in opts.targets]
@@ -97,7 +102,8 @@ class ProxyHandler(Service):
         self.running = False
         # The worker's tick drives the timeout watch (and, through the balancer, the
         # health checks): often enough to see the shortest timeout pass.
-        shortest = min(opts.read_timeout, opts.request_timeout or opts.read_timeout)
+        shortest = min(opts.read_timeout, opts.request_timeout or opts.read_timeout,
+                       opts.tunnel_idle_timeout if self.upgrades else opts.read_timeout)
         self.tick_every = max(0.05, min(1.0, shortest / 4))
         if self.balancer.health is not None:
             self.tick_every = min(self.tick_every, opts.health_interval)
@@ -111,13 +117,19 @@ class ProxyHandler(Service):
         self.balancer.stop()
 
     def tick(self, now: float) -> None:
-        """Exchanges past `read_timeout` or `request_timeout` fail with 504; idle
-        upstream connections past `idle_timeout` close; health checks fall due."""
+        """Exchanges past `read_timeout` or `request_timeout` fail with 504; tunnels
+        idle past `tunnel_idle_timeout` close; idle upstream connections past
+        `idle_timeout` close; health checks fall due."""
         opts = self.opts
         for target in self.targets:
-            # An exchange in flight is its connection's `exchange` until it ends.
+            # An exchange in flight (or a tunnel) is its connection's `exchange` until
+            # it ends.
             for conn in list(target.conns):
                 ex = conn.exchange
+                if type(ex) is Pipe:
+                    if now - ex.last > opts.tunnel_idle_timeout:
+                        ex.lost()               # both sides close as the tunnel ends
+                    continue
                 if type(ex) is not Exchange or ex.complete or ex.error or ex.paused:
                     continue
                 if now - ex.last > opts.read_timeout or \
@@ -302,7 +314,7 @@ class ProxyHandler(Service):
                     # A list header: the names on every field line count (RFC 9110 7.6.1).
                     conn_tokens = value if conn_tokens is None else conn_tokens + b"," + value
                 elif name == b"upgrade":
-                    upgrade = value
+                    upgrade = value if upgrade is None else upgrade + b"," + value
                 elif name == b"x-forwarded-for":
                     xff = [value] if xff is None else xff + [value]
                 elif name == b"x-forwarded-proto":
@@ -342,10 +354,33 @@ class ProxyHandler(Service):
             parts.append(b"content-length: %d\r\n" % (int(length) if req.body is not None else 0))
         elif req.body is not None:
             parts.append(b"transfer-encoding: chunked\r\n")
-        if upgrade is not None and self.upgrades and req.upgrade:
-            parts += (b"connection: upgrade\r\nupgrade: ", upgrade, b"\r\n")
+        if upgrade is not None and req.upgrade:
+            # Only the protocols the route names; a request that offers none of them
+            # goes as a plain request (as nginx sends one without its upgrade lines).
+            offered = self._offered(upgrade)
+            if offered:
+                parts += (b"connection: upgrade\r\nupgrade: ", offered, b"\r\n")
         parts.append(b"\r\n")
         return b"".join(parts)
+
+    def _offered(self, upgrade: bytes) -> bytes:
+        """Of a request's Upgrade list (`protocol[/version]` items), the items whose
+        protocol the route passes, as they go upstream; b"" for none."""
+        names = self.upgrade_names
+        if not names:
+            return b""
+        return b", ".join(item for item in (i.strip(b" \t") for i in upgrade.split(b","))
+                          if item.partition(b"/")[0].lower() in names)
+
+    def _switched_to_offered(self, req, ex: Exchange) -> bool:
+        """The upstream's 101 names protocols, and only ones this request was
+        forwarded with (RFC 9110 7.8): anything else is never tunnelled."""
+        offered = self._offered(b",".join(v for n, v in req.headers if n == b"upgrade"))
+        if not offered or not ex.upgrade_value:
+            return False
+        asked = {item.partition(b"/")[0].lower() for item in offered.split(b", ")}
+        return all(item.strip(b" \t").partition(b"/")[0].lower() in asked
+                   for item in ex.upgrade_value.split(b","))
 
     def _learn_forwarded(self, key: tuple[str, str]) -> bytes:
         client, scheme = key
@@ -405,9 +440,9 @@ class ProxyHandler(Service):
             transport.write(b"0\r\n\r\n")
 
     async def _tunnel(self, req, conn, ex: Exchange) -> None:
-        if not req.upgrade or not self.upgrades:
+        if not req.upgrade or not self._switched_to_offered(req, ex):
             conn.close()
-            raise HandlerError(502)
+            raise HandlerError(502, "upstream switched to a protocol not asked for")
         head = (b"HTTP/1.1 101 Switching Protocols\r\n" + ex.block
                 + b"connection: upgrade\r\nupgrade: " + ex.upgrade_value + b"\r\n\r\n")
         client = req.connection
@@ -458,16 +493,19 @@ def _hop_names(req, tokens: bytes) -> frozenset[bytes] | set[bytes]:
 class Pipe:
     """After 101: bytes both ways, each side paused while the other's buffer is full."""
 
-    __slots__ = ("client", "upstream", "closed", "client_full", "upstream_full", "waiter")
+    __slots__ = ("client", "upstream", "closed", "client_full", "upstream_full", "waiter",
+                 "last")
 
     def __init__(self, client, upstream) -> None:
         self.client = client
         self.upstream = upstream
         self.closed = False
+        self.last = CLOCK.now           # when a byte last went either way (the tick's view)
         self.client_full = self.upstream_full = False
         self.waiter: asyncio.Future | None = None
 
     def feed(self, data: bytes) -> None:            # upstream -> client
+        self.last = CLOCK.now
         client = self.client
         client.bytes_out += len(data)
         client.write(data)
@@ -477,6 +515,7 @@ class Pipe:
             self._wake()
 
     def from_client(self, data: bytes) -> None:     # client -> upstream
+        self.last = CLOCK.now
         upstream = self.upstream
         if upstream.closed:
             return

@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from nestgate.grammar import TCHAR
+
+# Upgrades a route may never pass: each would make the tunnel an HTTP connection of
+# its own, whose requests reach the upstream past the route's access rules, limits
+# and request log (an h2c-capable upstream answers `Upgrade: h2c` with 101).
+NEVER_UPGRADE = frozenset(("h2c", "h2", "http"))
+
 
 @dataclass(frozen=True)
 class TargetConfig:
@@ -28,7 +35,7 @@ class ProxyOptions:
     strip_prefix: bool = False
     host_header: str = "client"           # "client" keeps the Host; "target" sends the target's
     forwarded: bool = True                # X-Forwarded-For/-Proto/-Host
-    websocket: bool = True                # pass Upgrade requests through
+    upgrade: tuple[str, ...] = ("websocket",)   # Upgrade protocols passed, lower case
     compress: bool = False                # br/zstd/gzip text answers as they stream
     connect_timeout: float = 5.0
     read_timeout: float = 60.0            # between bytes from the upstream
@@ -36,6 +43,7 @@ class ProxyOptions:
     retries: int = 1                      # other targets tried when a connect fails
     max_idle: int = 64                    # kept-alive connections per target
     idle_timeout: float = 60.0
+    tunnel_idle_timeout: float = 60.0     # after 101: no byte either way for this long
     max_connections: int = 0              # per target, 0: no limit (503 when reached)
     max_fails: int = 3                    # passive health: failures that eject a target ...
     fail_timeout: float = 10.0            # ... for this long
@@ -93,7 +101,7 @@ def proxy_options(s) -> ProxyOptions:
         strip_prefix=s.bool("strip_prefix", d.strip_prefix),
         host_header=s.choice("host_header", d.host_header, ("client", "target")),
         forwarded=s.bool("forwarded", d.forwarded),
-        websocket=s.bool("websocket", d.websocket),
+        upgrade=_upgrades(s, d.upgrade),
         compress=s.bool("compress", d.compress),
         connect_timeout=s.duration("connect_timeout", d.connect_timeout),
         read_timeout=s.duration("read_timeout", d.read_timeout),
@@ -101,6 +109,7 @@ def proxy_options(s) -> ProxyOptions:
         retries=s.int("retries", d.retries, 0, 10),
         max_idle=s.int("max_idle", d.max_idle, 0, 100_000),
         idle_timeout=s.duration("idle_timeout", d.idle_timeout),
+        tunnel_idle_timeout=s.duration("tunnel_idle_timeout", d.tunnel_idle_timeout),
         max_connections=s.int("max_connections", d.max_connections, 0, 1_000_000),
         max_fails=s.int("max_fails", d.max_fails, 0, 1000),
         fail_timeout=s.duration("fail_timeout", d.fail_timeout),
@@ -115,7 +124,36 @@ def proxy_options(s) -> ProxyOptions:
         s.fail("health_path", "a path starting with /", opts.health_path)
     if opts.strip_prefix and "prefix" not in s.data:
         s.fail("strip_prefix", "a route with a prefix")
-    for name in ("connect_timeout", "read_timeout", "health_interval", "health_timeout"):
+    for name in ("connect_timeout", "read_timeout", "tunnel_idle_timeout", "health_interval",
+                 "health_timeout"):
         if getattr(opts, name) <= 0:
             s.fail(name, "a duration above zero")
     return opts
+
+
+def _upgrade_names(value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise ValueError('a list of Upgrade protocol names, such as ["websocket"]')
+    names = []
+    for name in value:
+        lower = name.lower()
+        if not name or not name.isascii() or name.encode().translate(None, TCHAR):
+            raise ValueError(f"protocol names that are tokens, not {name!r}")
+        if lower in NEVER_UPGRADE:
+            raise ValueError(f"no {name!r}: an HTTP upgrade would carry requests past "
+                             "the route's rules; list protocols such as \"websocket\"")
+        if lower not in names:
+            names.append(lower)
+    return tuple(names)
+
+
+def _upgrades(s, default: tuple[str, ...]) -> tuple[str, ...]:
+    """`upgrade`, the protocols a client may switch to through the route, or the older
+    `websocket` (true: the default list, false: none)."""
+    websocket = s.bool("websocket", True)
+    if "upgrade" not in s.data:
+        return default if websocket else ()
+    if "websocket" in s.data:
+        s.fail("websocket", "either upgrade or websocket, not both "
+                            "(websocket = false is upgrade = [])")
+    return s.get("upgrade", default, _upgrade_names, "")

@@ -1,0 +1,153 @@
+"""Tunnels through the proxy (WebSocket and other upgrades after `101`).
+
+A WebSocket upgrade pipelined behind another request on a `websocket` proxy route
+used to get its `101` while the connection stayed in its closing phase: the client's
+frames were dropped, never reached the upstream, and the connection stayed open.
+Now the upgrade waits its turn like any pipelined request, and the tunnel starts when
+it is answered.
+
+A tunnel nobody speaks on used to stay open for ever (420 s and counting in the
+attack run; nginx closes one after `proxy_read_timeout`, 60 s). Now a route's
+`tunnel_idle_timeout` closes both sides once no byte has gone either way for that
+long; a tunnel in use stays open.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from conftest import poll
+
+WS_REQUEST = (b"GET /ws HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\n"
+              b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\r\n")
+RSS_GROWTH_BOUND_KIB = 8 * 1024
+
+
+def tunnel_gateway(url: str, extra: str = "") -> str:
+    return f"""
+[server]
+workers = 1
+
+[[listen]]
+address = "127.0.0.1:0"
+
+[[site]]
+hosts = ["*"]
+
+[[site.route]]
+prefix = "/"
+type = "proxy"
+upstream = "{url}"
+{extra}
+"""
+
+
+def read_until(sock: socket.socket, end: bytes, seconds: float = 5.0) -> bytes:
+    """Bytes from `sock` until they end with `end`; AssertionError (with what came)
+    if the connection closes or `seconds` pass first."""
+    data = b""
+    deadline = time.monotonic() + seconds
+    while not data.endswith(end):
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(65536)
+        except socket.timeout:
+            raise AssertionError(f"waited {seconds}s for {end!r}; got {data[-300:]!r}") from None
+        assert chunk, f"closed before {end!r}; got {data[-300:]!r}"
+        data += chunk
+    return data
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """True when the peer ends the connection (EOF or reset) within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            if sock.recv(65536) == b"":
+                return True
+        except socket.timeout:
+            return False
+        except ConnectionResetError:
+            return True
+    return False
+
+
+def open_tunnel(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(WS_REQUEST)
+    data = read_until(sock, b"hello")
+    assert data.startswith(b"HTTP/1.1 101 "), data
+    return sock
+
+
+# ------------------------------------------------------------------ pipelined upgrade
+def test_upgrade_pipelined_behind_a_request_is_tunnelled_in_its_turn(start_server, upstream):
+    up = upstream()
+    server = start_server(tunnel_gateway(up.url))
+    port = server.port()
+    start = server.worker_rss_kib()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET /echo HTTP/1.1\r\nHost: app.test\r\n\r\n" + WS_REQUEST + b"early")
+        data = read_until(sock, b"helloEARLY")
+        first, _, rest = data.partition(b"\r\n\r\n")
+        assert first.startswith(b"HTTP/1.1 200 "), data[:300]
+        length = int(first.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        switch, _, tunnel = rest[length:].partition(b"\r\n\r\n")
+        assert switch.startswith(b"HTTP/1.1 101 "), rest[:300]
+        assert tunnel == b"helloEARLY"
+        # Frames both ways, after the tunnel began.
+        for frame in (b"frame-one", b"frame-two" * 1000):
+            sock.sendall(frame)
+            assert read_until(sock, frame.upper()).endswith(frame.upper())
+        assert [r["target"] for r in up.requests] == ["/echo", "/ws"]
+        # The client leaves: the upstream side of the tunnel ends too.
+        sock.shutdown(socket.SHUT_WR)
+        assert closed_within(sock, 5), "the tunnel outlived the client's end"
+    assert poll(lambda: up.tunnels_ended, lambda ends: ends == ["eof"], 5) == ["eof"]
+    assert server.worker_rss_kib() - start < RSS_GROWTH_BOUND_KIB
+
+
+def test_upgrade_pipelined_behind_a_refused_upgrade_is_not_read(start_server, upstream):
+    # The first upgrade is answered without a 101 (426 from the upstream): the
+    # connection ends after it, and the pipelined one never reaches the upstream.
+    up = upstream()
+    server = start_server(tunnel_gateway(up.url))
+    with socket.create_connection(("127.0.0.1", server.port()), timeout=5) as sock:
+        sock.sendall(WS_REQUEST.replace(b"/ws", b"/status/426") + WS_REQUEST)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 426 ") and data.count(b"HTTP/1.1 ") == 1, data[:300]
+    assert [r["target"] for r in up.requests] == ["/status/426"]
+
+
+# ------------------------------------------------------------------ idle tunnels
+def test_idle_tunnel_is_closed_on_both_sides(start_server, upstream):
+    up = upstream()
+    server = start_server(tunnel_gateway(up.url, 'tunnel_idle_timeout = "1s"'))
+    start = server.worker_rss_kib()
+    sock = open_tunnel(server.port())
+    opened = time.monotonic()
+    with sock:
+        assert closed_within(sock, 4), "an idle tunnel stayed open"
+        took = time.monotonic() - opened
+    assert 0.9 <= took < 3.5, f"closed after {took:.2f}s"
+    assert poll(lambda: up.tunnels_ended, lambda ends: ends == ["eof"], 5) == ["eof"]
+    assert server.worker_rss_kib() - start < RSS_GROWTH_BOUND_KIB
+
+
+def test_tunnel_in_use_outlives_the_idle_timeout(start_server, upstream):
+    up = upstream()
+    server = start_server(tunnel_gateway(up.url, 'tunnel_idle_timeout = "1s"'))
+    with open_tunnel(server.port()) as sock:
+        deadline = time.monotonic() + 3.0          # three idle timeouts, never idle
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            sock.sendall(b"ping%d;" % n)
+            read_until(sock, b"PING%d;" % n)
+            time.sleep(0.3)
+        assert not closed_within(sock, 0.1)
+        assert up.tunnels_ended == []
