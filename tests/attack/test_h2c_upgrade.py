@@ -19,10 +19,8 @@ import time
 import h2.config
 import h2.connection
 import pytest
-
-hypercorn = pytest.importorskip("hypercorn")
-from hypercorn.asyncio import serve  # noqa: E402
-from hypercorn.config import Config  # noqa: E402
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
 
 RSS_GROWTH_BOUND_KIB = 8 * 1024
 
