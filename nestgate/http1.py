@@ -376,6 +376,7 @@ class HTTP1Connection(asyncio.Protocol):
         self._upgrade_tail = None      # after an accepted upgrade: the bytes that followed
         self.logging = False
         self._timing = False           # requests are timed: they may be logged
+        self._peer_logged = False      # whether the peer's own requests are logged
         self.write_paused = False
         self._writable = Writable()      # handlers waiting for the client to take more
         self._body_paused = False
@@ -574,7 +575,7 @@ class HTTP1Connection(asyncio.Protocol):
         trusted proxy: then each request's client (from X-Forwarded-For) decides."""
         ctx = self.ctx
         self.client = self.peer = address
-        self.logging = ctx.access_log is not None and ctx.should_log(address)
+        self.logging = self._peer_logged = ctx.access_log is not None and ctx.should_log(address)
         self.xff_trusted = bool(ctx.trusted_proxies) and address in ctx.trusted_proxies
         self._timing = self.logging or (self.xff_trusted and ctx.access_log is not None)
         if self.client_tag and not count_connection(self):   # a PROXY header named it
@@ -695,6 +696,11 @@ class HTTP1Connection(asyncio.Protocol):
             self._head_taken = None
             if self._timing:
                 self._t0 = time.perf_counter()
+                if self.xff_trusted:
+                    # Until its head names a client, a request is its peer's: one
+                    # refused before that (408, 414, 431) is not logged for the client
+                    # of the request before it.
+                    self.client, self.logging = self.peer, self._peer_logged
         else:
             url = self._url + url
         if len(url) > self._max_url:
@@ -1002,7 +1008,7 @@ class HTTP1Connection(asyncio.Protocol):
         self.write(data)
 
     def _done(self, req: HTTP1Request) -> None:
-        record(req, self.logging)
+        record(req, req.logged)
         self.bytes_out += req.sent
         self._active = None
         if req.body is not None and not req.body.done:

@@ -437,7 +437,7 @@ class _StreamFlow:
 class H2Request(Request):
     """A Request whose answer goes out as HEADERS and DATA frames on one stream."""
 
-    __slots__ = ("stream_id", "flow", "logged", "granted")
+    __slots__ = ("stream_id", "flow", "granted")
 
     protocol = "HTTP/2"
 
@@ -868,7 +868,6 @@ class HTTP2Connection:
         req.stream_id = stream_id
         req.granted = 0
         req.flow = _StreamFlow(self, stream_id)
-        req.logged = self.logging
         if not event.ended:
             req.body = Body(req.flow, False)
         self._streams[stream_id] = req
@@ -1114,11 +1113,14 @@ class HTTP2Connection:
             return
         self._streams.pop(stream_id, None)
         self._abandon(req)
-        self.logging = req.logged                # `_answer` logs for the current request
-        if self._answer(stream_id, req.errors.answer(status, req.headers), req.head_only,
-                        req.method, req.host, req.path, req.route, req.headers, req._t0,
-                        req.tally):
+        # Counted and logged for the stream's own client, not the connection's latest.
+        response = req.errors.answer(status, req.headers)
+        req.started = req.finished = True
+        req.status = response.status
+        at_once, req.sent = self._send_ready(stream_id, response, req.head_only)
+        if at_once:
             self._reset(stream_id, NO_ERROR)
+        record(req, req.logged)
         self.flush()
 
     def _abandon(self, req: H2Request) -> None:

@@ -133,8 +133,8 @@ class Request:
     """What an asynchronous handler sees, and how it answers (see the module text)."""
 
     __slots__ = ("method", "raw_target", "path", "query", "headers", "host",
-                 "client", "params", "route", "handler", "keep_alive", "head_only", "body",
-                 "scheme", "status", "sent", "started", "finished", "connection",
+                 "client", "logged", "params", "route", "handler", "keep_alive", "head_only",
+                 "body", "scheme", "status", "sent", "started", "finished", "connection",
                  "_t0", "task", "upgrade", "cancel", "errors", "tally")
 
     protocol = ""              # as the request log writes it: "HTTP/1.1", "HTTP/2"
@@ -153,7 +153,12 @@ class Request:
         self.query = b"" if qmark < 0 else raw_target[qmark + 1:]
         self.headers = headers
         self.host = host
+        # Facts of this request, fixed when its head was read: a connection from a
+        # trusted proxy carries many clients (each request's X-Forwarded-For), so by
+        # the time the answer is logged, or a handler asks again after an await, the
+        # connection's own fields may describe a later request.
         self.client = conn.client
+        self.logged = conn.logging    # whether the request log records it
         self.scheme = conn.ctx.scheme
         self.keep_alive = keep_alive
         self.head_only = method == b"HEAD"
@@ -171,6 +176,18 @@ class Request:
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self.connection.loop
+
+    @property
+    def decisions(self):
+        """The connection's cache of access decisions (`nestgate.access`), each kept
+        with the client it was made for: with the request in the connection's place,
+        a gate asked again (`dispatch.resolve` after an await) decides for this
+        request's client."""
+        return self.connection.decisions
+
+    @decisions.setter
+    def decisions(self, value) -> None:
+        self.connection.decisions = value
 
     @property
     def send_timeout(self) -> float:

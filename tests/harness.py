@@ -58,6 +58,7 @@ class MemoryConnection:
         self.client = client
         self.decisions = None          # access decisions (nestgate.access.Gate.admit)
         self.xff_trusted = False       # the client is not a trusted proxy
+        self.logging = False           # requests are not logged (no request log here)
         self.outcomes: list[int] = []  # each `conclude` status, in order
 
     async def wait_writable(self) -> None:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 
+from hyperframe.frame import DataFrame
+
+from conftest import read_all, tls_block
+from h2raw import RawH2
+from h2raw import get as h2get
 from nestgate.accesslog import AccessLog
 from nestgate.config import LogConfig
 from wire import Wire, config_dict
@@ -150,3 +156,75 @@ def test_write_errors_drop_records_and_are_counted(caplog):
     log.flush()                                 # must not raise: the server goes on
     assert log.dropped == 3
     assert any("records are dropped" in r.getMessage() for r in caplog.records)
+
+
+# ---- behind a trusted proxy, each request's client and log decision are its own
+def trusted_proxy_gateway(start_server, log, up_url, certs):
+    return start_server(f"""
+[server]
+workers = 1
+[log]
+path = "{log}"
+[client_ip]
+trusted_proxies = ["127.0.0.1"]
+[limits]
+max_body = "1KiB"
+[[listen]]
+address = "127.0.0.1:0"
+[[listen]]
+address = "127.0.0.1:0"
+{tls_block(certs)}
+[[site]]
+hosts = ["*"]
+[[site.route]]
+prefix = "/"
+type = "proxy"
+upstream = "{up_url}"
+[[site.route]]
+path = "/hello"
+type = "return"
+body = "hello\\n"
+""")
+
+
+def logged(server, log) -> list[tuple[str, str, int]]:
+    """(client, path, status) of every record, once the server has stopped (and so
+    flushed its log)."""
+    assert server.stop() == 0
+    return sorted((r["client"], r["path"], r["status"])
+                  for r in map(json.loads, log.read_text().splitlines()))
+
+
+def test_pipelined_requests_are_logged_each_for_its_own_client(start_server, upstream,
+                                                                tmp_path, certs):
+    # The first two are answered by the proxy in turn, after the third's head (a ready
+    # answer) was read: each is still logged, or not, for the client its own
+    # X-Forwarded-For named (none: the proxy itself, loopback, not logged).
+    log = tmp_path / "access.log"
+    server = trusted_proxy_gateway(start_server, log, upstream().url, certs)
+    with socket.create_connection(("127.0.0.1", server.port("http")), timeout=5) as sock:
+        sock.sendall(b"GET /echo HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 203.0.113.5\r\n\r\n"
+                     b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n"
+                     b"GET /hello HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.4\r\n"
+                     b"Connection: close\r\n\r\n")
+        answers = read_all(sock)
+    assert answers.count(b"HTTP/1.1 200 ") == 3, answers[-300:]
+    assert logged(server, log) == [("198.51.100.4", "/hello", 200),
+                                   ("203.0.113.5", "/echo", 200)]
+
+
+def test_an_h2_stream_refused_413_is_logged_for_its_own_client(start_server, upstream,
+                                                               tmp_path, certs):
+    # Stream 1's body goes past max_body after stream 3 (the proxy's own request, not
+    # logged) was read: the 413 is logged for stream 1's client.
+    log = tmp_path / "access.log"
+    server = trusted_proxy_gateway(start_server, log, upstream().url, certs)
+    conn = RawH2(server.port("https"), certs["ca"])
+    first = conn.request(h2get(b"/echo", method=b"POST")
+                         + [(b"x-forwarded-for", b"203.0.113.5")], end=False)
+    second = conn.request(h2get(b"/hello"))
+    assert conn.answers([second])[second].status == 200
+    conn.send(DataFrame(first, b"x" * 2048, flags={"END_STREAM"}))
+    assert conn.answers([first])[first].status == 413
+    conn.close()
+    assert logged(server, log) == [("203.0.113.5", "/echo", 413)]

@@ -198,3 +198,25 @@ def test_dispatch_translates_handler_failures(site, how, status, cut):
         assert answer.headers["content-type"].startswith("text/html")
     else:
         assert answer.body == b"part"
+
+
+def test_a_gate_asked_again_after_an_await_decides_for_the_requests_own_client():
+    # The sign-in portal settles the route's handler again once the store has
+    # answered; by then the connection may have read another request's head (a
+    # trusted proxy's pipelining, another HTTP/2 stream) and name another client.
+    # Health details go to local clients only: the remote request must not get them.
+    from harness import MemoryConnection, MemoryRequest
+    from nestgate.auth.portal import answer_with
+    from nestgate.handlers.health import health_handler
+    harness = Harness({"listen": [{"address": "127.0.0.1:0"}], "site": [{"hosts": ["*"]}]})
+    try:
+        conn = MemoryConnection(harness.ctx, "203.0.113.5")
+        route = harness.router.route(b"localhost", b"/api/v1/health")
+        req = MemoryRequest(conn, route.handler, route, b"GET", b"/api/v1/health", -1,
+                            [(b"host", b"localhost")], b"localhost", True, 0.0)
+        conn.client = "127.0.0.1"          # the head read after this request's
+        harness.loop.run_until_complete(answer_with(health_handler("local"), req))
+        answer = json.loads(b"".join(req.chunks))
+        assert req.status == 200 and "pid" not in answer, answer
+    finally:
+        harness.close()

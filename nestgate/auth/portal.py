@@ -94,9 +94,10 @@ def cookies(headers) -> dict[str, str]:
 async def answer_with(handler, request) -> None:
     """Let `handler` answer `request`, whichever kind it is: a route that chooses by
     the client (GATED) or may have a ready answer (PEEK) is settled first, as the
-    engine settles it when no session check stands in between."""
-    handler = resolve(handler, request.connection, request.path, request.method,
-                     request.headers)
+    engine settles it when no session check stands in between. The request stands
+    in for its connection: after an await the connection's client may be another
+    request's (pipelining or HTTP/2 streams behind a trusted proxy)."""
+    handler = resolve(handler, request, request.path, request.method, request.headers)
     if handler.is_async:
         request.handler = handler
         await handler.handle(request)
