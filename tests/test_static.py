@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import http.client
 import os
 import socket
 import ssl
+import struct
 import time
 
 import pytest
@@ -328,3 +330,35 @@ def test_compressed_variants(start_server, root):
     assert headers["content-encoding"] == "br" and body == b""
     _, headers, body = get(port, "/index.html", {"Accept-Encoding": "br"})  # under 256 B
     assert "content-encoding" not in headers
+
+
+def test_a_client_that_goes_away_during_sendfile_is_a_normal_end(start_server, root):
+    # A downloader that resets after part of a large file, and one that stops reading
+    # until send_timeout cuts it off: neither is a handler failure, and neither fills
+    # the error log with a traceback.
+    (root / "large.bin").write_bytes(os.urandom(16 * 1024 * 1024))
+    server = serve(start_server, root, extra='\n[limits]\nsend_timeout = "1s"')
+    port = server.port()
+    request = b"GET /large.bin HTTP/1.1\r\nHost: x\r\n\r\n"
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(request)
+            got = 0
+            while got < 256 * 1024:
+                chunk = sock.recv(65536)
+                assert chunk
+                got += len(chunk)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.connect(("127.0.0.1", port))
+    stalled.sendall(request)
+    deadline = time.monotonic() + 10
+    while stalled.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != errno.ECONNRESET:
+        assert time.monotonic() < deadline, "the stalled client was never cut off"
+        time.sleep(0.05)
+    stalled.close()
+    assert get(port, "/style.css")[0] == 200
+    time.sleep(0.5)                         # a failure would be logged by now
+    errors = [line for line in server.lines if "Traceback" in line or "failed" in line]
+    assert errors == [], "\n".join(server.lines)

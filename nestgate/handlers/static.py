@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import html
+import logging
 import mimetypes
 import os
 import stat
@@ -41,6 +42,8 @@ from nestgate.responses import (CONNECTION_ENDINGS, SERVER, STATUS_LINES, Prebui
                                 status_line)
 from nestgate.sendwatch import cut
 from nestgate.tally import TALLY
+
+log = logging.getLogger("nestgate.static")
 
 _READ_CHUNK = 256 * 1024
 _SENDFILE_CHUNK = 4 * 1024 * 1024
@@ -377,7 +380,6 @@ class StaticFiles:
         if transport is not None:
             await self._sendfile(request, transport, opened.fd, start, length,
                                  request.send_timeout)
-            request.sent += length
         else:                                 # TLS or HTTP/2: the bytes pass through us
             await self._send_reads(request, opened.fd, start, length)
 
@@ -397,7 +399,10 @@ class StaticFiles:
         """Zero-copy: wait for the transport's own buffer (the headers) to empty, then
         `os.sendfile` on a duplicate of the socket's fd, waiting for writability on it.
         The bytes bypass the transport, so the connection's send watch cannot see them
-        wait: a client that takes nothing for `send_timeout` is cut off here."""
+        wait: a client that takes nothing for `send_timeout` is cut off here.
+        A client that goes away (reset, closed, cut off) ends the answer as any
+        vanished client does (`ConnectionResetError`, see `dispatch.answer`): the
+        usual end of an aborted download, worth a debug line, never a traceback."""
         loop = self.loop
         out = os.dup(transport.get_extra_info("socket").fileno())
         try:
@@ -413,16 +418,22 @@ class StaticFiles:
                     await _writable(loop, out, send_timeout)
                     continue
                 if sent == 0:
-                    raise ConnectionAbortedError("file shrank while being sent")
+                    break                           # the file shrank: see below
+                request.sent += sent
                 offset += sent
                 length -= sent
-        except (BrokenPipeError, ConnectionError, TimeoutError) as exc:
+        except (BrokenPipeError, ConnectionResetError, TimeoutError) as exc:
             request.keep_alive = False
             cut(transport)
-            raise ConnectionAbortedError(str(exc) or "client took no bytes for send_timeout") \
-                from None
+            log.debug("client %s went away during sendfile after %d bytes: %s",
+                      request.client, request.sent, exc or "no bytes taken for send_timeout")
+            raise ConnectionResetError("client went away") from None
         finally:
             os.close(out)
+        if length:
+            # Fewer bytes than the length already promised: the response cannot be
+            # completed, and the handler fails (the connection is cut after it).
+            raise ConnectionAbortedError("file shrank while being sent")
 
     # ------------------------------------------------------------ disk (executor)
     def _locate(self, rel: str, slash: bool):
