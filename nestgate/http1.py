@@ -32,7 +32,8 @@ bytes, and a phase only moves to one listed in `_NEXT` (checked on each move):
   PROXY_HEADER  a PROXY protocol header, then OPEN           OPEN CLOSING CLOSED
   CLOSING       dropped; answers ahead still go out          CLOSED
   UPGRADING     kept for the handler of an upgrade request   TUNNEL CLOSING CLOSED
-                (reading is stopped)
+                (reading is stopped), which may wait its
+                turn behind answers to pipelined requests
   TUNNEL        handed to the handler's sink                 CLOSING CLOSED
   CLOSED        none: the transport is gone
 
