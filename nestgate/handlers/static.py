@@ -424,7 +424,8 @@ class StaticFiles:
                 length -= sent
         except (BrokenPipeError, ConnectionResetError, TimeoutError) as exc:
             request.keep_alive = False
-            cut(transport)
+            if not transport.is_closing():      # else already closed: nothing to cut
+                cut(transport)
             log.debug("client %s went away during sendfile after %d bytes: %s",
                       request.client, request.sent, exc or "no bytes taken for send_timeout")
             raise ConnectionResetError("client went away") from None

@@ -133,7 +133,9 @@ def test_idle_tunnel_is_closed_on_both_sides(start_server, upstream):
     with sock:
         assert closed_within(sock, 4), "an idle tunnel stayed open"
         took = time.monotonic() - opened
-    assert 0.9 <= took < 3.5, f"closed after {took:.2f}s"
+    # The proxy's tick watches tunnels every quarter of the timeout, against the
+    # worker's coarse clock: a close comes within a tick of the second.
+    assert 0.7 <= took < 3.5, f"closed after {took:.2f}s"
     assert poll(lambda: up.tunnels_ended, lambda ends: ends == ["eof"], 5) == ["eof"]
     assert server.worker_rss_kib() - start < RSS_GROWTH_BOUND_KIB
 
