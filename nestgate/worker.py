@@ -139,6 +139,7 @@ class Worker:
             self.loop.add_signal_handler(signal.SIGUSR1, self.access_log.reopen)
         services = router.services
         tick = asyncio.create_task(self._tick(services))
+        tick.add_done_callback(self._tick_ended)
         for service in services:            # proxy health checks, the shared store
             service.start()
         self.publish()
@@ -176,6 +177,14 @@ class Worker:
             service.stop()
         if self.access_log is not None:
             self.access_log.close()
+
+    def _tick_ended(self, tick: asyncio.Task) -> None:
+        # Without its tick a worker has no timeouts, no log flush and a frozen clock:
+        # it stops (and the supervisor starts another) rather than serve on like that.
+        if not tick.cancelled() and tick.exception() is not None:
+            print(f"nestgate: worker {os.getpid()}: its tick failed: {tick.exception()!r}",
+                  file=sys.stderr)
+            self._stop.set()
 
     async def _tick(self, services) -> None:
         """Every timer of the worker: connections' deadlines, the log's flush, the

@@ -164,6 +164,32 @@ def test_reload_results_are_reported(start_server):
     assert poll(lambda: site_get(server.port()), lambda a: a == (200, b"two")) == (200, b"two")
 
 
+def test_the_admin_clock_moves_with_time_and_across_reloads(start_server):
+    """What the admin process reports from the clock (its own and the workers' uptime,
+    the Date header) follows the wall clock, also for workers started by a reload."""
+    from email.utils import parsedate_to_datetime
+    server = start_server(CONFIG.format(admin="", body="one"))
+    admin = server.admin_port()
+    _status, headers, first = poll(lambda: admin_get(admin, "/v1/status"),
+                                   lambda r: r[2]["generation"] == 1)
+    time.sleep(2.5)
+    _status, later_headers, later = admin_get(admin, "/v1/status")
+    assert later["uptime_s"] - first["uptime_s"] >= 2.0
+    date = parsedate_to_datetime(headers["date"])
+    assert (parsedate_to_datetime(later_headers["date"]) - date).total_seconds() >= 2
+
+    server.config_path.write_text(CONFIG.format(admin="", body="two"))
+    mark = len(server.lines)
+    server.signal(signal.SIGHUP)
+    server.wait_for("reloaded", start=mark)
+    answer = poll(lambda: admin_get(admin, "/v1/status")[2],
+                  lambda a: a["generation"] == 2 and all(
+                      "uptime_s" in w for w in a["generations"][-1]["workers"]))
+    for worker in answer["generations"][-1]["workers"]:
+        assert 0 <= worker["uptime_s"] < answer["uptime_s"] - 2
+    assert "its tick failed" not in "".join(server.lines)
+
+
 def test_a_killed_admin_process_is_started_again(start_server):
     server = start_server(CONFIG.format(admin="", body="x"))
     admin = server.admin_port()

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from nestgate.admin.api import AdminState, admin_router
 from nestgate.config import Listener
+from nestgate.handlers import Service
 from nestgate.tls import server_context
 from nestgate.worker import run_worker
 
@@ -30,7 +31,7 @@ def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_
     """Entry point in the forked child; never returns."""
     state = AdminState(table, config.admin.audit_log, bool(config.admin.token))
 
-    class Reports:
+    class Reports(Service):
         """Read by the worker loop as a service: the latest report replaces the last."""
 
         def start(self) -> None:
