@@ -33,8 +33,20 @@ request (PING, SETTINGS, WINDOW_UPDATE, PRIORITY, empty DATA) or a header block 
 upstream request) before the client can cancel it, so streams the client resets
 before they were answered are counted and too many end the connection with
 GOAWAY(ENHANCE_YOUR_CALM) (rapid reset, CVE-2023-44487). A connection carries at
-most `keepalive_requests` streams; then a GOAWAY(NO_ERROR) names the last one and the
-streams in flight finish. A fault while handling a read ends only its connection,
+most `keepalive_requests` streams.
+
+Ending gracefully: on a reload or a stop the connection goes on serving until the client
+has no stream open (curl and Chromium between their requests, httpx between its own), for
+at most DRAIN_BUSY_GRACE; past that, or once `keepalive_requests` streams were opened, it
+picks the last stream it serves and holds (neither starts nor resets) any the client
+opens above it. When every stream served is answered, one GOAWAY(NO_ERROR) naming the
+last goes out right behind the final frame of the last answer, and the close follows
+DRAIN_IDLE_GRACE later unless the client closes first. Nothing follows the GOAWAY,
+because the h2 library (under httpx) takes no frame after one, not even a PING or the
+answer to a stream in flight; a held stream, above the GOAWAY's last stream, was provably
+not processed, so a client retries it on a new connection (RFC 9113 6.8). RFC 9113's
+two-step stop (GOAWAY(2^31-1), a PING, the final GOAWAY) loses requests of clients that
+read no frame after a GOAWAY, and curl 7.88 retries only one of several held streams. A fault while handling a read ends only its connection,
 with GOAWAY(INTERNAL_ERROR) and one log line. The worker's tick resets a stream that
 waited `send_timeout` for the client's window, or `body_timeout` for request body
 data the handler is ready to take.
@@ -51,7 +63,7 @@ import time
 
 from nestgate import h2engine as engine
 from nestgate.h2engine import (CANCEL, ENHANCE_YOUR_CALM, INTERNAL_ERROR, NO_ERROR,
-                               REFUSED_STREAM, ConnectionError_, StreamClosedError,
+                               ConnectionError_, StreamClosedError,
                                encode_field, encode_fields)
 from nestgate.dispatch import GONE, answer, record, resolve
 from nestgate.clientip import forwarded_client
@@ -78,14 +90,8 @@ MAX_CONCURRENT_STREAMS = 128     # advertised; a stream past it is refused alone
 # (it matters when `keepalive_requests` allows more than that many streams).
 RESET_ALLOWANCE = 2 * MAX_CONCURRENT_STREAMS
 RESET_CAP = 1000
-_NO_GOAWAY = 1 << 31              # above any stream id: no GOAWAY sent yet
-# The graceful stop's first GOAWAY names the largest stream id (RFC 9113 6.8): no new
-# streams, but those already on their way are still served. The PING sent with it
-# comes back after one round trip, when they have all arrived; the final GOAWAY then
-# names the last one. A client that does not answer the PING gets the final GOAWAY
-# after DRAIN_IDLE_GRACE.
-_ANY_STREAM = (1 << 31) - 1
-_DRAIN_PING = b"nestgate"
+_NO_GOAWAY = 1 << 31              # above any stream id: every stream is served
+DRAIN_BUSY_GRACE = 5.0            # seconds a stopping connection serves new streams
 # Connection-specific headers are illegal in HTTP/2 (RFC 9113 8.2.2).
 _CONNECTION_HEADERS = frozenset((b"connection", b"keep-alive", b"proxy-connection",
                                  b"transfer-encoding", b"upgrade"))
@@ -547,13 +553,15 @@ class HTTP2Connection:
         self._stalled = 0.0
         self._send_watch = SendWatch()
         self._draining = False
-        self._drain_ping = False         # the graceful stop's PING is out, unanswered
-        self._drain_wait = 0.0
+        self._goaway_sent = False
+        self._goaway_wait = 0.0          # seconds since our GOAWAY: the client's turn to close
+        self._drain_busy = 0.0           # seconds stopping with streams open
+        self._client_left = False        # the client's own GOAWAY came: no grace for it
         self._opened = 0               # streams accepted, for keepalive_requests
         self.bytes_in = 0              # HTTP/2 bytes read and written, frames and all
         self.bytes_out = 0
         self._wasted = 0               # streams reset by the client before an answer
-        self._last_stream = _NO_GOAWAY  # the last stream a GOAWAY let through
+        self._last_stream = _NO_GOAWAY  # the last stream served (see "Ending gracefully")
         self._sending: set[int] = set()   # streams answered by a background send
         self._streams: dict[int, H2Request] = {}
         self._window_waiters: dict[int, asyncio.Future] = {}
@@ -730,9 +738,6 @@ class HTTP2Connection:
                 if self._stream_gone(event.stream_id, event.remote):
                     self._calm("rapid_reset", f" ({self._wasted} of {self._opened})")
                     return
-            elif kind is engine.PingAcknowledged:
-                if event.data == _DRAIN_PING and self._drain_ping:
-                    self._final_goaway()
             elif kind is engine.ConnectionTerminated:
                 if event.code != NO_ERROR:       # the client gives up on everything
                     self.flush()
@@ -740,6 +745,7 @@ class HTTP2Connection:
                     self._drop_streams()
                     return
                 self._draining = True            # answer what it asked, then close
+                self._client_left = True
         self.flush()
         if self._draining or self._last_stream != _NO_GOAWAY:
             self._idle()
@@ -781,12 +787,11 @@ class HTTP2Connection:
 
     def _request(self, event) -> None:
         stream_id = event.stream_id
-        if stream_id > self._last_stream:        # opened after our GOAWAY
-            self._reset(stream_id, REFUSED_STREAM)
-            return
+        if stream_id > self._last_stream:
+            return                 # held: the GOAWAY will tell the client to retry it
         self._opened += 1
         if self._opened >= self.limits.keepalive_requests and self._last_stream == _NO_GOAWAY:
-            self._goaway_after(stream_id)
+            self._last_stream = stream_id
         method = raw_target = authority = host = b""
         headers = []
         size = found = 0
@@ -1131,24 +1136,11 @@ class HTTP2Connection:
 
     # ------------------------------------------------------------ worker hooks
     def _idle(self) -> None:
-        if not self._streams and not self._sending and (self._last_stream != _NO_GOAWAY or (
-                self._draining and not self._drain_ping)):
+        """Ending gracefully: once every stream served is answered, the GOAWAY and the
+        close."""
+        if not self._streams and not self._sending and not self._goaway_sent and (
+                self._last_stream != _NO_GOAWAY or self._draining):
             self.close_gracefully()
-
-    def _final_goaway(self) -> None:
-        """The graceful stop's second GOAWAY: the last stream the client opened is the
-        last one served; the streams in flight finish, then the connection closes."""
-        self._drain_ping = False
-        if self.transport is not None and not self.transport.is_closing():
-            self._goaway_after(min(self._last_stream, self.h2.highest_inbound_stream_id))
-        self._idle()
-
-    def _goaway_after(self, stream_id: int) -> None:
-        """GOAWAY(NO_ERROR) naming `stream_id` as the last stream served; the streams
-        in flight finish, then the connection closes."""
-        self._last_stream = stream_id
-        self.h2.goaway(stream_id)
-        self.flush()
 
     def tick(self, elapsed: float) -> None:
         """Called by the worker's tick: abort a connection whose client stopped reading
@@ -1159,6 +1151,16 @@ class HTTP2Connection:
                 self._send_watch.stuck(transport, elapsed, self.limits.send_timeout):
             cut(transport)
             return
+        if self._goaway_sent:
+            self._goaway_wait += elapsed
+            if self._goaway_wait >= DRAIN_IDLE_GRACE:
+                self.close_gracefully()
+            return
+        if self._draining and self._last_stream == _NO_GOAWAY:
+            self._drain_busy += elapsed
+            if self._drain_busy >= DRAIN_BUSY_GRACE:     # never idle: hold what comes next
+                self._last_stream = self.h2.highest_inbound_stream_id
+                self._idle()
         if self.h2.awaiting_headers:
             # The preface, or a header block begun (HEADERS without END_HEADERS), held
             # open by a client trickling its frames: header_timeout for each, as for an
@@ -1170,12 +1172,6 @@ class HTTP2Connection:
             if self._header_wait >= self.limits.header_timeout:
                 self._calm("header_timeout")
                 return
-        if self._drain_ping:
-            self._drain_wait += elapsed
-            if self._drain_wait >= DRAIN_IDLE_GRACE:
-                self._final_goaway()         # no answer to the PING: go on without it
-                if transport is None or transport.is_closing():
-                    return
         if self._window_waiters or self._window_stalled:
             self._watch_windows(elapsed)
         if self._streams:
@@ -1221,26 +1217,25 @@ class HTTP2Connection:
                 self._refuse_body(req, 408)
 
     def close_gracefully(self) -> None:
+        """One GOAWAY(NO_ERROR) naming the last stream served, behind every answer
+        already queued; the close comes DRAIN_IDLE_GRACE later (the tick), unless the
+        client closes first. A close right behind the GOAWAY can reach a client before it
+        has read the GOAWAY, and curl then counts a held stream as failed, not refused."""
         if self.transport is None or self.transport.is_closing():
             return
-        last = min(self._last_stream, self.h2.highest_inbound_stream_id)
-        if last < self._last_stream:     # else the GOAWAY naming it is out already
-            self.h2.close_connection(last_stream_id=last)
-        self.flush()
+        if not self._goaway_sent:
+            self._goaway_sent = True
+            self.h2.close_connection(
+                last_stream_id=min(self._last_stream, self.h2.highest_inbound_stream_id))
+            self.flush()
+            if not self._client_left:
+                return
         self.transport.close()
 
     def finish_and_close(self) -> None:
-        """Graceful stop (a reload, a stop): the two-step GOAWAY (see _ANY_STREAM),
-        then the connection closes once the streams it names are answered."""
+        """Graceful stop (a reload, a stop): streams are served until none is open,
+        then one GOAWAY and the close (see "Ending gracefully" above)."""
         if self._draining:
             return
         self._draining = True
-        if self.transport is None or self.transport.is_closing() \
-                or self._last_stream != _NO_GOAWAY:
-            self._idle()                 # closing already, or the final GOAWAY is out
-            return
-        self.h2.goaway(_ANY_STREAM)
-        self.h2.ping(_DRAIN_PING)
-        self._drain_ping = True
-        self._drain_wait = 0.0
-        self.flush()
+        self._idle()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.server
 import json
 import shutil
+import signal
 import subprocess
 import ssl
 import threading
@@ -195,3 +196,121 @@ def test_chromium_loads_pages_over_h2(site):
         time.sleep(0.05)
     for path in ("/", "/notes/hello", "/app/page"):
         assert chrome[path]["protocol"] == "HTTP/2" and chrome[path]["status"] == 200, path
+
+
+def _reloads(server, count: int) -> None:
+    """`count` graceful reloads one after another, each waited for."""
+    for _ in range(count):
+        mark = len(server.lines)
+        server.signal(signal.SIGHUP)
+        server.wait_for("reloaded", start=mark)
+        time.sleep(0.3)
+
+
+def _during_reloads(server, load, clients: int = 3, reloads: int = 3) -> tuple[int, list]:
+    """Run `load(stop)` in `clients` threads while the server reloads; each returns its
+    (answered, failures). Returns the answers counted and every failure seen."""
+    stop = threading.Event()
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(load(stop))) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.5)
+        _reloads(server, reloads)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    answered = sum(r[0] for r in results)
+    failures = [f for r in results for f in r[1]]
+    return answered, failures
+
+
+def test_httpx_loses_no_request_across_reloads(site, certs):
+    """The graceful stop's GOAWAY comes in an order the h2 library takes: no request of
+    an httpx client is lost across reloads, whether it was in flight or about to go.
+    Each thread has its own client (one connection each): httpx threads that share one
+    connection race among themselves on a GOAWAY whoever sends it."""
+    context = ssl.create_default_context(cafile=certs["ca"])
+    url = f"https://localhost:{site.port('https')}"
+
+    def load(stop):
+        answered, failures = 0, []
+        with httpx.Client(http2=True, verify=context, timeout=20, base_url=url) as client:
+            while not stop.is_set():
+                try:
+                    reply = client.get("/app/page")
+                    if reply.status_code == 200 and reply.http_version == "HTTP/2":
+                        answered += 1
+                    else:
+                        failures.append((reply.http_version, reply.status_code))
+                except Exception as exc:  # noqa: BLE001 - the h2 library raises its own
+                    failures.append(repr(exc))
+        return answered, failures
+
+    answered, failures = _during_reloads(site, load)
+    assert failures == [] and answered > 50, (answered, failures[:5])
+
+
+def test_curl_loses_no_request_across_reloads(site, certs):
+    """curl (nghttp2) multiplexing four streams at a time on one connection, through
+    reloads: every transfer answered 200 over HTTP/2."""
+    port = site.port("https")
+
+    def load(stop):
+        answered, failures = 0, []
+        while not stop.is_set():
+            run = subprocess.run(
+                ["curl", "-sS", "--http2", "--parallel", "--parallel-max", "4",
+                 "--cacert", certs["ca"], "--resolve", f"localhost:{port}:127.0.0.1",
+                 "-w", "%{http_version} %{http_code}\n",
+                 *[arg for n in range(40)
+                   for arg in (f"https://localhost:{port}/app/page?{n}", "-o", "/dev/null")]],
+                capture_output=True, text=True, timeout=30)
+            codes = run.stdout.split("\n")[:-1]
+            answered += codes.count("2 200")
+            failures += [c for c in codes if c != "2 200"]
+            if run.returncode != 0 or len(codes) != 40:
+                failures.append((run.returncode, len(codes), run.stderr[-300:]))
+        return answered, failures
+
+    answered, failures = _during_reloads(site, load, clients=2)
+    assert failures == [] and answered > 100, (answered, failures[:5])
+
+
+def test_chromium_loses_no_request_across_reloads(site):
+    """A page fetching over h2 in a loop (four at a time) while the server reloads:
+    no fetch fails."""
+    base = f"https://localhost:{site.port('https')}"
+    browser = Browser(base + "/", args=["--ignore-certificate-errors"])
+    try:
+        assert browser.wait_for("document.body && document.body.innerText.includes('Welcome')")
+        browser.evaluate("""
+            window.tally = {answered: 0, failures: [], protocols: new Set(), running: true};
+            const one = async (n) => {
+              while (window.tally.running) {
+                try {
+                  const reply = await fetch('/app/page?' + n + '-' + Math.random());
+                  await reply.text();
+                  if (reply.status === 200) window.tally.answered++;
+                  else window.tally.failures.push(reply.status);
+                } catch (e) { window.tally.failures.push(String(e)); }
+              }
+            };
+            for (let n = 0; n < 4; n++) one(n);
+            0;   // the value, not the last promise, which the call would await
+        """)
+        time.sleep(0.5)
+        _reloads(site, 3)
+        time.sleep(0.5)
+        browser.evaluate("window.tally.running = false")
+        time.sleep(0.3)
+        answered = browser.evaluate("window.tally.answered")
+        failures = browser.evaluate("window.tally.failures")
+        protocol = browser.evaluate(
+            "performance.getEntriesByType('resource').slice(-1)[0].nextHopProtocol")
+    finally:
+        browser.close()
+    assert failures == [] and answered > 50 and protocol == "h2", (answered, failures[:5])
