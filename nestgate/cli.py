@@ -76,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         return report_config_problems(exc)
     if args.command == "check":
         from nestgate.supervisor import unavailable_addresses
-        # An address that cannot be bound now is told, not failed: its usual holder is
-        # the running nestgate this config is checked for, whose reload keeps its sockets.
+        # An address that cannot be bound now is told, not failed: the machine may
+        # change before `serve` runs (the running nestgate of this config is left out).
         warnings = config_warnings(config) + [
-            f"{problem}: `serve` would fail on it now (a running nestgate's reload keeps "
-            "its own sockets)" for problem in unavailable_addresses(config)]
+            f"{problem}: `serve` would fail on it now"
+            for problem in unavailable_addresses(config)]
         for warning in warnings:
             print(f"nestgate: warning: {warning}", file=sys.stderr)
         print(f"{config.source}: ok ({len(config.listeners)} listeners, "

@@ -528,9 +528,12 @@ def _listen(listener) -> socket.socket:
 
 
 def unavailable_addresses(config: Config) -> list[str]:
-    """For `check`: each listener whose address cannot be bound right now (taken by
-    another program, or by a running nestgate, whose reload keeps its own sockets;
-    a port below 1024 without the right to it). Port 0 always binds."""
+    """For `check`: each listener whose address cannot be bound right now, with the
+    program holding it when it can be told (a port below 1024 without the right to it
+    says so). An address held by a running nestgate serving this same config file is
+    not a problem: its reload keeps its own sockets. Port 0 always binds."""
+    from nestgate.portholder import holder_of
+    checked = os.path.realpath(config.source)
     problems = []
     for listener in config.listeners:
         if listener.port == 0:
@@ -538,7 +541,16 @@ def unavailable_addresses(config: Config) -> list[str]:
         try:
             _bound(listener).close()
         except BindError as exc:
-            problems.append(str(exc))
+            cause = exc.__cause__
+            holder = None
+            if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
+                try:
+                    holder = holder_of(listener.host, listener.port)
+                except ValueError:           # not an address psutil could compare
+                    holder = None
+            if holder is not None and holder.config == checked:
+                continue
+            problems.append(f"{exc}, {holder.describe()}" if holder is not None else str(exc))
     return problems
 
 
