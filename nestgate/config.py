@@ -8,6 +8,7 @@ Nothing here touches sockets or the event loop.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
@@ -370,7 +371,10 @@ class _Section:
     def check_unknown(self) -> None:
         for name in self.data:
             if name not in self.seen:
-                self.problems.append(f"{self.file}: {self.key(name)}: unknown key")
+                # The keys this table was read for are the ones it knows.
+                near = difflib.get_close_matches(name, self.seen, n=1, cutoff=0.75)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                self.problems.append(f"{self.file}: {self.key(name)}: unknown key{hint}")
 
 
 def _typed(kind: type, expected: str) -> Callable[[Any], Any]:

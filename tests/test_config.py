@@ -311,3 +311,11 @@ def test_a_proxy_route_names_the_upgrades_it_passes(keys, upgrade):
 def test_proxy_upgrade_problems_name_the_key(keys, problem):
     [found] = problems_of(proxy_route(**keys))
     assert found.startswith("site.toml: site[0].route[0].") and problem in found, found
+
+
+def test_an_unknown_key_near_a_known_one_says_which_was_meant():
+    problems = problems_of({"site": [{"hosts": ["a.test"], "protcted": True}],
+                            "limits": {"max_bodyy": "1MiB", "zzz": 1}})
+    assert "site.toml: site[0].protcted: unknown key (did you mean 'protected'?)" in problems
+    assert "site.toml: limits.max_bodyy: unknown key (did you mean 'max_body'?)" in problems
+    assert "site.toml: limits.zzz: unknown key" in problems       # nothing near it
