@@ -41,6 +41,9 @@ STYLE = ('body{margin:0;font:17px/1.6 system-ui,-apple-system,"Segoe UI",sans-se
          'a{color:#2f6f4f}code{font-family:ui-monospace,Menlo,monospace;background:#eef0f3;'
          'padding:.1rem .3rem;border-radius:4px}.meta,footer{color:#5c6575;font-size:.9rem}'
          'footer{padding:2rem 1.25rem}')
+H2C_OFF = (b"400 Bad Request: this listener speaks HTTP/1.1. HTTP/2 in clear text (h2c with "
+           b"prior knowledge) is off here: set `http2_cleartext = true` in its [[listen]] "
+           b"table, or use its HTTPS listener, where ALPN offers h2.\n")
 _FORBIDDEN_MEMO_MAX = 64         # 403 pages kept by address: each is several KB
 _TOO_MANY_MEMO_MAX = 128         # 429 answers kept by Retry-After value
 _RETRY_AFTER_MAX = 3600          # a slower limit still says "within the hour"
@@ -132,6 +135,9 @@ class ErrorPages:
         self._forbidden: dict[tuple[str, bool], Prebuilt] = {}
         self._too_many: dict[tuple[int, bool], Prebuilt] = {}
         self._custom_too_many = custom.get(429)
+        # The HTTP/2 preface on a listener that speaks HTTP/1.1 only (h2load, curl
+        # --http2-prior-knowledge): plain text, since such a client shows no page.
+        self.h2c_off = Prebuilt(400, H2C_OFF, "text/plain; charset=utf-8")
 
     def answer(self, status: int, headers) -> Prebuilt:
         found = self.answers.get(status)

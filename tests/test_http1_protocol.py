@@ -416,3 +416,18 @@ def test_request_after_an_answer_that_refused_its_expected_body_is_not_read(wire
     [response] = wire.responses()
     assert response.headers["connection"] == "close" and wire.closed
     assert wire.conn.phase == http1.CLOSING
+
+
+def test_an_http2_preface_on_an_http1_listener_gets_a_hint(wire):
+    """h2load or curl --http2-prior-knowledge against a listener without
+    http2_cleartext: a 400 that says how to turn HTTP/2 in clear text on."""
+    wire.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    response = wire.responses()[0]
+    assert response.status == 400 and b"http2_cleartext = true" in response.body
+    assert wire.closed
+
+
+def test_other_malformed_requests_get_the_plain_400(wire):
+    wire.send(b"GET / HTTP/1.1\r\nHost: a\r\nBad Header\r\n\r\n")
+    response = wire.responses()[0]
+    assert response.status == 400 and b"http2_cleartext" not in response.body
