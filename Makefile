@@ -18,7 +18,8 @@ serve: $(STAMP)
 # Debian tools the tests and benchmarks drive (nginx as a peer and upstream, Caddy as a
 # peer, wrk, h2load, headless Chromium for the pages, promtool from the prometheus
 # package for the metrics, redis-server and HAProxy for scale-out, Pebble as the ACME CA,
-# BIND for DNS-01, certutil for Chromium's trust store, curl as a verifying client).
+# BIND for DNS-01, certutil for Chromium's trust store, curl as a verifying client,
+# python3-venv for the documented install under /opt).
 # Installed only when missing and only when running as root.
 debian-deps:
 	@missing=""; \
@@ -34,6 +35,7 @@ debian-deps:
 	test -x /usr/sbin/named || missing="$$missing bind9"; \
 	command -v certutil >/dev/null || missing="$$missing libnss3-tools"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
+	/usr/bin/python3 -c "import ensurepip" 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

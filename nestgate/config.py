@@ -198,6 +198,9 @@ class ServerConfig:
     server_tokens: bool = False             # the version in the Server header and on pages
     user: str = ""                          # started as root: run as this user once bound
     group: str = ""                         # ... and group (default: the user's own)
+    # Where relative state paths ([auth] store, [acme] storage) resolve: this, else
+    # systemd's $STATE_DIRECTORY, else the config file's folder (see `state_folder`).
+    state_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -249,8 +252,10 @@ class Config:
 class _Section:
     """A table being read: typed getters that record problems, then unknown keys."""
 
-    def __init__(self, data: Any, where: str, problems: list[str], file: str, base: Path):
+    def __init__(self, data: Any, where: str, problems: list[str], file: str, base: Path,
+                 state_base: Path | None = None):
         self.where, self.problems, self.file, self.base = where, problems, file, base
+        self.state_base = state_base or base     # where relative state paths resolve
         if not isinstance(data, dict):
             self.fail("", "a table", data)
             data = {}
@@ -366,7 +371,7 @@ class _Section:
         return self.child(self.data.get(name, {}), self.key(name))
 
     def child(self, data: Any, where: str) -> _Section:
-        return _Section(data, where, self.problems, self.file, self.base)
+        return _Section(data, where, self.problems, self.file, self.base, self.state_base)
 
     def check_unknown(self) -> None:
         for name in self.data:
@@ -430,7 +435,13 @@ def _read_server(s: _Section) -> ServerConfig:
         server_tokens=s.bool("server_tokens", d.server_tokens),
         user=s.str("user"),
         group=s.str("group"),
+        state_dir=s.str("state_dir"),
     )
+    if cfg.state_dir:
+        folder = (s.base / os.path.expanduser(cfg.state_dir)).resolve()
+        if not folder.is_dir() and not folder.parent.is_dir():
+            s.fail("state_dir", "a folder (or one whose parent exists)", cfg.state_dir)
+        cfg = replace(cfg, state_dir=str(folder))
     if cfg.user and _user_id(cfg.user) is None:
         s.fail("user", "a user of this system", cfg.user)
     if cfg.group and _group_id(cfg.group) is None:
@@ -715,10 +726,24 @@ def read_config(path: str | os.PathLike | None = None) -> Config:
     return parse_config(data, str(path), path.resolve().parent)
 
 
+def state_folder(server: ServerConfig, base: Path) -> Path:
+    """The folder relative state paths resolve against: `[server] state_dir`; else,
+    run by systemd with `StateDirectory=`, its $STATE_DIRECTORY (the first, if it
+    names several), the one place the unit lets nestgate write; else the config's
+    own folder."""
+    if server.state_dir:
+        return Path(server.state_dir)
+    systemd = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if systemd and os.path.isabs(systemd):
+        return Path(systemd)
+    return base
+
+
 def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -> Config:
     problems: list[str] = []
     top = _Section(data, "", problems, file, base or Path.cwd())
     server = _read_server(top.table("server"))
+    top.state_base = state_folder(server, top.base)
     limits = _read_limits(top.table("limits"))
     log = _read_log(top.table("log"))
     listeners = tuple(_read_listener(t) for t in top.tables("listen"))

@@ -319,3 +319,31 @@ def test_an_unknown_key_near_a_known_one_says_which_was_meant():
     assert "site.toml: site[0].protcted: unknown key (did you mean 'protected'?)" in problems
     assert "site.toml: limits.max_bodyy: unknown key (did you mean 'max_body'?)" in problems
     assert "site.toml: limits.zzz: unknown key" in problems       # nothing near it
+
+
+def test_relative_state_paths_resolve_in_the_state_folder(tmp_path, monkeypatch):
+    """[auth] store and [acme] storage, when relative: in `[server] state_dir`; else in
+    systemd's $STATE_DIRECTORY (the one folder the unit lets nestgate write); else
+    beside the config file."""
+    conf, state, systemd = tmp_path / "etc", tmp_path / "state", tmp_path / "systemd"
+    for folder in (conf, state, systemd):
+        folder.mkdir()
+    data = {"listen": [{"address": "127.0.0.1:0"}], "site": [{"hosts": ["*"]}],
+            "auth": {"store": "nestgate-state.db"}, "acme": {"storage": "certs"}}
+
+    def paths():
+        config = parse_config(data, str(conf / "nestgate.toml"), conf)
+        return config.auth.store, config.acme.storage
+
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    assert paths() == (str(conf / "nestgate-state.db"), str(conf / "certs"))
+    monkeypatch.setenv("STATE_DIRECTORY", f"{systemd}:{tmp_path}/other")
+    assert paths() == (str(systemd / "nestgate-state.db"), str(systemd / "certs"))
+    data["server"] = {"state_dir": "../state"}
+    assert paths() == (str(state / "nestgate-state.db"), str(state / "certs"))
+    data["auth"]["store"] = str(tmp_path / "kept.db")                # absolute: as written
+    assert paths()[0] == str(tmp_path / "kept.db")
+    data["server"] = {"state_dir": "../no/such/folder"}
+    with pytest.raises(ConfigError) as info:
+        paths()
+    assert any("server.state_dir: expected a folder" in p for p in info.value.problems)

@@ -69,7 +69,7 @@ def read_auth(s) -> AuthConfig | None:
     store = s.str("store", d.store)
     cfg = AuthConfig(
         store=store if store == ":memory:" else
-        str((s.base / os.path.expanduser(store)).resolve()),
+        str((s.state_base / os.path.expanduser(store)).resolve()),
         users=tuple(users),
         session_ttl=s.duration("session_ttl", d.session_ttl),
         cookie_name=s.str("cookie_name", d.cookie_name),

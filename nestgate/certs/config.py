@@ -71,7 +71,7 @@ def read_acme(s) -> AcmeConfig:
         except ValueError:
             s.fail("eab_hmac_key", "the base64url HMAC key the CA gave")   # not shown
     storage = s.str("storage", DEFAULT_STORAGE)
-    storage = str((s.base / os.path.expanduser(storage)).resolve())
+    storage = str((s.state_base / os.path.expanduser(storage)).resolve())
     parent = os.path.dirname(storage)
     if not (os.path.isdir(storage) and os.access(storage, os.W_OK)) and not (
             os.path.isdir(parent) and os.access(parent, os.W_OK)):
