@@ -306,7 +306,9 @@ class _Section:
     def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
         def convert(v):
             if v not in choices:
-                raise ValueError("one of " + ", ".join(repr(c) for c in choices))
+                near = difflib.get_close_matches(str(v), choices, n=1, cutoff=0.6)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                raise ValueError("one of " + ", ".join(repr(c) for c in choices) + hint)
             return v
         return self.get(name, default, convert, "")
 
@@ -581,7 +583,8 @@ def _read_route(s: _Section) -> Route | None:
     if not kind:
         if "type" not in s.data:
             s.fail("type", "one of " + ", ".join(repr(k) for k in ROUTE_TYPES))
-        s.check_unknown()
+        # A type that is not known says nothing of which keys belong: the one problem
+        # is the type, not a line for each of its keys.
         return None
     options = ROUTE_TYPES[kind].read(s)
     access = read_access(s)

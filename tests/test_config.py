@@ -347,3 +347,34 @@ def test_relative_state_paths_resolve_in_the_state_folder(tmp_path, monkeypatch)
     with pytest.raises(ConfigError) as info:
         paths()
     assert any("server.state_dir: expected a folder" in p for p in info.value.problems)
+
+
+def test_a_route_of_an_unknown_type_is_one_problem_with_a_suggestion():
+    problems = problems_of({"listen": [{"address": "127.0.0.1:0"}], "site": [{"route": [
+        {"prefix": "/", "type": "proxi", "upstream": "http://127.0.0.1:9"}]}]})
+    assert problems == ["site.toml: site[0].route[0].type: expected one of 'return', "
+                        "'redirect', 'static', 'proxy' (did you mean 'proxy'?), got 'proxi'"]
+
+
+@pytest.mark.parametrize("secret, says", [
+    ("otpauth://totp/nas:alice?secret=GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ&issuer=nas",
+     "not the otpauth:// URI: give only the value of its secret= parameter"),
+    ("3132333435363738393031323334353637383930", "this looks like hex: convert it"),
+    ("JBSWY3DPEHPK3PXP", "at least 128 bits (26 base32 characters), got 80 bits"),
+    ("not a secret!", "a base32 TOTP secret (letters A-Z and digits 2-7)"),
+])
+def test_a_totp_secret_that_cannot_serve_says_how_to_fix_it(secret, says):
+    problems = problems_of({"listen": [{"address": "127.0.0.1:0"}], "site": [{}],
+                            "auth": {"user": [{"name": "alice", "password": "$argon2id$x",
+                                               "totp": secret}]}})
+    totp = [p for p in problems if ".totp:" in p]
+    assert len(totp) == 1 and says in totp[0], problems
+    assert secret not in totp[0]                          # a secret is never printed
+
+
+def test_a_good_totp_secret_passes():
+    config = parse_config({"listen": [{"address": "127.0.0.1:0"}], "site": [{}],
+                           "auth": {"user": [{"name": "alice", "password": "$argon2id$x",
+                                              "totp": "GEZD GNBV GY3T QOJQ GEZD GNBV GY3T QOJQ"}]}},
+                          "site.toml")
+    assert config.auth.users[0].totp == "GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ"

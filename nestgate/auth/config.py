@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import base64
 import os
 from dataclasses import dataclass
+
+from nestgate.auth.totp import secret_problem
 
 
 @dataclass(frozen=True)
@@ -56,11 +57,9 @@ def read_auth(s) -> AuthConfig | None:
             u.fail("name", "a user name without spaces", name)
         if not password.startswith("$argon2"):
             u.fail("password", "an argon2 hash (run `nestgate passwd`)")
-        if totp:
-            try:
-                base64.b32decode(totp.upper().replace(" ", ""), casefold=True)
-            except ValueError:
-                u.fail("totp", "a base32 TOTP secret")     # not shown: it is a secret
+        problem = totp and secret_problem(totp)
+        if problem:
+            u.fail("totp", problem)                  # the secret itself is never shown
         u.check_unknown()
         users.append(User(name, password, totp.upper().replace(" ", "")))
     names = [u.name for u in users]

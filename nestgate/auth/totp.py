@@ -20,6 +20,31 @@ def new_secret() -> str:
     return base64.b32encode(secrets.token_bytes(20)).decode().rstrip("=")
 
 
+MIN_SECRET_BYTES = 16          # 128 bits, RFC 4226 4's least (160 recommended)
+_HEX = frozenset("0123456789ABCDEF")
+
+
+def secret_problem(secret: str) -> str | None:
+    """What is wrong with a configured secret, said so that the owner can fix it
+    (never quoting the secret); None when it is good."""
+    text = secret.upper().replace(" ", "")
+    if text.startswith("OTPAUTH://"):
+        return ("a base32 TOTP secret, not the otpauth:// URI: give only the value of "
+                "its secret= parameter")
+    try:
+        key = _key(text)
+    except ValueError:
+        if len(text) % 2 == 0 and set(text) <= _HEX:
+            return ("a base32 TOTP secret; this looks like hex: convert it with python3 -c "
+                    "\"import base64,sys; print(base64.b32encode(bytes.fromhex(sys.argv[1]))"
+                    ".decode())\" HEX, or make one with `nestgate passwd --totp NAME`")
+        return "a base32 TOTP secret (letters A-Z and digits 2-7)"
+    if len(key) < MIN_SECRET_BYTES:
+        return (f"a TOTP secret of at least 128 bits (26 base32 characters), got "
+                f"{len(key) * 8} bits: make a new one with `nestgate passwd --totp NAME`")
+    return None
+
+
 def _key(secret: str) -> bytes:
     secret = secret.upper().replace(" ", "")
     return base64.b32decode(secret + "=" * (-len(secret) % 8))
