@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from nestgate import shorthands
 from nestgate.certs.config import AcmeConfig, read_acme
 from nestgate.tls import certificate_problem
 from nestgate.access import _cidr_list, read_access
@@ -600,6 +601,9 @@ def _proxies_root(routes) -> bool:
 
 
 def _read_site(s: _Section, index: int) -> Site:
+    # Shorthands (nestgate.shorthands) were expanded already: here only checked.
+    s.str("proxy"), s.str("static")
+    s.choice("https", "", ("", *shorthands.HTTPS_KINDS))
     hosts = s.strings("hosts", ("*",))
     if not hosts:
         # An empty list would make a site no request can reach, silently.
@@ -744,7 +748,7 @@ def state_folder(server: ServerConfig, base: Path) -> Path:
 
 def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -> Config:
     problems: list[str] = []
-    top = _Section(data, "", problems, file, base or Path.cwd())
+    top = _Section(shorthands.expand(data), "", problems, file, base or Path.cwd())
     server = _read_server(top.table("server"))
     top.state_base = state_folder(server, top.base)
     limits = _read_limits(top.table("limits"))

@@ -378,3 +378,55 @@ def test_a_good_totp_secret_passes():
                                               "totp": "GEZD GNBV GY3T QOJQ GEZD GNBV GY3T QOJQ"}]}},
                           "site.toml")
     assert config.auth.users[0].totp == "GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ"
+
+
+def _without_noise(config):
+    """What a config means, for comparing two spellings of it."""
+    return ([(l.host, l.port, l.redirect_https, [(c.managed, c.names) for c in l.certificates])
+             for l in config.listeners],
+            [(s.hosts, [(r.type, r.path, r.prefix, r.options) for r in s.routes])
+             for s in config.sites])
+
+
+def test_site_shorthands_expand_to_the_tables_they_stand_for(tmp_path):
+    (tmp_path / "www").mkdir()
+    short = {"site": [
+        {"hosts": ["example.com"], "https": "acme", "static": "www"},
+        {"hosts": ["media.example.com", "tv.example.com"], "https": "acme",
+         "proxy": "http://127.0.0.1:8096"},
+        {"hosts": ["nas.home.arpa"], "https": "internal", "proxy": "http://127.0.0.1:5000"}]}
+    full = {
+        "listen": [{"address": "0.0.0.0:443", "certificate": [
+                       {"acme": True, "names": ["example.com", "media.example.com",
+                                                "tv.example.com"]},
+                       {"internal": True, "names": ["nas.home.arpa"]}]},
+                   {"address": "0.0.0.0:80", "redirect_https": True}],
+        "site": [
+            {"hosts": ["example.com"],
+             "route": [{"prefix": "/", "type": "static", "root": "www"}]},
+            {"hosts": ["media.example.com", "tv.example.com"],
+             "route": [{"prefix": "/", "type": "proxy", "upstream": "http://127.0.0.1:8096"}]},
+            {"hosts": ["nas.home.arpa"],
+             "route": [{"prefix": "/", "type": "proxy", "upstream": "http://127.0.0.1:5000"}]}]}
+    expanded = parse_config(short, str(tmp_path / "a.toml"), tmp_path)
+    written = parse_config(full, str(tmp_path / "b.toml"), tmp_path)
+    assert _without_noise(expanded) == _without_noise(written)
+    assert "listen" not in short                      # the caller's data is left alone
+
+
+def test_shorthands_use_the_listeners_there_are_and_keep_the_rules(tmp_path):
+    data = {"listen": [{"address": "127.0.0.1:8080"}, {"address": "192.168.1.2:443"}],
+            "site": [{"hosts": ["a.example"], "https": "internal",
+                      "proxy": "http://127.0.0.1:1",
+                      "route": [{"prefix": "/", "type": "return", "body": "x"}]}]}
+    problems = problems_of(data)
+    # A route of its own on "/" beside the shorthand's: the usual refusal names both.
+    assert any("site[0].route[1].prefix: expected a prefix no other route" in p
+               for p in problems), problems
+    del data["site"][0]["route"]
+    config = parse_config(data, "site.toml", tmp_path)
+    assert [(l.host, l.port, [c.managed for c in l.certificates]) for l in config.listeners] \
+        == [("127.0.0.1", 8080, []), ("192.168.1.2", 443, ["internal"])]
+    assert problems_of({"listen": [{"address": "127.0.0.1:0"}],
+                        "site": [{"https": "letsencrypt"}]}) == [
+        "site.toml: site[0].https: expected one of '', 'acme', 'internal', got 'letsencrypt'"]

@@ -780,3 +780,26 @@ def test_a_remembered_head_for_a_stream_reset_meanwhile_fails_the_exchange_quiet
     ex = up.Exchange(conn, ResetStream())
     ex.feed(head + b"\r\n\r\nok")
     assert ex.error == 502 and conn.closed and conn.exchange is None and not ex.pending
+
+
+def test_a_site_written_with_the_proxy_and_static_shorthands_serves(start_server, upstream,
+                                                                    tmp_path):
+    up = upstream()
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "index.html").write_text("<p>home</p>")
+    server = start_server(f"""
+[[listen]]
+address = "127.0.0.1:0"
+
+[[site]]
+hosts = ["app.test"]
+proxy = "{up.url}"
+
+[[site]]
+hosts = ["files.test"]
+static = "{tmp_path / 'www'}"
+""")
+    resp, _body, _ = get(server.port(), "/some/page?x=1")
+    assert resp.status == 200 and up.requests[-1]["target"] == "/some/page?x=1"
+    resp, body, _ = get(server.port(), "/", host="files.test")
+    assert resp.status == 200 and body == b"<p>home</p>"
