@@ -62,6 +62,17 @@ _DECODED_MEMORY = 64             # header blocks remembered per connection (`_de
 # Runs of stream ids a client skipped, remembered (the latest) to tell a stream opened
 # out of order from a closed one; clients open consecutive ids, so this stays empty.
 _SKIPPED_MEMORY = 16
+# Fields that are illegal in HTTP/2 because they belong to one connection (RFC 9113
+# 8.2.2): a request carrying one is malformed.
+CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection",
+                                 b"transfer-encoding", b"upgrade"))
+# Trailers are not forwarded, but a field that frames, routes or is specific to the
+# connection has no meaning there (RFC 9110 6.5.1) and makes the request malformed, as
+# a pseudo-field does (RFC 9113 8.1).
+_TRAILER_REFUSED = CONNECTION_SPECIFIC | {b"content-length", b"host", b"te"}
+# A content-length longer than this many digits is refused as malformed rather than
+# read (no body that long is taken, and 18 digits always fit the int64 peers use).
+_LENGTH_DIGITS = 18
 
 
 class ConnectionError_(Exception):
@@ -79,11 +90,14 @@ class StreamClosedError(ConnectionResetError):
 
 # -------------------------------------------------------------------- events
 class RequestReceived:
-    """A request's header block. `ended`: no body follows (END_STREAM was set)."""
-    __slots__ = ("stream_id", "headers", "ended")
+    """A request's header block. `ended`: no body follows (END_STREAM was set).
+    `length`: the body's length as its one content-length field declares it, which
+    its DATA frames are held to (-1: no such field, the body ends with the stream)."""
+    __slots__ = ("stream_id", "headers", "ended", "length")
 
-    def __init__(self, stream_id: int, headers: list, ended: bool) -> None:
+    def __init__(self, stream_id: int, headers: list, ended: bool, length: int = -1) -> None:
         self.stream_id, self.headers, self.ended = stream_id, headers, ended
+        self.length = length
 
 
 class DataReceived:
@@ -559,7 +573,8 @@ class H2Engine:
         if stream is not None:                                   # trailers
             if not stream.reading:
                 self._stream_error(stream_id, STREAM_CLOSED, events)
-            elif not ended or any(name[:1] == b":" for name, _ in headers):
+            elif not ended or any(name[:1] == b":" or name in _TRAILER_REFUSED
+                                  for name, _ in headers):
                 self._stream_error(stream_id, PROTOCOL_ERROR, events)    # 8.1
             else:
                 self._end_of_body(stream, events)
@@ -572,19 +587,24 @@ class H2Engine:
         if self._block_self_dependent:
             self._send_reset(stream_id, PROTOCOL_ERROR)
             return
+        length = -1
+        if not ended:
+            # The body is framed by its DATA frames and held to this length; a proxy
+            # frames it upstream by the same number. A second field, even alike, a
+            # list, a sign, spaces or digits Python's int() reads but HTTP/1.1 does not
+            # ("5_5", "+5") could be read otherwise on one side: malformed (8.1.1).
+            for name, value in headers:
+                if name == b"content-length":
+                    if length >= 0 or not value.isdigit() or len(value) > _LENGTH_DIGITS:
+                        self._send_reset(stream_id, PROTOCOL_ERROR)
+                        return
+                    length = int(value)
         if len(self.streams) >= self.max_concurrent_streams:
             self._send_reset(stream_id, REFUSED_STREAM)           # 5.1.2: this one only
             return
         stream = self.streams[stream_id] = Stream(stream_id, self._initial_send_window, ended)
-        if not ended:
-            for name, value in headers:
-                if name == b"content-length":
-                    try:
-                        stream.length = int(value)
-                    except ValueError:
-                        pass                  # the caller answers 400
-                    break
-        events.append(RequestReceived(stream_id, headers, ended))
+        stream.length = length
+        events.append(RequestReceived(stream_id, headers, ended, length))
 
     def _unexpected_stream(self, stream_id: int) -> bool:
         """HEADERS opening a stream other than the next odd one. True when the block

@@ -415,6 +415,7 @@ class HTTP1Connection(asyncio.Protocol):
         self._host = None
         self._chunked = False
         self._content_length = None
+        self._body_length = None       # the Content-Length the body is read by (None: chunked)
         self._unusual = False          # Transfer-Encoding, Content-Length or Connection seen
         self._body: Body | None = None
         self._body_size = 0
@@ -768,6 +769,7 @@ class HTTP1Connection(asyncio.Protocol):
         if length is not None and length > self._max_body:
             raise RequestError(413)
         if chunked or length:
+            self._body_length = None if chunked else length
             self._body = None
             self._body_size = self._body_seen = 0
             self._header_bytes = _TRAILERS
@@ -883,7 +885,8 @@ class HTTP1Connection(asyncio.Protocol):
 
         req = HTTP1Request(self, handler, route, method, url, qmark, version, headers, host,
                            keep_alive, self._t0)
-        req.body = self._body = Body(self, self._expect_continue()) if has_body else None
+        req.body = self._body = Body(self, self._expect_continue(), self._body_length) \
+            if has_body else None
         req.upgrade = parser.should_upgrade()
         self._sync = None
         self._parsing = req if has_body else None

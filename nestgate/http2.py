@@ -62,9 +62,9 @@ import struct
 import time
 
 from nestgate import h2engine as engine
-from nestgate.h2engine import (CANCEL, ENHANCE_YOUR_CALM, INTERNAL_ERROR, NO_ERROR,
-                               ConnectionError_, StreamClosedError,
-                               encode_field, encode_fields)
+from nestgate.h2engine import (CANCEL, CONNECTION_SPECIFIC, ENHANCE_YOUR_CALM,
+                               INTERNAL_ERROR, NO_ERROR, ConnectionError_,
+                               StreamClosedError, encode_field, encode_fields)
 from nestgate.dispatch import GONE, answer, record, resolve
 from nestgate.clientip import forwarded_client
 from nestgate.clock import CLOCK
@@ -93,8 +93,7 @@ RESET_CAP = 1000
 _NO_GOAWAY = 1 << 31              # above any stream id: every stream is served
 DRAIN_BUSY_GRACE = 5.0            # seconds a stopping connection serves new streams
 # Connection-specific headers are illegal in HTTP/2 (RFC 9113 8.2.2).
-_CONNECTION_HEADERS = frozenset((b"connection", b"keep-alive", b"proxy-connection",
-                                 b"transfer-encoding", b"upgrade"))
+_CONNECTION_HEADERS = CONNECTION_SPECIFIC
 _STATUS = {s: str(s).encode() for s in range(100, 600)}
 # A decoded header list may exceed `max_header_bytes` (the request gets 431 and the
 # connection goes on) up to this many times it; past that it is an HPACK bomb and the
@@ -792,9 +791,10 @@ class HTTP2Connection:
         self._opened += 1
         if self._opened >= self.limits.keepalive_requests and self._last_stream == _NO_GOAWAY:
             self._last_stream = stream_id
-        method = raw_target = authority = host = b""
+        method = raw_target = authority = b""
+        host = None
         headers = []
-        size = found = 0
+        size = found = lengths = 0
         bad = None
         for name, value in event.headers:
             size += len(name) + len(value)
@@ -813,11 +813,16 @@ class HTTP2Connection:
             else:
                 headers.append((name, value))
                 if name == b"host":
+                    if host is not None:
+                        # Which one routes and which one goes upstream? (RFC 9112 3.2)
+                        bad = "repeated host"
                     host = value
-                elif name == b"content-length" and event.ended and value != b"0":
-                    # No DATA follows, so no body can agree with it (8.1.1); the
+                elif name == b"content-length" and event.ended:
+                    # No DATA follows, so only one "0" agrees with it (8.1.1); the
                     # engine checks the streams that have a body.
-                    bad = "content-length on a request without a body"
+                    if value != b"0" or lengths:
+                        bad = "content-length on a request without a body, or repeated"
+                    lengths += 1
         if self.xff_trusted:
             # Per request: streams of one connection may carry different clients, and
             # each client decides whether its requests are logged (the proxy's own
@@ -831,7 +836,7 @@ class HTTP2Connection:
             # Malformed (RFC 9113 8.1.1): 400 on this stream, the connection goes on.
             bad = bad or _field_problem(headers, authority) or \
                 (None if found & 7 == 7 else ":method, :scheme or :path missing")
-            authority = authority or host
+            authority = authority or host or b""
             if bad is not None:
                 raise RequestError(400, bad)
             if not method or method.translate(None, TCHAR):
@@ -844,7 +849,7 @@ class HTTP2Connection:
                 raise RequestError(400, ":path has a byte outside visible ASCII")
             if size > self.limits.max_header_bytes or len(headers) > self.limits.max_headers:
                 raise RequestError(431)
-            if not event.ended and self._too_large(headers):
+            if event.length > self.limits.max_body:
                 raise RequestError(413)                 # before a byte of it comes
             qmark = raw_target.find(b"?")
             # The router checks the characters of :authority (or Host), once per
@@ -874,18 +879,9 @@ class HTTP2Connection:
         req.granted = 0
         req.flow = _StreamFlow(self, stream_id)
         if not event.ended:
-            req.body = Body(req.flow, False)
+            req.body = Body(req.flow, False, None if event.length < 0 else event.length)
         self._streams[stream_id] = req
         req.task = self.loop.create_task(self._run(req))
-
-    def _too_large(self, headers) -> bool:
-        for name, value in headers:
-            if name == b"content-length":
-                try:
-                    return int(value) > self.limits.max_body
-                except ValueError:
-                    raise RequestError(400, "bad content-length") from None
-        return False
 
     def _answer(self, stream_id, response, head_only, method, host, path, label, headers,
                 t0, tally) -> bool:

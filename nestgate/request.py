@@ -40,12 +40,19 @@ class Body:
 
     The source (`flow`) is the HTTP/1.1 connection or an HTTP/2 stream's flow
     control: it has `loop`, `pause_reading_for_body()`, `resume_reading_for_body()`
-    and `send_continue()`."""
+    and `send_continue()`.
+
+    `length` is the body's length as the adapter frames it (HTTP/1.1's one checked
+    Content-Length, HTTP/2's one content-length held against the DATA frames), or
+    None when the body runs to the protocol's end of message (chunked, END_STREAM).
+    A body that would come out longer or shorter is aborted, never delivered: a
+    proxy may announce this length upstream before the first byte."""
 
     __slots__ = ("_conn", "_chunks", "_buffered", "_done", "_waiter", "_discard",
-                 "_expect_continue", "received", "_error")
+                 "_expect_continue", "received", "_error", "length")
 
-    def __init__(self, flow, expect_continue: bool) -> None:
+    def __init__(self, flow, expect_continue: bool, length: int | None = None) -> None:
+        self.length = length
         self._conn = flow
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0

@@ -178,7 +178,7 @@ class Harness:
         req = MemoryRequest(conn, handler, route, method, raw, qmark, fields, host.encode(),
                             True, 0.0)
         if body:
-            req.body = Body(_Flow(self.loop), False)
+            req.body = Body(_Flow(self.loop), False, len(body))
             req.body.feed(body)
             req.body.finish()
         conn.conclude(req, await answer(req))

@@ -3,7 +3,8 @@
 The request head is built from the headers as parsed (no re-parsing, no dicts):
 hop-by-hop headers are dropped, X-Forwarded-* set (a client's own Forwarded and
 X-Real-IP dropped with them unless it is a trusted proxy), the Host kept or replaced.
-The body's framing is always nestgate's own, written from what the engine parsed,
+The body's framing is always nestgate's own, written from the body it forwards (the
+length the adapter holds the body to, `Body.length`), never from a client's field,
 and a Connection header that would make a field the proxy relies on hop-by-hop is
 refused (see `_hop_names`).
 Retries go to another target only when nothing was sent upstream yet (the
@@ -303,13 +304,13 @@ class ProxyHandler(Service):
             parts += (lines, host, b"\r\n\r\n")
             return b"".join(parts)
         conn = req.connection
-        upgrade = length = None
+        upgrade = declared = None
         xff = proto = fhost = None
         if special is not None:
             conn_tokens = claims = None
             for name, value in special:
                 if name == b"content-length":
-                    length = value
+                    declared = value
                 elif name == b"connection":
                     # A list header: the names on every field line count (RFC 9110 7.6.1).
                     conn_tokens = value if conn_tokens is None else conn_tokens + b"," + value
@@ -347,13 +348,16 @@ class ProxyHandler(Service):
                       b"\r\nx-forwarded-proto: ", proto or _SCHEMES[req.scheme], b"\r\n")
             if host:
                 parts += (b"x-forwarded-host: ", fhost or host, b"\r\n")
-        # The framing the engine read the body by, whatever the client's own lines said:
-        # its length as the number llhttp or h2 checked ("010" goes as 10), chunked
-        # when it has none (`_send_body` decides the same way); no body is length 0.
-        if length is not None:
-            parts.append(b"content-length: %d\r\n" % (int(length) if req.body is not None else 0))
-        elif req.body is not None:
-            parts.append(b"transfer-encoding: chunked\r\n")
+        # The framing of the bytes `_send_body` will send, whatever the client's own
+        # lines said (a client's content-length is never copied: over HTTP/2 two of
+        # them made the upstream read the body as two requests): the length the
+        # adapter holds the body to, chunked when it has none; no body is length 0.
+        body = req.body
+        if body is not None:
+            parts.append(b"transfer-encoding: chunked\r\n" if body.length is None
+                         else b"content-length: %d\r\n" % body.length)
+        elif declared is not None:
+            parts.append(b"content-length: 0\r\n")
         if upgrade is not None and req.upgrade:
             # Only the protocols the route names; a request that offers none of them
             # goes as a plain request (as nginx sends one without its upgrade lines).
@@ -426,7 +430,7 @@ class ProxyHandler(Service):
                 give_back(conn, ex)
 
     async def _send_body(self, req, conn, ex: Exchange) -> None:
-        chunked = req.header(b"content-length") is None
+        chunked = req.body.length is None          # as `_head` announced it
         read = req.body.read
         transport = conn.transport
         while chunk := await read():

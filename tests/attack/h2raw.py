@@ -54,15 +54,19 @@ TCP_CLOSE, TCP_CLOSE_WAIT = 7, 8      # tcp_info.tcpi_state (linux/tcp_states.h)
 
 
 class RawH2:
-    """One TLS connection speaking HTTP/2 frame by frame."""
+    """One connection speaking HTTP/2 frame by frame: over TLS (ALPN h2), or in clear
+    with prior knowledge (h2c) when `cafile` is None."""
 
-    def __init__(self, port: int, cafile: str, settings: dict | None = None,
+    def __init__(self, port: int, cafile: str | None, settings: dict | None = None,
                  timeout: float = 10, preface: bool = True, record: bool = False) -> None:
-        ctx = ssl.create_default_context(cafile=cafile)
-        ctx.set_alpn_protocols(["h2"])
         raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.sock = ctx.wrap_socket(raw, server_hostname="localhost")
-        assert self.sock.selected_alpn_protocol() == "h2"
+        if cafile is None:
+            self.sock = raw
+        else:
+            ctx = ssl.create_default_context(cafile=cafile)
+            ctx.set_alpn_protocols(["h2"])
+            self.sock = ctx.wrap_socket(raw, server_hostname="localhost")
+            assert self.sock.selected_alpn_protocol() == "h2"
         self.encoder, self.decoder = hpack.Encoder(), hpack.Decoder()
         self.decoder.max_header_list_size = 1 << 20
         self.streams: dict[int, Stream] = {}
@@ -193,7 +197,7 @@ def flood(conn: RawH2, chunk: bytes, seconds: float) -> float | None:
     pending = memoryview(chunk)
     while time.monotonic() - start < seconds:
         readable, writable, _ = select.select([sock], [sock], [], 0.05)
-        if readable or sock.pending():
+        if readable or (isinstance(sock, ssl.SSLSocket) and sock.pending()):
             try:
                 data = sock.recv(1 << 20)
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError):

@@ -8,7 +8,9 @@ parser. Every request is answered `200` with its own target as the body, so a
 client that gets someone else's answer can tell.
 
 A target `/head/N` is answered with a response head of exactly N bytes (blank line
-included), for the proxy's response-head limit. `proxy_toml` is the config of a
+included), for the proxy's response-head limit. `/extra/now` and `/extra/later` are
+followed by an answer nobody asked for (`/extra/unasked`): in the same write, or
+UNASKED_AFTER_S later, as an upstream that reads a hidden request would send it. `proxy_toml` is the config of a
 nestgate in front of it.
 """
 
@@ -22,6 +24,7 @@ import time
 import httptools
 
 QUIET_S = 0.05          # no byte for this long: the proxy has sent all it will
+UNASKED_AFTER_S = 0.1
 SETTLE_LIMIT_S = 3.0
 
 
@@ -54,8 +57,17 @@ class _Message:
         if target.startswith(b"/head/"):
             self.conn.sendall(_head_of(int(target[6:])))
             return
-        self.conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%b"
-                          % (len(target), target))
+        if target == b"/extra/now":
+            self.conn.sendall(_answer(target) + _answer(b"/extra/unasked"))
+            return
+        self.conn.sendall(_answer(target))
+        if target == b"/extra/later":
+            time.sleep(UNASKED_AFTER_S)
+            self.conn.sendall(_answer(b"/extra/unasked"))
+
+
+def _answer(target: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%b" % (len(target), target)
 
 
 def _head_of(size: int) -> bytes:
