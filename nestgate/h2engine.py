@@ -314,6 +314,11 @@ class H2Engine:
         if end_stream:
             self._close_writing(stream)
 
+    def can_send(self, stream_id: int) -> bool:
+        """Whether the stream is open for what we send (HEADERS, DATA, RST_STREAM)."""
+        stream = self.streams.get(stream_id)
+        return stream is not None and stream.writing and not self.closed
+
     def local_flow_control_window(self, stream_id: int) -> int:
         """How many body bytes the client lets us send on the stream now."""
         stream = self.streams.get(stream_id)

@@ -948,12 +948,17 @@ class HTTP2Connection:
         """`dispatch.answer`'s outcome for a stream's request: END_STREAM after a whole
         answer; the site's error page if nothing was sent; else RST_STREAM."""
         stream_id = req.stream_id
-        self._streams.pop(stream_id, None)
+        ours = self._streams.pop(stream_id, None) is req
         self.release(req, req.granted)
         if status == GONE:
-            # The stream or the connection went away (reset, closed) while the handler
-            # answered: nothing can be sent, and nothing failed on our side.
-            return
+            if not ours or self.transport.is_closing() or not self.h2.can_send(stream_id):
+                # The stream or the connection went away (reset, closed) while the
+                # handler answered: nothing can be sent, and nothing failed on our side.
+                return
+            # A ConnectionResetError of the handler's own (a connection it opened
+            # elsewhere): the client's stream is still open and waits, so it fails as
+            # any handler error does and its slot is freed (HTTP/1.1 answers so too).
+            status = 500
         if not status:
             req.end()
         elif req.started:

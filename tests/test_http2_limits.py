@@ -5,6 +5,7 @@ from __future__ import annotations
 import h2.errors
 import h2.events
 import hyperframe.frame
+import pytest
 
 from h2wire import frames
 from nestgate.http1 import DRAIN_IDLE_GRACE
@@ -355,3 +356,37 @@ def test_a_client_goaway_still_gets_the_answers_it_asked_for(start_server, certs
         [(200, b"hello\n"), (200, b"docs\n")]
     assert conn.wait(lambda: conn.closed, timeout=5)
     conn.close()
+
+
+class OwnReset:
+    """Fails with a ConnectionResetError of its own (a connection it opened elsewhere
+    was reset), before its answer began or after part of it went out."""
+    is_async = True
+
+    def __init__(self, after_start: bool) -> None:
+        self.after_start = after_start
+
+    async def handle(self, request):
+        if self.after_start:
+            request.start(200, [(b"content-type", b"text/plain")])
+            await request.write(b"part of it")
+        raise ConnectionResetError("a connection of the handler's own was reset")
+
+
+@pytest.mark.parametrize("after_start", [False, True], ids=["before-answer", "mid-answer"])
+def test_a_handlers_own_connection_reset_still_concludes_its_stream(make_pump, after_start):
+    # The client's stream is open: the handler's reset is a failure, not the client
+    # leaving. Left alone, the stream kept its slot and the client waited for ever.
+    pump = make_pump(handlers={"/own-reset": OwnReset(after_start)})
+    step(pump)
+    stream = open_stream(pump, b"/own-reset")
+    events = step(pump)
+    if after_start:
+        assert resets(events) == {stream: h2.errors.ErrorCodes.INTERNAL_ERROR}
+    else:
+        answer = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
+        assert [dict(e.headers)[b":status"] for e in answer] == [b"500"]
+        assert any(isinstance(e, h2.events.StreamEnded) and e.stream_id == stream
+                   for e in events)
+    assert pump.server.h2.open_streams == 0 and not pump.server._streams
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
