@@ -734,19 +734,17 @@ class H2Engine:
             return
         if len(payload) % 6:
             self._fail(FRAME_SIZE_ERROR, "SETTINGS length not a multiple of 6")
-        opened = False
-        for pos in range(0, len(payload), 6):       # applied in order (6.5.3)
+        # Each entry replaces the value before it (6.5.3), so only a frame's last
+        # INITIAL_WINDOW_SIZE reaches the streams: walked once per frame, not once per
+        # entry (a frame holds up to 2,730 entries; each walking every stream held a
+        # worker). Every entry is still checked.
+        window = -1
+        for pos in range(0, len(payload), 6):
             key, value = _SETTING.unpack_from(payload, pos)
             if key == INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     self._fail(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE past 2^31-1")
-                delta = value - self._initial_send_window
-                self._initial_send_window = value
-                for stream in self.streams.values():            # 6.9.2
-                    stream.send_window += delta
-                    if stream.send_window > MAX_WINDOW:
-                        self._fail(FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
-                opened = opened or delta > 0
+                window = value
             elif key == MAX_FRAME_SIZE:
                 if not DEFAULT_FRAME_SIZE <= value <= (1 << 24) - 1:
                     self._fail(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
@@ -756,6 +754,13 @@ class H2Engine:
                     self._fail(PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH other than 0 or 1")
             # HEADER_TABLE_SIZE: our encoder adds nothing to a dynamic table, so any
             # size suits it. The others do not bind a server; unknown ones are ignored.
+        delta = window - self._initial_send_window if window >= 0 else 0
+        if delta:
+            self._initial_send_window = window
+            for stream in self.streams.values():                # 6.9.2
+                stream.send_window += delta
+                if stream.send_window > MAX_WINDOW:
+                    self._fail(FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
         self._out.append(_PACK_HEAD(SETTINGS, ACK, 0))
-        if opened:
+        if delta > 0:
             events.append(WindowUpdated(0))

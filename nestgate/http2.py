@@ -114,7 +114,9 @@ _PSEUDO = {b":method": 1, b":scheme": 2, b":path": 4, b":authority": 8}   # bits
 # is stopped before any of it is handled.
 # PING and SETTINGS (each acknowledged): Envoy lets a client leave at most 1000
 # control frames unread (max_outbound_control_frames); we allow that many at once,
-# then 100 a second over the connection's life. A browser sends a handful.
+# then 100 a second over the connection's life. A browser sends a handful. A SETTINGS
+# frame counts as many as the entries it holds (up to 2,730 in one frame; a browser
+# sends about six), each being work to check and apply.
 CONTROL_FRAME_BURST = 1000
 CONTROL_FRAMES_PER_SECOND = 100
 # PRIORITY: Envoy's max_inbound_priority_frames_per_stream (100), per stream opened.
@@ -358,8 +360,13 @@ class FrameGuard:
                 why = self._payload(length, flags & _END_STREAM)
             elif kind == _HEADERS or kind == _CONTINUATION:
                 why = self._header_frame(kind, flags, stream & 0x7FFFFFFF, length)
-            elif kind == _PING or kind == _SETTINGS:
-                why = None if flags & _ACK else self._control(now)
+            elif kind == _PING:
+                why = None if flags & _ACK else self._control(now, 1)
+            elif kind == _SETTINGS:
+                # Each entry is work (checked, maybe applied): entries are what counts.
+                # (A frame past the frame size is the engine's FRAME_SIZE_ERROR.)
+                why = None if flags & _ACK else self._control(
+                    now, length // 6 if 6 <= length <= engine.DEFAULT_FRAME_SIZE else 1)
             elif kind == _WINDOW_UPDATE:
                 self.window_updates += 1
                 why = "window_update_flood" if self.window_updates > 5 + 2 * (
@@ -401,8 +408,8 @@ class FrameGuard:
             return self._payload(length, 1)
         return self._payload(length, flags & _END_STREAM and kind == _HEADERS)
 
-    def _control(self, now: float) -> str | None:
-        self.control += 1
+    def _control(self, now: float, count: int) -> str | None:
+        self.control += count
         if self.control > CONTROL_FRAME_BURST and self.control > \
                 CONTROL_FRAME_BURST + CONTROL_FRAMES_PER_SECOND * (now - self.born):
             return "control_flood"

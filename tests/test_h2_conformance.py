@@ -950,6 +950,8 @@ def test_6_4_3_rst_stream_of_other_than_4_octets(h2, length):
     pytest.param(settings((ENABLE_PUSH, 2)), PROTOCOL_ERROR, id="6.5.2-1-enable-push-2"),
     pytest.param(settings((INITIAL_WINDOW_SIZE, 1 << 31)), FLOW_CONTROL_ERROR,
                  id="6.5.2-2-initial-window-size-2^31"),
+    pytest.param(settings((INITIAL_WINDOW_SIZE, 1 << 31), (INITIAL_WINDOW_SIZE, 100)),
+                 FLOW_CONTROL_ERROR, id="6.5.2-2-bad-initial-window-size-then-a-good-one"),
     pytest.param(settings((MAX_FRAME_SIZE, FRAME_LIMIT - 1)), PROTOCOL_ERROR,
                  id="6.5.2-3-max-frame-size-below-16384"),
     pytest.param(settings((MAX_FRAME_SIZE, 1 << 24)), PROTOCOL_ERROR,
