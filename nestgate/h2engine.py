@@ -59,6 +59,15 @@ _GOAWAY = struct.Struct(">II")
 # RST_STREAM are dropped quietly (5.1, "closed") rather than taken as errors.
 _RESET_MEMORY = 128
 _DECODED_MEMORY = 64             # header blocks remembered per connection (`_decode`)
+# ... and the bytes they may take, per connection (a worker's connections together are
+# bounded by their shared `DecodedBudget`). Kept for a connection's life, 64 blocks of
+# up to max_header_bytes made about 3.9 MB per idle connection; a browser's request
+# costs about 3 KB here, a load tool's a few hundred bytes.
+DECODED_CONNECTION_BYTES = 64 * 1024
+# What one kept field and one kept block cost besides their bytes (CPython: two bytes
+# objects and a tuple per field; a dict slot, the key and a list per block), roughly.
+_FIELD_OVERHEAD = 130
+_BLOCK_OVERHEAD = 200
 # Runs of stream ids a client skipped, remembered (the latest) to tell a stream opened
 # out of order from a closed one; clients open consecutive ids, so this stays empty.
 _SKIPPED_MEMORY = 16
@@ -198,6 +207,27 @@ def encode_fields(fields) -> bytes:
     return b"".join([encode_field(name, value) for name, value in fields])
 
 
+class DecodedBudget:
+    """The bytes of decoded header blocks that all the HTTP/2 connections of a worker
+    may keep together (see `H2Engine._decode`): each connection takes from it what
+    it keeps and gives it back when it forgets them (its table changed, or it closed)."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        if self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.used -= size
+
+
 class _WatchedTable(HeaderTable):
     """An HPACK dynamic table that counts its changes (entries added, size changed)."""
 
@@ -236,7 +266,7 @@ class H2Engine:
     """One server-side HTTP/2 connection's protocol state (see the module doc)."""
 
     def __init__(self, max_concurrent_streams: int, max_header_list_size: int,
-                 decoded_list_limit: int) -> None:
+                 decoded_list_limit: int, decoded_budget: DecodedBudget) -> None:
         self.max_concurrent_streams = max_concurrent_streams
         self.max_header_list_size = max_header_list_size
         self.streams: dict[int, Stream] = {}
@@ -266,6 +296,8 @@ class H2Engine:
         self._decoder = hpack.Decoder(decoded_list_limit)
         self._table = self._decoder.header_table = _WatchedTable()
         self._decoded: dict[bytes, list] = {}
+        self._decoded_bytes = 0             # what `_decoded` costs, taken from ...
+        self._decoded_budget = decoded_budget   # ... the worker's budget
 
     # ---------------------------------------------------------------- out
     def initiate_connection(self) -> None:
@@ -565,10 +597,23 @@ class H2Engine:
         except hpack.HPACKDecodingError as exc:
             self._fail(COMPRESSION_ERROR, f"header block does not decode: {exc}")
         if self._table.changes != changes:
-            self._decoded.clear()           # what the others decode to may differ now
+            self.forget_decoded()           # what the others decode to may differ now
         elif len(self._decoded) < _DECODED_MEMORY:
-            self._decoded[block] = headers
+            cost = len(block) + _BLOCK_OVERHEAD
+            for name, value in headers:
+                cost += len(name) + len(value) + _FIELD_OVERHEAD
+            if self._decoded_bytes + cost <= DECODED_CONNECTION_BYTES and \
+                    self._decoded_budget.take(cost):
+                self._decoded[block] = headers
+                self._decoded_bytes += cost
         return headers
+
+    def forget_decoded(self) -> None:
+        """Drop the decoded blocks kept (the caller does so when the connection ends,
+        to give their bytes back to the worker's budget)."""
+        self._decoded.clear()
+        self._decoded_budget.give_back(self._decoded_bytes)
+        self._decoded_bytes = 0
 
     def _header_block(self, stream_id: int, block: bytes, events: list) -> None:
         # Decoded whatever becomes of the stream: the HPACK table is the connection's.

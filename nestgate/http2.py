@@ -99,6 +99,10 @@ _STATUS = {s: str(s).encode() for s in range(100, 600)}
 # connection goes on) up to this many times it; past that it is an HPACK bomb and the
 # connection ends (COMPRESSION_ERROR).
 DECODED_LIST_FACTOR = 4
+# Decoded header blocks all the connections of this worker keep together (each at most
+# h2engine.DECODED_CONNECTION_BYTES): 64 connections' worth, whatever max_connections
+# allows. Past it a connection decodes every block, which costs CPU, not memory.
+DECODED_BUDGET = engine.DecodedBudget(4 * 1024 * 1024)
 # The method and target are copied into an upstream's HTTP/1.1 request line: a method
 # must be a token (RFC 9110 5.6.2) and a :path visible ASCII, as llhttp demands of
 # HTTP/1.1 (checked with nestgate.grammar's classes). Field names are lower-case tokens (RFC 9113 8.2.1); values hold no NUL, CR or LF and
@@ -584,7 +588,8 @@ class HTTP2Connection:
         self._header_wait = 0.0        # ... and for how long it has been under way
         self._flush_pending = False    # a write at the end of this turn is scheduled
         self.h2 = engine.H2Engine(MAX_CONCURRENT_STREAMS, self.limits.max_header_bytes,
-                                  DECODED_LIST_FACTOR * self.limits.max_header_bytes)
+                                  DECODED_LIST_FACTOR * self.limits.max_header_bytes,
+                                  DECODED_BUDGET)
 
     # ------------------------------------------------------------ transport
     def connection_made(self, transport) -> None:
@@ -626,6 +631,7 @@ class HTTP2Connection:
     def connection_lost(self, exc) -> None:
         ctx = self.ctx
         ctx.connections.discard(self)
+        self.h2.forget_decoded()             # their bytes, back to the worker's budget
         ctx.requests_done += self._opened
         uncount_connection(self)
         ctx.bytes_in_done += self.bytes_in

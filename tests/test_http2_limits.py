@@ -7,9 +7,13 @@ import h2.events
 import hyperframe.frame
 import pytest
 
+from h2raw import get, unindexed_block
 from h2wire import frames
 from nestgate.http1 import DRAIN_IDLE_GRACE
 from wire import config_dict
+
+from nestgate import h2engine as engine
+from nestgate.http2 import DECODED_BUDGET
 
 _GET = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"a")]
 
@@ -390,3 +394,38 @@ def test_a_handlers_own_connection_reset_still_concludes_its_stream(make_pump, a
                    for e in events)
     assert pump.server.h2.open_streams == 0 and not pump.server._streams
     assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
+
+
+def _fill_decoded(h2: engine.H2Engine, tag: int, blocks: int) -> None:
+    """`blocks` requests whose header blocks (about 4 KB each, all different) change
+    no HPACK table, so the engine may keep each one decoded."""
+    h2.receive_data(engine.PREFACE + hyperframe.frame.SettingsFrame(0).serialize())
+    for i in range(blocks):
+        block = unindexed_block(get() + [(b"x-fill", b"%d-%d;" % (tag, i) * 500)])
+        h2.receive_data(hyperframe.frame.HeadersFrame(
+            2 * i + 1, block, flags={"END_HEADERS", "END_STREAM"}).serialize())
+
+
+def test_decoded_blocks_kept_are_bounded_per_connection_and_per_worker():
+    budget = engine.DecodedBudget(100_000)
+    alone = engine.H2Engine(128, 32 * 1024, 128 * 1024, engine.DecodedBudget(1 << 30))
+    _fill_decoded(alone, 0, 60)
+    assert 0 < alone._decoded_budget.used <= engine.DECODED_CONNECTION_BYTES
+    # Four connections of one worker would keep 4 x 64 KiB: the worker's budget holds.
+    shared = [engine.H2Engine(128, 32 * 1024, 128 * 1024, budget) for _ in range(4)]
+    for tag, h2 in enumerate(shared, 1):
+        _fill_decoded(h2, tag, 60)
+    assert 90_000 < budget.used <= 100_000
+    for h2 in shared:
+        h2.forget_decoded()
+    assert budget.used == 0
+
+
+def test_a_closed_connection_gives_its_decoded_blocks_back(make_pump):
+    before = DECODED_BUDGET.used
+    pump = make_pump()
+    for _ in range(3):          # again and again: the client's blocks become all indexed
+        assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")
+    assert DECODED_BUDGET.used > before
+    pump.server.connection_lost(None)            # the client went away
+    assert DECODED_BUDGET.used == before

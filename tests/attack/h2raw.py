@@ -224,6 +224,13 @@ def flood(conn: RawH2, chunk: bytes, seconds: float) -> float | None:
     return None
 
 
+def unindexed_block(fields) -> bytes:
+    """A header block that changes no HPACK table (literals never indexed, no
+    Huffman coding): the kind a server may remember decoded (see h2engine `_decode`)."""
+    return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in fields],
+                                  huffman=False)
+
+
 def frames(frame, count: int) -> bytes:
     return frame.serialize() * count
 
@@ -252,6 +259,7 @@ __all__ = [
     "frames",
     "get",
     "raw_frame",
+    "unindexed_block",
 ]
 
 
