@@ -14,10 +14,10 @@ connection error) it queues, with the frames the caller sends (`send_headers`,
 Why not the h2 library on the request path: its state machine, event objects,
 validation and HPACK encoder cost about ten times nginx's CPU for a small answer. Here
 the common request costs a frame header unpacked, a header block decoded (or found in
-a per-connection cache, see `_decode`) and one event; a ready answer is a header block
-encoded the first time the response is sent over HTTP/2 and kept with it
-(`encode_fields`: literal fields without indexing never touch a connection's HPACK
-table, so their bytes fit any connection) and two frame headers.
+a per-connection cache bounded in bytes, see `_decode`) and one event; a ready answer
+is a header block encoded the first time the response is sent over HTTP/2 and kept
+with it (`encode_fields`: literal fields without indexing never touch a connection's
+HPACK table, so their bytes fit any connection) and two frame headers.
 
 Errors: a connection error (5.4.1) queues GOAWAY with its code and raises
 `ConnectionError_`; the engine then ignores whatever else arrives. A stream error

@@ -18,9 +18,10 @@ DATA frame of a streamed answer is written while the transport is over its
 high-water mark.
 
 Malformed requests (bad fields, missing or repeated pseudo-fields, connection-
-specific fields, a Host other than :authority) are checked here, so they cost their
-stream a 400 and the connection goes on (RFC 9113 8.1.1); the engine checks the
-frames and stream states.
+specific fields, a Host other than :authority or repeated) are checked here, so they
+cost their stream a 400 and the connection goes on (RFC 9113 8.1.1); the engine checks
+the frames and stream states, and holds a body to its one content-length (anything
+else is RST_STREAM(PROTOCOL_ERROR)), the length the proxy announces upstream.
 
 A `Prebuilt` answer carries its header block encoded once (`h2_block`); with the Date
 field (encoded once a second) it goes out as HEADERS and DATA frames from the event
