@@ -317,3 +317,28 @@ def test_upstream_connection_with_an_unasked_answer_is_not_reused(gateway, up, c
     seen = up.take()
     assert [r["target"] for r in seen] == [target.decode(), "/public/next"]
     assert seen[1]["conn"] != seen[0]["conn"], "the connection was reused"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_body_cut_short_after_it_went_upstream_leaves_nothing_pooled(gateway, up, certs,
+                                                                       transport):
+    # The head (content-length 55) and the first 5 bytes are upstream before the
+    # client ends the stream short: the upstream connection waits for 50 more bytes,
+    # which the next request on it must never be.
+    conn = connect(gateway, certs, transport)
+    try:
+        stream = conn.new_stream()
+        sent = time.monotonic()
+        conn.send(HeadersFrame(stream, conn.block(post((CL, LONG))), flags={"END_HEADERS"}),
+                  DataFrame(stream, VISIBLE))
+        deadline = sent + 5
+        while up.last_byte < sent and time.monotonic() < deadline:    # the head is upstream
+            time.sleep(0.01)
+        assert up.last_byte > sent
+        conn.send(DataFrame(stream, b"", flags={"END_STREAM"}))
+        answer = conn.answers([stream], timeout=5)[stream]
+        assert (answer.status, answer.reset) == (0, PROTOCOL_ERROR)
+        assert ask(conn, b"/public/next") == (200, b"/public/next")
+    finally:
+        conn.close()
+    assert [r["target"] for r in up.take()] == ["/public/next"]
