@@ -37,17 +37,22 @@ GOAWAY(ENHANCE_YOUR_CALM) (rapid reset, CVE-2023-44487). A connection carries at
 most `keepalive_requests` streams.
 
 Ending gracefully: on a reload or a stop the connection goes on serving until the client
-has no stream open (curl and Chromium between their requests, httpx between its own), for
-at most DRAIN_BUSY_GRACE; past that, or once `keepalive_requests` streams were opened, it
-picks the last stream it serves and holds (neither starts nor resets) any the client
-opens above it. When every stream served is answered, one GOAWAY(NO_ERROR) naming the
-last goes out right behind the final frame of the last answer, and the close follows
-DRAIN_IDLE_GRACE later unless the client closes first. Nothing follows the GOAWAY,
-because the h2 library (under httpx) takes no frame after one, not even a PING or the
-answer to a stream in flight; a held stream, above the GOAWAY's last stream, was provably
-not processed, so a client retries it on a new connection (RFC 9113 6.8). RFC 9113's
-two-step stop (GOAWAY(2^31-1), a PING, the final GOAWAY) loses requests of clients that
-read no frame after a GOAWAY, and curl 7.88 retries only one of several held streams. A fault while handling a read ends only its connection,
+has no stream open, for at most DRAIN_BUSY_GRACE. No stream open here may still mean
+streams on their way, and a client that has just read an answer often sends the next
+request at once: so the quiet must last QUIET_GRACE, and then a PING confirms it (its
+ACK comes after every stream the client sent before it). Still none open then (curl and
+Chromium between their requests, httpx between its own), the GOAWAY goes out; a stream
+that came meanwhile is served and the next quiet moment is confirmed again. Past DRAIN_BUSY_GRACE, or once
+`keepalive_requests` streams were opened, the connection picks the last stream it serves
+and holds (neither starts nor resets) any the client opens above it; when every stream
+served is answered, the GOAWAY goes out right behind the final frame of the last answer.
+It is one GOAWAY(NO_ERROR) naming the last stream served, and nothing follows it but the
+close, DRAIN_IDLE_GRACE later unless the client closes first: the h2 library (under
+httpx) takes no frame after a GOAWAY, not even a PING or the answer to a stream in
+flight. A held stream, above the GOAWAY's last stream, was provably not processed, so a
+client retries it on a new connection (RFC 9113 6.8), though curl 7.88 retries only one
+of several. RFC 9113's two-step stop (GOAWAY(2^31-1), a PING, the final GOAWAY) loses
+the requests of clients that read no frame after a GOAWAY. A fault while handling a read ends only its connection,
 with GOAWAY(INTERNAL_ERROR) and one log line. The worker's tick resets a stream that
 waited `send_timeout` for the client's window, or `body_timeout` for request body
 data the handler is ready to take.
@@ -92,7 +97,9 @@ MAX_CONCURRENT_STREAMS = 128     # advertised; a stream past it is refused alone
 RESET_ALLOWANCE = 2 * MAX_CONCURRENT_STREAMS
 RESET_CAP = 1000
 _NO_GOAWAY = 1 << 31              # above any stream id: every stream is served
+_QUIET_PING = b"nestgate"         # asks whether a stopping connection is really quiet
 DRAIN_BUSY_GRACE = 5.0            # seconds a stopping connection serves new streams
+QUIET_GRACE = 0.2                 # seconds without a stream before a stopping one asks
 # Connection-specific headers are illegal in HTTP/2 (RFC 9113 8.2.2).
 _CONNECTION_HEADERS = CONNECTION_SPECIFIC
 _STATUS = {s: str(s).encode() for s in range(100, 600)}
@@ -568,6 +575,10 @@ class HTTP2Connection:
         self._goaway_wait = 0.0          # seconds since our GOAWAY: the client's turn to close
         self._drain_busy = 0.0           # seconds stopping with streams open
         self._client_left = False        # the client's own GOAWAY came: no grace for it
+        self._quiet_ping = False         # a PING out to confirm no stream is on its way
+        self._quiet_wait = 0.0
+        self._quiet_for = 0.0            # seconds stopping with no stream open or opened
+        self._quiet_mark = 0             # the highest stream id when that began
         self._opened = 0               # streams accepted, for keepalive_requests
         self.bytes_in = 0              # HTTP/2 bytes read and written, frames and all
         self.bytes_out = 0
@@ -751,6 +762,10 @@ class HTTP2Connection:
                 if self._stream_gone(event.stream_id, event.remote):
                     self._calm("rapid_reset", f" ({self._wasted} of {self._opened})")
                     return
+            elif kind is engine.PingAcknowledged:
+                if event.data == _QUIET_PING and self._quiet_ping:
+                    self._quiet_ping = False
+                    self._idle(confirmed=True)
             elif kind is engine.ConnectionTerminated:
                 if event.code != NO_ERROR:       # the client gives up on everything
                     self.flush()
@@ -1150,12 +1165,29 @@ class HTTP2Connection:
             req.task.cancel()
 
     # ------------------------------------------------------------ worker hooks
-    def _idle(self) -> None:
-        """Ending gracefully: once every stream served is answered, the GOAWAY and the
-        close."""
-        if not self._streams and not self._sending and not self._goaway_sent and (
-                self._last_stream != _NO_GOAWAY or self._draining):
-            self.close_gracefully()
+    def _idle(self, confirmed: bool = False) -> None:
+        """Ending gracefully (see the module's text): once every stream served is
+        answered and, while new ones are still served, a PING confirmed none is on its
+        way, the GOAWAY and the close."""
+        if self._streams or self._sending or self._goaway_sent or self._quiet_ping or (
+                self._last_stream == _NO_GOAWAY and not self._draining):
+            return
+        if self._last_stream == _NO_GOAWAY and not confirmed and not self._client_left:
+            return          # the tick waits for QUIET_GRACE, then asks with a PING
+        self.close_gracefully()
+
+    def _watch_quiet(self, elapsed: float) -> None:
+        """Stopping and serving on: after QUIET_GRACE with no stream open nor opened,
+        the PING that asks whether any is on its way."""
+        highest = self.h2.highest_inbound_stream_id
+        if self._streams or self._sending or highest != self._quiet_mark:
+            self._quiet_mark, self._quiet_for = highest, 0.0
+            return
+        self._quiet_for += elapsed
+        if self._quiet_for >= QUIET_GRACE:
+            self._quiet_ping, self._quiet_wait = True, 0.0
+            self.h2.ping(_QUIET_PING)
+            self.flush()
 
     def tick(self, elapsed: float) -> None:
         """Called by the worker's tick: abort a connection whose client stopped reading
@@ -1171,11 +1203,19 @@ class HTTP2Connection:
             if self._goaway_wait >= DRAIN_IDLE_GRACE:
                 self.close_gracefully()
             return
+        if self._quiet_ping:
+            self._quiet_wait += elapsed
+            if self._quiet_wait >= DRAIN_IDLE_GRACE:     # no ACK: go on without it
+                self._quiet_ping = False
+                self._idle(confirmed=True)
+                return
         if self._draining and self._last_stream == _NO_GOAWAY:
             self._drain_busy += elapsed
             if self._drain_busy >= DRAIN_BUSY_GRACE:     # never idle: hold what comes next
                 self._last_stream = self.h2.highest_inbound_stream_id
                 self._idle()
+            elif not self._quiet_ping and not self._client_left:
+                self._watch_quiet(elapsed)
         if self.h2.awaiting_headers:
             # The preface, or a header block begun (HEADERS without END_HEADERS), held
             # open by a client trickling its frames: header_timeout for each, as for an

@@ -11,7 +11,7 @@ from conftest import TEMPLATE, tls_block
 from h2client import H2Client
 from h2wire import frames
 from nestgate.http1 import DRAIN_IDLE_GRACE
-from nestgate.http2 import DRAIN_BUSY_GRACE
+from nestgate.http2 import DRAIN_BUSY_GRACE, QUIET_GRACE
 
 
 @pytest.fixture
@@ -186,11 +186,16 @@ def _goaways(written) -> list[int]:
     return [f.last_stream_id for f in written if isinstance(f, hyperframe.frame.GoAwayFrame)]
 
 
+def _pings(written) -> list:
+    return [f for f in written if isinstance(f, hyperframe.frame.PingFrame)
+            and "ACK" not in f.flags]
+
+
 def test_a_graceful_stop_serves_until_no_stream_is_open_then_one_goaway(make_pump):
-    """Stopping: streams are served until none is open; then one GOAWAY naming the last,
-    right behind its answer, and nothing after it (the h2 library under httpx takes no
-    frame after a GOAWAY); a stream opened later is held, never answered nor reset; the
-    close comes DRAIN_IDLE_GRACE later."""
+    """Stopping: streams are served until none is open and a PING's ACK confirms none
+    was on its way; then one GOAWAY naming the last, and nothing after it (the h2
+    library under httpx takes no frame after a GOAWAY); a stream opened later is held,
+    never answered nor reset; the close comes DRAIN_IDLE_GRACE later."""
     pump = make_pump()
     server, transport = pump.server, pump.transport
     server.data_received(pump.client.data_to_send())
@@ -201,17 +206,45 @@ def test_a_graceful_stop_serves_until_no_stream_is_open_then_one_goaway(make_pum
     server.data_received(_request(pump.client, 3, b"/hello"))
     answer = _written(pump)
     assert any(f.stream_id == 3 and "END_STREAM" in f.flags for f in answer)
-    assert _goaways(answer) == []                         # stream 1 is still open
+    assert _goaways(answer) == [] and _pings(answer) == []   # stream 1 is still open
     pump.client.send_data(1, b"last", end_stream=True)
     server.data_received(pump.client.data_to_send())
+    answer = _written(pump)
+    assert any(f.stream_id == 1 and "END_STREAM" in f.flags for f in answer)
+    assert _goaways(answer) == [] and _pings(answer) == []
+    server.tick(QUIET_GRACE)                # the tick sees the streams came and went
+    server.tick(QUIET_GRACE / 2)
+    assert _written(pump) == []                             # not quiet for long enough
+    server.tick(QUIET_GRACE / 2)
+    quiet = _written(pump)
+    ping = _pings(quiet)
+    assert len(ping) == 1 and _goaways(quiet) == []         # is anything on its way?
+    server.data_received(_request(pump.client, 5, b"/hello"))   # yes: served
+    answer = _written(pump)
+    assert any(f.stream_id == 5 and "END_STREAM" in f.flags for f in answer)
+    assert _goaways(answer) == [] and _pings(answer) == []
+    ack = hyperframe.frame.PingFrame(0, flags=["ACK"])
+    ack.opaque_data = ping[0].opaque_data
+    server.data_received(ack.serialize())
     final = _written(pump)
-    assert isinstance(final[-1], hyperframe.frame.GoAwayFrame)
-    assert _goaways(final) == [3] and any(f.stream_id == 1 and "END_STREAM" in f.flags
-                                          for f in final)
-    server.data_received(_request(pump.client, 5, b"/hello"))
+    assert [type(f) for f in final] == [hyperframe.frame.GoAwayFrame]
+    assert _goaways(final) == [5]
+    server.data_received(_request(pump.client, 7, b"/hello"))
     assert _written(pump) == [] and not transport.closed  # held; the client may close
     server.tick(DRAIN_IDLE_GRACE)
     assert transport.closed
+
+
+def test_a_quiet_connection_whose_client_never_answers_the_ping_still_ends(make_pump):
+    pump = make_pump()
+    server = pump.server
+    server.data_received(pump.client.data_to_send())
+    _written(pump)
+    server.finish_and_close()
+    server.tick(QUIET_GRACE)
+    assert len(_pings(_written(pump))) == 1
+    server.tick(DRAIN_IDLE_GRACE)
+    assert _goaways(_written(pump)) == [0]
 
 
 def test_a_connection_never_idle_holds_new_streams_after_the_busy_grace(make_pump):
