@@ -18,8 +18,9 @@ serve: $(STAMP)
 # Debian tools the tests and benchmarks drive (nginx as a peer and upstream, Caddy as a
 # peer, wrk, h2load, headless Chromium for the pages, promtool from the prometheus
 # package for the metrics, redis-server and HAProxy for scale-out, Pebble as the ACME CA,
-# BIND for DNS-01, certutil for Chromium's trust store, curl as a verifying client,
-# python3-venv for the documented install under /opt).
+# BIND for DNS-01, PowerDNS with its SQLite backend as a DNS provider's API, certutil
+# for Chromium's trust store, curl as a verifying client, python3-venv for the
+# documented install under /opt).
 # Installed only when missing and only when running as root.
 debian-deps:
 	@missing=""; \
@@ -33,6 +34,9 @@ debian-deps:
 	command -v haproxy >/dev/null || missing="$$missing haproxy"; \
 	command -v pebble >/dev/null || missing="$$missing pebble"; \
 	test -x /usr/sbin/named || missing="$$missing bind9"; \
+	test -x /usr/sbin/pdns_server || missing="$$missing pdns-server"; \
+	test -e /usr/share/doc/pdns-backend-sqlite3/schema.sqlite3.sql || \
+	  missing="$$missing pdns-backend-sqlite3"; \
 	command -v certutil >/dev/null || missing="$$missing libnss3-tools"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	/usr/bin/python3 -c "import ensurepip" 2>/dev/null || missing="$$missing python3-venv"; \

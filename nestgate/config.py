@@ -380,9 +380,14 @@ class _Section:
         for name in self.data:
             if name not in self.seen:
                 # The keys this table was read for are the ones it knows.
-                near = difflib.get_close_matches(name, self.seen, n=1, cutoff=0.75)
-                hint = f" (did you mean {near[0]!r}?)" if near else ""
-                self.problems.append(f"{self.file}: {self.key(name)}: unknown key{hint}")
+                self.problems.append(f"{self.file}: {self.key(name)}: unknown key"
+                                     f"{self.near(name, self.seen)}")
+
+    @staticmethod
+    def near(name: str, known, cutoff: float = 0.75) -> str:
+        """" (did you mean 'x'?)" for the known name closest to a mistyped one."""
+        close = difflib.get_close_matches(name, known, n=1, cutoff=cutoff)
+        return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _typed(kind: type, expected: str) -> Callable[[Any], Any]:

@@ -1,5 +1,5 @@
 """Automatic HTTPS against real components: Debian's Pebble as the ACME CA (with
-pebble-challtestsrv as its DNS, or BIND for DNS-01), real `nestgate serve` processes
+pebble-challtestsrv as its DNS, or BIND / PowerDNS for DNS-01), real `nestgate serve` processes
 answering the challenges, curl and h2load as clients, headless Chromium for the local
 CA. Pebble makes a new root at every start; clients trust the one it hands out.
 """
@@ -22,6 +22,7 @@ from cryptography import x509
 
 from bind import TSIG_NAME, Bind
 from conftest import REPO, _env
+from pdns import PowerDNS
 from pebble import Pebble, free_port
 
 SITE = """
@@ -226,6 +227,146 @@ tsig_secret = "{bind.secret}"
     finally:
         pebble.stop()
         bind.stop()
+
+
+TOKEN_VARIABLE = "NESTGATE_TEST_PDNS_KEY"
+
+
+def powerdns_dns(pdns, credentials_file: Path, token_from_env: bool = False) -> str:
+    """[acme.dns] for the PowerDNS API: the key in the credentials file, or in the
+    environment variable TOKEN_VARIABLE."""
+    token = f'credentials = {{ auth_token_env = "{TOKEN_VARIABLE}" }}' if token_from_env \
+        else ""
+    return f"""
+[acme.dns]
+provider = "powerdns"
+zone = "example.test"
+credentials_file = "{credentials_file}"
+{token}
+options = {{ pdns_server = "{pdns.url}" }}
+nameservers = ["127.0.0.1:{pdns.port}"]
+"""
+
+
+def api_writes(pdns) -> int:
+    """Changes to the zone through PowerDNS's HTTP API (from its own log)."""
+    return pdns.log().count('"PATCH /api/v1/servers/localhost/zones/example.test. ')
+
+
+def test_dns01_through_a_provider_api_issues_and_renews_a_wildcard(start_server, ca, ports,
+                                                                    tmp_path):
+    pdns = PowerDNS(tmp_path / "pdns")
+    pebble = Pebble(tmp_path / "pebble", ca, ports.http, ports.https,
+                    dns_server=f"127.0.0.1:{pdns.port}")
+    try:
+        credentials = tmp_path / "dns.env"
+        credentials.write_text(f"# PowerDNS API key\nAUTH_TOKEN={pdns.api_key}\n")
+        credentials.chmod(0o600)
+        sites = SITE.format(hosts=json.dumps(["*.example.test"]))
+        server = start_server(acme_config(pebble, ports, tmp_path / "certs", sites=sites,
+                                          extra=powerdns_dns(pdns, credentials)))
+        first = wait_served(ports.https, "files.example.test", covering="*.example.test")
+        root = save_root(pebble, tmp_path)
+        for name in ("files.example.test", "photos.example.test"):
+            status, body = curl(ports.https, name, root)
+            assert status == 0 and body == b"hello over TLS\n", body
+        assert challenges_used(tmp_path / "certs", "*.example.test") == ["dns-01"]
+        assert api_writes(pdns) == 2                       # the record added, then removed
+        assert pdns.txt("_acme-challenge.example.test") == set()
+        # Renewed through the API the same way, with a new record.
+        renewed = nestgate("cert", "renew", "*.example.test", config=server.config_path)
+        assert renewed.returncode == 0, renewed.stderr
+        cert = wait_served(ports.https, "files.example.test", covering="*.example.test",
+                           not_serial=first.serial_number, timeout=10)
+        assert cert.serial_number != first.serial_number
+        assert api_writes(pdns) == 4
+        assert pdns.txt("_acme-challenge.example.test") == set()
+        status, body = curl(ports.https, "files.example.test", root)
+        assert status == 0 and body == b"hello over TLS\n", body
+    finally:
+        pebble.stop()
+        pdns.stop()
+
+
+def test_dns_provider_credentials_are_never_shown(start_server, ca, ports, tmp_path,
+                                                  monkeypatch):
+    """The API key from the environment, another setting from the file: neither in
+    GET /v1/config, the server's output, `cert renew`'s and `cert list`'s, nor the
+    reason of a failed order (which the provider's error would otherwise carry)."""
+    pdns = PowerDNS(tmp_path / "pdns")
+    pebble = Pebble(tmp_path / "pebble", ca, ports.http, ports.https,
+                    dns_server=f"127.0.0.1:{pdns.port}")
+    monkeypatch.setenv(TOKEN_VARIABLE, pdns.api_key)
+    try:
+        credentials = tmp_path / "dns.env"
+        credentials.write_text("PDNS_SERVER_ID=localhost\n")
+        server = start_server(acme_config(
+            pebble, ports, tmp_path / "certs", names=["a.example.test"],
+            extra=powerdns_dns(pdns, credentials, token_from_env=True))
+            + '\n[admin]\naddress = "127.0.0.1:0"\n')
+        wait_served(ports.https, "a.example.test")
+        conn = http.client.HTTPConnection("127.0.0.1", server.admin_port(), timeout=5)
+        conn.request("GET", "/v1/config", headers={"Host": "localhost"})
+        answer = conn.getresponse()
+        shown = answer.read().decode()
+        assert answer.status == 200, shown
+        dns = json.loads(shown)["acme"]["dns"]
+        assert dns["provider"] == "powerdns" and dns["credentials_file"] == str(credentials)
+        assert dns["credentials"] == [["auth_token", TOKEN_VARIABLE]]
+        # A setting read from the file is treated as a secret too: one that the
+        # provider puts in its URL (and so in its error) is replaced in the reason.
+        secret_id = "server-" + os.urandom(8).hex()
+        credentials.write_text(f"PDNS_SERVER_ID={secret_id}\n")
+        failed = nestgate("cert", "renew", "a.example.test", config=server.config_path)
+        assert failed.returncode == 1
+        assert "powerdns could not add the TXT record _acme-challenge.a.example.test: " \
+               "404 Client Error" in failed.stderr and "<redacted>" in failed.stderr, \
+            failed.stderr
+        listed = nestgate("cert", "list", config=server.config_path)
+        checked = nestgate("check", config=server.config_path)
+        assert checked.returncode == 0, checked.stderr
+        server.wait_for("a.example.test: new certificate")
+        outputs = [shown, failed.stdout, failed.stderr, listed.stdout, listed.stderr,
+                   checked.stdout, checked.stderr, *server.lines, *server.stdout_lines]
+        for secret in (pdns.api_key, secret_id):
+            assert not any(secret in text for text in outputs), secret
+        assert secret_id not in (tmp_path / "certs" / "certificates" / "acme" /
+                                 "a.example.test" / "meta.json").read_text()
+    finally:
+        pebble.stop()
+        pdns.stop()
+
+
+def test_check_refuses_an_unknown_dns_provider_and_a_missing_credentials_file(tmp_path):
+    config = tmp_path / "dns.toml"
+    base = """
+[[listen]]
+address = "127.0.0.1:0"
+
+[[listen.certificate]]
+acme = true
+
+[acme]
+storage = "certs"
+
+[acme.dns]
+zone = "example.com"
+{dns}
+
+[[site]]
+hosts = ["*.example.com"]
+"""
+    config.write_text(base.format(dns='provider = "cloudfare"'))
+    out = nestgate("check", config=config)
+    assert out.returncode == 2
+    assert "dns.toml: acme.dns.provider: expected \"rfc2136\" or a DNS provider dns-lexicon " \
+           "knows (did you mean 'cloudflare'?), got 'cloudfare'" in out.stderr, out.stderr
+    config.write_text(base.format(dns='provider = "cloudflare"\n'
+                                      'credentials_file = "/etc/nestgate/none.env"'))
+    out = nestgate("check", config=config)
+    assert out.returncode == 2
+    assert "dns.toml: acme.dns.credentials_file: expected a path to a readable file, got " \
+           "'/etc/nestgate/none.env'" in out.stderr, out.stderr
 
 
 def test_external_account_binding_and_rsa_keys(start_server, ca, ports, tmp_path):

@@ -126,6 +126,104 @@ def test_bad_certificate_config_names_file_key_and_expectation(tmp_path, listen,
     assert all("not base64!" not in problem for problem in caught.value.problems)
 
 
+PROVIDER = '[acme.dns]\nzone = "example.com"\n'
+
+
+@pytest.mark.parametrize("dns, env_file, expected", [
+    ('provider = "cloudflair"', None,
+     "site.toml: acme.dns.provider: expected \"rfc2136\" or a DNS provider dns-lexicon "
+     "knows (did you mean 'cloudflare'?), got 'cloudflair'"),
+    ('provider = "cloudflare"\ncredentials_file = "missing.env"', None,
+     "site.toml: acme.dns.credentials_file: expected a path to a readable file, "
+     "got 'missing.env'"),
+    ('provider = "cloudflare"\ncredentials_file = "dns.env"', "# nothing yet\n",
+     "site.toml: acme.dns.credentials_file: expected cloudflare's credentials "
+     "(auth_token) in credentials_file or credentials"),
+    ('provider = "cloudflare"\ncredentials_file = "dns.env"', "AUTH_TOKN=s3cret-value\n",
+     "dns.env: AUTH_TOKN is not an option of cloudflare (it reads auth_username, "
+     "auth_token, zone_id)"),
+    ('provider = "porkbun"\ncredentials_file = "dns.env"', "auth_key s3cret-value\n",
+     "dns.env: line 1: expected KEY=value"),
+    ('provider = "duckdns"\ncredentials = { auth_token_env = "NESTGATE_UNSET_TOKEN" }', None,
+     "site.toml: acme.dns.credentials.auth_token_env: expected the environment variable "
+     "NESTGATE_UNSET_TOKEN set (it is not)"),
+    ('provider = "duckdns"\ncredentials = { auth_token = "s3cret-value" }', None,
+     "site.toml: acme.dns.credentials.auth_token: expected <option>_env = \"VARIABLE\", "
+     "naming the environment variable that holds it (secrets are not kept in the config "
+     "file)"),
+    ('provider = "hetzner"\noptions = { auth_token = "s3cret-value" }', None,
+     "site.toml: acme.dns.options.auth_token: expected no secret here: put it in "
+     "credentials_file"),
+    ('provider = "powerdns"\noptions = { pdns_srever = "http://ns1:8081" }', None,
+     "acme.dns.options.pdns_srever: expected an option of this provider (auth_token, "
+     "pdns_server, pdns_server_id, pdns_disable_notify) (did you mean 'pdns_server'?)"),
+    ('provider = "powerdns"\ncredentials_file = "dns.env"', "AUTH_TOKEN=s3cret-value\n",
+     "site.toml: acme.dns.credentials_file: expected settings powerdns accepts: it says "
+     "PowerDNS API endpoint not defined (pdns_server)"),
+    ('provider = "ovh"\ntsig_name = "k"\ncredentials_file = "dns.env"',
+     "AUTH_APPLICATION_KEY=s3cret-value\n", "site.toml: acme.dns.tsig_name: unknown key"),
+])
+def test_bad_dns_provider_config_is_named_and_secrets_are_not_shown(tmp_path, dns, env_file,
+                                                                     expected):
+    if env_file is not None:
+        (tmp_path / "dns.env").write_text(env_file)
+    with pytest.raises(ConfigError) as caught:
+        _config(tmp_path, acme=PROVIDER + dns)
+    assert any(expected in problem for problem in caught.value.problems), caught.value.problems
+    assert all("s3cret-value" not in problem for problem in caught.value.problems)
+
+
+def test_dns_provider_credentials_are_read_from_the_file_and_the_environment(tmp_path,
+                                                                            monkeypatch):
+    """Only where they are is kept in the config: the names, never the values."""
+    (tmp_path / "dns.env").write_text('# OVH\nexport AUTH_APPLICATION_KEY="s3cret-1"\n'
+                                      "auth_application_secret='s3cret-2'\n")
+    monkeypatch.setenv("OVH_CONSUMER_KEY", "s3cret-3")
+    config = _config(tmp_path, acme=PROVIDER + 'provider = "ovh"\ncredentials_file = "dns.env"'
+                     '\ncredentials = { auth_consumer_key_env = "OVH_CONSUMER_KEY" }'
+                     '\noptions = { auth_entrypoint = "ovh-eu" }')
+    dns = config.acme.dns
+    assert (dns.provider, dns.zone) == ("ovh", "example.com")
+    assert dns.credentials_file == str(tmp_path / "dns.env")
+    assert dns.credentials == (("auth_consumer_key", "OVH_CONSUMER_KEY"),)
+    assert dns.options == (("auth_entrypoint", "ovh-eu"),)
+    assert "s3cret" not in repr(config)
+    from nestgate.certs.dnsprovider import gather
+    values, problems = gather(dns, os.environ)
+    assert problems == [] and values == {
+        "auth_entrypoint": "ovh-eu", "auth_application_key": "s3cret-1",
+        "auth_application_secret": "s3cret-2", "auth_consumer_key": "s3cret-3"}
+    # Without `provider`, [acme.dns] is RFC 2136 as before.
+    plain = _config(tmp_path, acme='[acme.dns]\nserver = "127.0.0.1:5353"\nzone = "example.com"'
+                    '\ntsig_name = "k"\ntsig_secret = "c2VjcmV0"')
+    assert (plain.acme.dns.provider, plain.acme.dns.port) == ("rfc2136", 5353)
+
+
+def test_a_dns_provider_that_never_answers_fails_the_order_in_bounded_time(tmp_path,
+                                                                          monkeypatch):
+    """A provider's HTTP calls have no timeout of their own: an API that accepts the
+    connection and says nothing would hold the certificate process (and every other
+    renewal) for ever. Each call is given API_TIMEOUT."""
+    import socket
+    from nestgate.certs import dnsprovider
+    from nestgate.certs.config import DnsProvider
+    from nestgate.certs.dnsupdate import DnsUpdateError
+    silent = socket.create_server(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+    monkeypatch.setattr(dnsprovider, "API_TIMEOUT", 1.0)
+    monkeypatch.setenv("NESTGATE_TEST_PDNS_KEY", "s3cret-value")
+    settings = DnsProvider(provider="powerdns", zone="example.test",
+                           credentials=(("auth_token", "NESTGATE_TEST_PDNS_KEY"),),
+                           options=(("pdns_server", f"http://127.0.0.1:{port}"),))
+    started = time.monotonic()
+    with pytest.raises(DnsUpdateError) as caught:
+        dnsprovider.ProviderChallenge(settings).add("_acme-challenge.example.test", "v")
+    assert time.monotonic() - started < 5
+    assert str(caught.value) == "powerdns did not answer within 1s (add the TXT record " \
+                                "_acme-challenge.example.test)"
+    silent.close()
+
+
 def test_a_failed_write_leaves_the_stored_certificate(tmp_path, monkeypatch):
     storage = CertStorage(str(tmp_path))
     storage.ensure()

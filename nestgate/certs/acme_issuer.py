@@ -9,7 +9,8 @@ can answer, in the order DNS-01 (the only one for a wildcard), HTTP-01, TLS-ALPN
 - TLS-ALPN-01 (RFC 8737): a self-signed certificate carrying the key authorization's
   digest is written to storage; workers hand it to handshakes that offer only
   `acme-tls/1` for that name (nestgate.certs.book).
-- DNS-01: a TXT record by RFC 2136 update (nestgate.certs.dnsupdate).
+- DNS-01: a TXT record by RFC 2136 update (nestgate.certs.dnsupdate) or through a DNS
+  provider's API (nestgate.certs.dnsprovider), waited for on the zone's servers.
 
 Whatever was published is withdrawn afterwards, issued or not.
 """
@@ -28,6 +29,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
+from nestgate.certs.config import RFC2136
 from nestgate.certs.shared import MIRROR_WAIT
 from nestgate.certs.storage import CertStorage, key_pem, slug
 
@@ -252,8 +254,7 @@ class AcmeIssuer:
             acme_client.answer_challenge(
                 challb, TlsAlpnResponse(key_authorization=f"{token}.{thumbprint}"))
             return lambda: self.storage.withdraw_alpn(name)
-        from nestgate.certs.dnsupdate import DnsChallenge
-        record = DnsChallenge(self.acme.dns)
+        record = dns_challenge(self.acme.dns)
         fqdn = challb.chall.validation_domain_name(name)
         value = challb.chall.validation(account_key)
         record.add(fqdn, value)
@@ -264,6 +265,15 @@ class AcmeIssuer:
             raise
         acme_client.answer_challenge(challb, challb.chall.response(account_key))
         return lambda: record.remove(fqdn, value)
+
+
+def dns_challenge(settings):
+    """The DNS-01 publisher `[acme.dns]` asks for: add, wait_visible, remove."""
+    if settings.provider == RFC2136:
+        from nestgate.certs.dnsupdate import DnsChallenge
+        return DnsChallenge(settings)
+    from nestgate.certs.dnsprovider import ProviderChallenge
+    return ProviderChallenge(settings)
 
 
 def _ca_words(exc: messages.Error) -> str:

@@ -18,7 +18,6 @@ import dns.rdatatype
 import dns.tsigkeyring
 import dns.update
 
-TTL = 60
 QUERY_TIMEOUT = 5.0
 
 
@@ -32,7 +31,7 @@ class DnsChallenge:
         self.zone = dns.name.from_text(settings.zone)
         self.keyring = dns.tsigkeyring.from_text({settings.tsig_name: settings.tsig_secret})
         self.algorithm = dns.name.from_text(settings.tsig_algorithm)
-        self.primary = _address(settings.server)
+        self.primary = address(settings.server)
 
     def _update(self, change) -> None:
         update = dns.update.Update(self.zone, keyring=self.keyring,
@@ -51,15 +50,11 @@ class DnsChallenge:
                                  f"allowed to update {self.settings.zone}?)")
 
     def _relative(self, fqdn: str) -> dns.name.Name:
-        name = dns.name.from_text(fqdn)
-        if not name.is_subdomain(self.zone):
-            raise DnsUpdateError(f"{fqdn} is not in the zone {self.settings.zone} "
-                                 "([acme.dns] zone)")
-        return name.relativize(self.zone)
+        return in_zone(fqdn, self.zone).relativize(self.zone)
 
     def add(self, fqdn: str, value: str) -> None:
         name = self._relative(fqdn)
-        self._update(lambda u: u.add(name, TTL, "TXT", f'"{value}"'))
+        self._update(lambda u: u.add(name, self.settings.ttl, "TXT", f'"{value}"'))
 
     def remove(self, fqdn: str, value: str) -> None:
         name = self._relative(fqdn)
@@ -76,7 +71,7 @@ class DnsChallenge:
             for rrset in answer.answer:
                 for record in rrset:
                     try:
-                        found.append(_address(record.target.to_text(omit_final_dot=True)))
+                        found.append(address(record.target.to_text(omit_final_dot=True)))
                     except OSError:
                         continue
         except (OSError, dns.exception.DNSException):
@@ -85,28 +80,44 @@ class DnsChallenge:
 
     def wait_visible(self, fqdn: str, value: str) -> None:
         """Until every server of the zone answers the TXT value (or the timeout)."""
-        deadline = time.monotonic() + self.settings.propagation_timeout
-        pending = self.servers()
-        query = dns.message.make_query(fqdn, dns.rdatatype.TXT)
-        while pending:
-            for server in list(pending):
-                try:
-                    answer = dns.query.udp(query, server, port=self.settings.port,
-                                           timeout=QUERY_TIMEOUT)
-                except (OSError, dns.exception.DNSException):
-                    continue
-                texts = {b"".join(r.strings).decode() for rrset in answer.answer
-                         for r in rrset if rrset.rdtype == dns.rdatatype.TXT}
-                if value in texts:
-                    pending.remove(server)
-            if not pending:
-                return
-            if time.monotonic() >= deadline:
-                raise DnsUpdateError(f"the TXT record {fqdn} was not seen on "
-                                     f"{', '.join(pending)} within "
-                                     f"{self.settings.propagation_timeout:.0f}s")
-            time.sleep(1.0)
+        wait_answered(fqdn, value, [(server, self.settings.port) for server in self.servers()],
+                      self.settings.propagation_timeout)
 
 
-def _address(host: str) -> str:
+def wait_answered(fqdn: str, value: str, servers: list[tuple[str, int]],
+                  timeout: float) -> None:
+    """Until each (address, port) answers the TXT `value` for `fqdn`: the CA may ask
+    any server of the zone, and a secondary may lag behind the primary."""
+    deadline = time.monotonic() + timeout
+    pending = list(dict.fromkeys(servers))
+    query = dns.message.make_query(fqdn, dns.rdatatype.TXT)
+    while pending:
+        for server in list(pending):
+            try:
+                answer = dns.query.udp(query, server[0], port=server[1],
+                                       timeout=QUERY_TIMEOUT)
+            except (OSError, dns.exception.DNSException):
+                continue
+            texts = {b"".join(r.strings).decode() for rrset in answer.answer
+                     for r in rrset if rrset.rdtype == dns.rdatatype.TXT}
+            if value in texts:
+                pending.remove(server)
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise DnsUpdateError(f"the TXT record {fqdn} was not seen on "
+                                 f"{', '.join(f'{a}:{p}' for a, p in pending)} within "
+                                 f"{timeout:.0f}s")
+        time.sleep(1.0)
+
+
+def in_zone(fqdn: str, zone: dns.name.Name) -> dns.name.Name:
+    name = dns.name.from_text(fqdn)
+    if not name.is_subdomain(zone):
+        raise DnsUpdateError(f"{fqdn} is not in the zone {zone.to_text(omit_final_dot=True)} "
+                             "([acme.dns] zone)")
+    return name
+
+
+def address(host: str) -> str:
     return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
