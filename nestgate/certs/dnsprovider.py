@@ -19,6 +19,7 @@ public suffix list, fetched from the network; the zone is configured instead.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import threading
 
@@ -52,11 +53,11 @@ def looks_secret(option: str) -> bool:
     return any(word in option for word in SECRET_WORDS)
 
 
-def read_credentials_file(path: str) -> tuple[dict[str, str], list[str]]:
+def read_credentials_file(path: str) -> tuple[list[tuple[int, str, str]], list[str]]:
     """KEY=value lines (systemd's EnvironmentFile form: `#` comments, optional quotes,
-    optional `export `), keys case-insensitive: (values, problems). Problems name the
-    line, never its value."""
-    values, problems = {}, []
+    optional `export `), keys case-insensitive: ((line, key, value) entries, problems).
+    Problems name the line, never its value."""
+    entries, problems = [], []
     with open(path, encoding="utf-8") as file:
         for number, line in enumerate(file, 1):
             line = line.strip()
@@ -69,8 +70,8 @@ def read_credentials_file(path: str) -> tuple[dict[str, str], list[str]]:
                 continue
             if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
                 value = value[1:-1]
-            values[key] = value
-    return values, problems
+            entries.append((number, key, value))
+    return entries, problems
 
 
 def gather(settings, environ) -> tuple[dict[str, str], list[tuple[str, str]]]:
@@ -80,17 +81,22 @@ def gather(settings, environ) -> tuple[dict[str, str], list[tuple[str, str]]]:
     problems = []
     if settings.credentials_file:
         try:
-            from_file, bad_lines = read_credentials_file(settings.credentials_file)
+            entries, bad_lines = read_credentials_file(settings.credentials_file)
         except (OSError, UnicodeDecodeError) as exc:
-            from_file, bad_lines = {}, [f"a readable file ({exc.__class__.__name__})"]
+            entries, bad_lines = [], [f"a readable file ({exc.__class__.__name__})"]
         accepted = provider_options(settings.provider)
-        for key in from_file:
-            if key not in accepted:
-                bad_lines.append(f"{key.upper()} is not an option of {settings.provider} "
-                                 f"(it reads {', '.join(accepted)})")
+        for number, key, value in entries:
+            if key in accepted:
+                values[key] = value
+                continue
+            # The key is not echoed: a file named by mistake may hold anything before
+            # a "=" (the end of a base64 secret).
+            close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.75)
+            hint = f"; did you mean {close[0].upper()}?" if close else ""
+            bad_lines.append(f"line {number}: a key {settings.provider} reads "
+                             f"({', '.join(accepted)}{hint})")
         problems += [("credentials_file", f"{settings.credentials_file}: {p}")
                      for p in bad_lines]
-        values.update((k, v) for k, v in from_file.items() if k in accepted)
     for option, variable in settings.credentials:
         if environ.get(variable):
             values[option] = environ[variable]
