@@ -133,6 +133,9 @@ PROVIDER = '[acme.dns]\nzone = "example.com"\n'
     ('provider = "cloudflair"', None,
      "site.toml: acme.dns.provider: expected \"rfc2136\" or a DNS provider dns-lexicon "
      "knows (did you mean 'cloudflare'?), got 'cloudflair'"),
+    ('provider = "route53"\ncredentials_file = "missing.env"', None,
+     "site.toml: acme.dns.provider: expected a provider whose libraries are installed "
+     "(pip install 'dns-lexicon[route53]' in nestgate's environment), got 'route53'"),
     ('provider = "cloudflare"\ncredentials_file = "missing.env"', None,
      "site.toml: acme.dns.credentials_file: expected a path to a readable file, "
      "got 'missing.env'"),
@@ -225,6 +228,21 @@ def test_a_dns_provider_that_never_answers_fails_the_order_in_bounded_time(tmp_p
     assert str(caught.value) == "powerdns did not answer within 1s (add the TXT record " \
                                 "_acme-challenge.example.test)"
     silent.close()
+
+
+def test_a_provider_error_quoting_a_credential_in_a_url_is_scrubbed():
+    """DuckDNS and others take the token in the query string, so the HTTP error the
+    provider raises quotes it, percent-encoded; it reaches logs and `last_error`."""
+    from nestgate.certs.config import DnsProvider
+    from nestgate.certs.dnsprovider import scrub
+    settings = DnsProvider(provider="duckdns", zone="home.duckdns.org",
+                           options=(("pdns_server", "http://ns1.lan"),))
+    token = "tok+en/with=signs"
+    error = ("400 Client Error for url: https://www.duckdns.org/update?domains=home&"
+             "token=tok%2Ben%2Fwith%3Dsigns&txt=x (sent tok+en/with=signs to http://ns1.lan)")
+    shown = scrub(error, {"auth_token": token, "pdns_server": "http://ns1.lan"}, settings)
+    assert shown == ("400 Client Error for url: https://www.duckdns.org/update?domains=home&"
+                     "token=<redacted>&txt=x (sent <redacted> to http://ns1.lan)")
 
 
 def test_a_failed_write_leaves_the_stored_certificate(tmp_path, monkeypatch):

@@ -155,8 +155,12 @@ def _read_provider(s, provider: str, zone: str, timeout: float, ttl: int) -> Dns
     if provider not in known:
         s.fail("provider", f"\"{RFC2136}\" or a DNS provider dns-lexicon knows"
                f"{s.near(provider, [RFC2136, *known], 0.6)}", provider)
-        for name in ("credentials_file", "credentials", "options", "nameservers"):
-            s.seen.add(name)                  # not judged against an unknown provider
+    elif not known[provider]:
+        s.fail("provider", f"a provider whose libraries are installed (pip install "
+               f"'dns-lexicon[{provider}]' in nestgate's environment)", provider)
+    if not known.get(provider):
+        # The rest is not judged against a provider that cannot be used.
+        s.seen.update(("credentials_file", "credentials", "options", "nameservers"))
         return DnsProvider(provider=provider, zone=zone)
     accepted = dnsprovider.provider_options(provider)
     settings = DnsProvider(

@@ -22,6 +22,7 @@ import argparse
 import difflib
 import os
 import threading
+import urllib.parse
 
 import dns.exception
 import dns.name
@@ -34,11 +35,13 @@ from nestgate.certs.dnsupdate import DnsUpdateError, address, in_zone, wait_answ
 API_TIMEOUT = 60.0            # seconds for one call to the provider's API
 REDACTED = "<redacted>"
 SECRET_WORDS = ("token", "secret", "password", "key")
+MIN_SECRET = 4                # characters
 
 
-def provider_names() -> list[str]:
-    """Every provider this dns-lexicon knows, whether or not its extras are installed."""
-    return sorted(find_providers())
+def provider_names() -> dict[str, bool]:
+    """Every provider this dns-lexicon knows: whether the libraries it needs beyond
+    lexicon's own (its "extra") are installed."""
+    return find_providers()
 
 
 def provider_options(provider: str) -> list[str]:
@@ -128,11 +131,15 @@ def credential_problems(settings, environ) -> list[tuple[str, str]]:
 
 def scrub(text: str, values: dict[str, str], settings) -> str:
     """`text` with every value that came from the credentials file or the environment
-    replaced: they are secrets, whatever their names."""
+    replaced, as written and as quoted in a URL: they are secrets, whatever their
+    names (a flag such as "1" is too short to hide anything, and is left)."""
     plain = dict(settings.options)
-    for option, value in sorted(values.items(), key=lambda kv: -len(kv[1])):
-        if value and plain.get(option) != value:
-            text = text.replace(value, REDACTED)
+    secrets = {form for option, value in values.items()
+               if len(value) >= MIN_SECRET and plain.get(option) != value
+               for form in (value, urllib.parse.quote(value, safe=""),
+                            urllib.parse.quote_plus(value))}
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
     return text
 
 
