@@ -245,6 +245,32 @@ def test_a_provider_error_quoting_a_credential_in_a_url_is_scrubbed():
                      "token=<redacted>&txt=x (sent <redacted> to http://ns1.lan)")
 
 
+def test_without_nameservers_the_zones_name_servers_are_found_by_the_resolver(
+        tmp_path, monkeypatch):
+    """The servers waited on are the NS of the zone holding [acme.dns] zone, as this
+    machine's resolver finds them; here the resolver is PowerDNS itself. A name below
+    the zone's apex (DuckDNS's home.duckdns.org) finds the apex's servers."""
+    import dns.resolver
+    from nestgate.certs.config import DnsProvider
+    from nestgate.certs.dnsprovider import ProviderChallenge
+    from nestgate.certs.dnsupdate import DnsUpdateError
+    from pdns import PowerDNS
+    pdns = PowerDNS(tmp_path / "pdns")
+    try:
+        resolver = dns.resolver.Resolver(configure=False)
+        resolver.nameservers, resolver.port = ["127.0.0.1"], pdns.port
+        monkeypatch.setattr(dns.resolver, "default_resolver", resolver)
+        for zone in ("example.test", "home.example.test"):
+            found = ProviderChallenge(DnsProvider(provider="powerdns", zone=zone)).servers()
+            assert found == [("127.0.0.1", 53)], zone
+        with pytest.raises(DnsUpdateError) as caught:
+            ProviderChallenge(DnsProvider(provider="powerdns", zone="other.invalid")).servers()
+        assert "could not find the name servers of other.invalid" in str(caught.value)
+        assert "list them in [acme.dns] nameservers" in str(caught.value)
+    finally:
+        pdns.stop()
+
+
 def test_a_failed_write_leaves_the_stored_certificate(tmp_path, monkeypatch):
     storage = CertStorage(str(tmp_path))
     storage.ensure()

@@ -200,14 +200,17 @@ class ProviderChallenge:
                    lambda provider: provider.delete_record(None, "TXT", name, value))
 
     def servers(self) -> list[tuple[str, int]]:
-        """[acme.dns] nameservers, else the zone's NS records through this machine's
-        resolver: the servers the CA may ask."""
+        """[acme.dns] nameservers, else the NS records of the zone holding `zone`
+        through this machine's resolver (a DuckDNS name is no zone of its own): the
+        servers the CA may ask."""
         if self.settings.nameservers:
             return [(address(host), port) for host, port in self.settings.nameservers]
         try:
-            answer = dns.resolver.resolve(self.zone, "NS", lifetime=10.0)
-            found = [(address(r.target.to_text(omit_final_dot=True)), 53) for r in answer]
-        except (OSError, dns.exception.DNSException) as exc:
+            apex = dns.resolver.zone_for_name(self.zone, lifetime=10.0)
+            answer = dns.resolver.resolve(apex, "NS", lifetime=10.0)
+            found = [(next(iter(dns.resolver.resolve_name(r.target, lifetime=10.0)
+                                .addresses())), 53) for r in answer]
+        except (OSError, StopIteration, dns.exception.DNSException) as exc:
             raise DnsUpdateError(f"could not find the name servers of {self.settings.zone} "
                                  f"({exc}); list them in [acme.dns] nameservers") from None
         return found
