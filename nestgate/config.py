@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from nestgate import shorthands
-from nestgate.certs.config import AcmeConfig, read_acme
+from nestgate.certs.config import AcmeConfig, acme_warnings, read_acme
 from nestgate.tls import certificate_problem
 from nestgate.access import _cidr_list, read_access
 from nestgate.ratelimit import read_rate_limit
@@ -936,7 +936,7 @@ _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]", "::1")
 def config_warnings(config: Config) -> list[str]:
     """What the config allows but will not work as its owner expects; `check` and
     `serve` print these without refusing the config."""
-    out = []
+    out = [f"{config.source}: {warning}" for warning in acme_warnings(config.acme)]
     for i, site in enumerate(config.sites):
         out += _plain_sign_in(config, i, site)
         if site.notes and not site.base_url:

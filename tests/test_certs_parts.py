@@ -230,6 +230,20 @@ def test_a_dns_provider_that_never_answers_fails_the_order_in_bounded_time(tmp_p
     silent.close()
 
 
+def test_a_credentials_file_others_can_read_is_warned_about(tmp_path):
+    from nestgate.config import config_warnings
+    credentials = tmp_path / "dns.env"
+    credentials.write_text("AUTH_TOKEN=s3cret-value\n")
+    credentials.chmod(0o644)
+    config = _config(tmp_path, acme=PROVIDER + 'provider = "hetzner"\n'
+                     'credentials_file = "dns.env"')
+    assert config_warnings(config) == [
+        f"site.toml: acme.dns.credentials_file: {credentials} can be read by other users "
+        "of this machine (mode 0644); `chmod 600` it"]
+    credentials.chmod(0o600)
+    assert config_warnings(config) == []
+
+
 def test_a_provider_error_quoting_a_credential_in_a_url_is_scrubbed():
     """DuckDNS and others take the token in the query string, so the HTTP error the
     provider raises quotes it, percent-encoded; it reaches logs and `last_error`."""

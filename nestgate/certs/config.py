@@ -115,6 +115,20 @@ def read_acme(s) -> AcmeConfig:
     return cfg
 
 
+def acme_warnings(acme: AcmeConfig) -> list[str]:
+    """What works but should not stay so: a DNS provider's credentials file that other
+    users of the machine can read (the key can change the whole zone)."""
+    path = getattr(acme.dns, "credentials_file", "")
+    try:
+        mode = os.stat(path).st_mode & 0o777 if path else 0
+    except OSError:
+        return []
+    if mode & 0o077:
+        return [f"acme.dns.credentials_file: {path} can be read by other users of this "
+                f"machine (mode {mode:04o}); `chmod 600` it"]
+    return []
+
+
 def _read_dns(s) -> DnsUpdate | DnsProvider:
     provider = s.str("provider", RFC2136)
     zone = s.str("zone").rstrip(".").lower()
