@@ -25,6 +25,7 @@ from nestgate.proxytls import ProxyThenTLS, TLSHandshake
 from nestgate.ratelimit import shared_limits
 from nestgate.site import build_router, https_redirect_router
 from nestgate.control import CONTROLS
+from nestgate.heap import HeapTrim
 from nestgate.tally import TALLY
 
 _PR_SET_PDEATHSIG = 1
@@ -188,7 +189,8 @@ class Worker:
 
     async def _tick(self, services) -> None:
         """Every timer of the worker: connections' deadlines, the log's flush, the
-        figures, certificates, and each service's `tick` at its `tick_every`."""
+        figures, certificates, the heap's free memory (nestgate.heap), and each
+        service's `tick` at its `tick_every`."""
         limits = self.config.limits
         shortest = min(limits.header_timeout, limits.body_timeout, limits.keepalive_timeout,
                        limits.send_timeout, self.config.log.flush_interval)
@@ -198,6 +200,7 @@ class Worker:
         # swept at their own pace, whatever that is.
         step = min([interval] + [service.tick_every for service in ticking])
         last_flush = last_tick = last_publish = CLOCK.now
+        heap = HeapTrim()
         while True:
             await asyncio.sleep(step)
             CLOCK.tick()
@@ -209,6 +212,7 @@ class Worker:
             elapsed, last_tick = now - last_tick, now
             for conn in list(self.connections):
                 conn.tick(elapsed)
+            heap.tick(now)
             if now - last_flush >= self.config.log.flush_interval \
                     and self.access_log is not None:
                 last_flush = now

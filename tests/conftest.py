@@ -186,13 +186,15 @@ def certs(ca, tmp_path_factory):
 
 @pytest.fixture
 def start_server(tmp_path):
-    """start_server(toml_text, *args) -> Server; stopped at the end of the test."""
+    """start_server(toml_text, *args, env={...}) -> Server, with `env` added to the
+    usual environment; stopped at the end of the test."""
     servers: list[Server] = []
 
-    def start(toml: str, *args: str, name: str = "nestgate.toml") -> Server:
+    def start(toml: str, *args: str, name: str = "nestgate.toml",
+              env: dict | None = None) -> Server:
         path = tmp_path / name
         path.write_text(textwrap.dedent(toml))
-        server = Server(path, args)
+        server = Server(path, args, env={**_env(), **env} if env else None)
         servers.append(server)
         return server
 
