@@ -23,15 +23,21 @@ callback scheduled before its own (that protocol's `connection_made`, then the
 transport's `resume_reading`), so they are the first bytes it sees and the socket
 is read again only after them.
 
-When the handshake starts with nothing read yet (no PROXY header, no ClientHello
-looked at), TLS runs on the socket itself (`nestgate.tlssocket`): the descriptor is
-taken from the loop's TCP transport and wrapped in an SSLSocket, cheaper per request
-than the loop's memory-buffer TLS. `start_tls` serves the other cases, and all of them
-when NESTGATE_LOOP_TLS=1 is set in the environment (for comparison, or should an
-environment's sockets not allow it).
+When the handshake starts with nothing read yet (no PROXY header, no ClientHello read
+for a TLS-ALPN-01 validation), TLS runs on the socket itself (`nestgate.tlssocket`):
+the descriptor is taken from the loop's TCP transport and wrapped in an SSLSocket,
+cheaper per request than the loop's memory-buffer TLS. `start_tls` serves the other
+cases, and all of them when NESTGATE_LOOP_TLS=1 is set in the environment (for
+comparison, or should an environment's sockets not allow it).
 
-Nothing is ever answered here: with no TLS yet there is no one to say 400 or 503 to,
-so a refused header, a connection past the limit or a failed handshake is closed.
+Before either TLS reads it, the first record of the ClientHello is looked at: a client
+whose ALPN offer has nothing in common with the listener's is answered with the
+no_application_protocol alert (`check_hello`, nestgate.tls.refuses_alpn) and closed.
+On the loop's TLS the record is read here and replayed, as after a PROXY header; on
+the socket's, TLSSocketTransport peeks at it.
+
+Nothing else is ever answered here: with no TLS yet there is no one to say 400 or 503
+to, so a refused header, a connection past the limit or a failed handshake is closed.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import os
 from nestgate import tlssocket
 from nestgate.certs.clienthello import MAX_HELLO, NotClientHello, parse_client_hello
 from nestgate.clientip import ProxyHeaderError, take_proxy_header
+from nestgate.tls import NO_APPLICATION_PROTOCOL_ALERT, refuses_alpn
 
 
 # TLS on the socket (nestgate.tlssocket) unless told to leave TLS to the event loop.
@@ -82,13 +89,16 @@ class TLSHandshake(asyncio.Protocol):
         """The connection is counted: the handshake begins."""
         self.handshake(b"")
 
-    _peeking = False                   # reading the ClientHello for TLS-ALPN-01 first
+    _peeking = False                   # reading the ClientHello in clear first
 
     def handshake(self, hello: bytes) -> None:
         """Upgrade to TLS; `hello` is the start of the ClientHello, already read."""
         book = self.ctx.certificate_book
-        if book is not None and book.alpn_challenges and not self._peeking:
-            # A TLS-ALPN-01 validation is pending: see what this client offers first.
+        if not self._peeking and ((book is not None and book.alpn_challenges)
+                                  or hello or not SOCKET_TLS):
+            # See what this client offers first: a pending TLS-ALPN-01 validation, or
+            # its ALPN protocols, which the loop's TLS would not refuse by itself (on
+            # the socket's TLS, TLSSocketTransport shows them to `check_hello`).
             self._peeking = True
             self._hello = hello
             self._peek()
@@ -131,11 +141,31 @@ class TLSHandshake(asyncio.Protocol):
             parsed = (None, [])
         if parsed is None and len(self._hello) < MAX_HELLO:
             return                     # the rest of the record is on its way
-        challenge = self.ctx.certificate_book.challenge_for(*parsed) if parsed else None
+        book = self.ctx.certificate_book
+        challenge = book.challenge_for(*parsed) if parsed and book is not None else None
+        hello, self._hello = self._hello, None
         if challenge is not None:
             self.sslcontext = challenge    # the CA's validation handshake
-        hello, self._hello = self._hello, None
+        else:
+            alert = self._refusal(parsed)
+            if alert is not None:
+                self.transport.write(alert)
+                self.transport.close()
+                return
         self.handshake(hello)
+
+    def check_hello(self, hello: bytes) -> bytes | None:
+        """From the TLSSocketTransport, before the handshake: the alert that refuses
+        this ClientHello (its first record), or None to go on."""
+        try:
+            return self._refusal(parse_client_hello(hello))
+        except NotClientHello:
+            return None                # OpenSSL will say what is wrong with it
+
+    def _refusal(self, parsed) -> bytes | None:
+        if parsed is not None and refuses_alpn(parsed[1], self.ctx.alpn_protocols):
+            return NO_APPLICATION_PROTOCOL_ALERT
+        return None
 
     def data_received(self, data: bytes) -> None:
         if self._hello is not None:    # the ClientHello, before start_tls took over

@@ -3,6 +3,8 @@
 Built in the supervisor at load time (so `check` and reload catch a bad key) and
 inherited by the forked workers. ALPN offers h2 (unless the listener sets
 `http2 = false`) and http/1.1; the worker picks the protocol from what ALPN selected.
+A client whose ALPN offer has none of them is refused with the no_application_protocol
+alert, as nginx does (`refuses_alpn`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,25 @@ def kernel_tls_problem() -> str:
     return ""
 
 
+# A fatal alert record, no_application_protocol (RFC 7301 3.2), sent in clear in
+# answer to a ClientHello: content type 21 (alert), record version 3.3, two bytes,
+# level 2 (fatal), description 120.
+NO_APPLICATION_PROTOCOL_ALERT = bytes([21, 3, 3, 0, 2, 2, 120])
+
+
+def refuses_alpn(offered, ours) -> bool:
+    """True when a client offers ALPN protocols and none of them is one of `ours`: it
+    gets NO_APPLICATION_PROTOCOL_ALERT. No offer at all is HTTP/1.1, as ever.
+
+    Why not in OpenSSL: Python's `ssl` selects ALPN in its own callback, which answers
+    "nothing in common" by going on without a protocol (SSL_TLSEXT_ERR_NOACK) and has
+    no way to make it the fatal alert nginx sends; the SNI callback, which can end a
+    handshake with an alert, does not see what the client offered. So the first record
+    of the ClientHello is read in clear before the handshake (nestgate.proxytls,
+    nestgate.tlssocket) and judged here."""
+    return bool(offered) and not any(protocol in ours for protocol in offered)
+
+
 def _base_context(alpn) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -57,11 +78,16 @@ def _context(cert: str, key: str, alpn=ALPN_HTTP1) -> ssl.SSLContext:
     return ctx
 
 
+def alpn_protocols(listener) -> list[str]:
+    """What the listener offers by ALPN, in its order of preference."""
+    return ALPN_HTTP2 if listener.http2 else ALPN_HTTP1
+
+
 def server_context(listener, storage=None) -> ssl.SSLContext:
     """The listener's default context; others are switched in by SNI. Certificates
     nestgate manages (nestgate.certs) come from `storage` through the context's
     `certificate_book`, which the worker refreshes while serving."""
-    alpn = ALPN_HTTP2 if listener.http2 else ALPN_HTTP1
+    alpn = alpn_protocols(listener)
     files = [c for c in listener.certificates if not c.managed]
     contexts = [_context(c.cert, c.key, alpn) for c in files]
     exact: dict[str, ssl.SSLContext] = {}

@@ -14,6 +14,10 @@ after a PROXY header or while a TLS-ALPN-01 validation looks at ClientHellos, th
 descriptor is taken from the loop's TCP transport (duplicated, then that transport
 is dropped without a byte read or written) and wrapped here.
 
+Before the handshake, the first record of the ClientHello is peeked at (left in the
+socket for OpenSSL) and shown to the stage's `check_hello`, which may answer it with an
+alert instead (nestgate.tls: an ALPN offer with nothing in common).
+
 The asyncio transport contract, as the protocols use it: `write` sends at once and
 keeps what the socket does not take, in order (`pause_writing` past the high-water
 mark, `resume_writing` below the low one); `pause_reading`/`resume_reading` stop and
@@ -28,6 +32,8 @@ import os
 import socket
 import ssl
 
+from nestgate.certs.clienthello import MAX_HELLO
+
 READ_SIZE = 64 * 1024         # a recv gives at most one TLS record (16 KiB) anyway
 # After our close_notify and FIN, what the client still sends is read and dropped for
 # at most this long before the descriptor is closed (nginx's lingering close): closed
@@ -41,6 +47,7 @@ LINGER_SECONDS = 2.0
 CORK_ABOVE = 16 * 1024
 _CORK = (socket.IPPROTO_TCP, getattr(socket, "TCP_CORK", 3))
 _WANT_READ = ssl.SSLWantReadError
+_HANDSHAKE_RECORD = b"\x16"
 _WANT_WRITE = ssl.SSLWantWriteError
 
 
@@ -67,7 +74,7 @@ class TLSSocketTransport:
     __slots__ = ("_loop", "_sock", "_fd", "_stage", "_protocol", "_peername", "_reading",
                  "_reader_on", "_writer_on", "_closing", "_closed", "_handshaking",
                  "_inflight", "_queue", "_queued", "_high", "_low", "_write_paused",
-                 "_read_wants_write", "_write_wants_read", "_linger_timer", "_tls")
+                 "_read_wants_write", "_write_wants_read", "_linger_timer", "_tls", "_lowat")
 
     def __init__(self, loop, sock: ssl.SSLSocket, stage) -> None:
         self._loop = loop
@@ -100,9 +107,42 @@ class TLSSocketTransport:
         self._read_wants_write = False
         self._write_wants_read = False
         self._linger_timer = None
-        self._step_handshake()
+        self._lowat = False            # SO_RCVLOWAT raised while a ClientHello comes in
+        self._peek_hello()
 
     # ---------------------------------------------------------------- handshake
+    def _peek_hello(self) -> None:
+        """Show the stage the ClientHello's first record before OpenSSL reads it (so it
+        may refuse it with an alert), then start the handshake."""
+        try:
+            hello = socket.socket.recv(self._sock, MAX_HELLO, socket.MSG_PEEK)
+        except BlockingIOError:
+            self._set_watch(True, False, self._peek_hello, None)
+            return
+        except OSError:
+            hello = b""                # the handshake meets the error and closes
+        wanted = min(5 + int.from_bytes(hello[3:5], "big") if len(hello) >= 5 else 5,
+                     MAX_HELLO)
+        if hello[:1] == _HANDSHAKE_RECORD and len(hello) < wanted:
+            # The rest of the record is on its way. A peek leaves the bytes readable,
+            # so the descriptor is made to report readiness only once it is all there.
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wanted)
+            self._lowat = True
+            self._set_watch(True, False, self._peek_hello, None)
+            return
+        if self._lowat:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            self._lowat = False
+        alert = self._stage.check_hello(hello) if hello else None
+        if alert is None:
+            self._step_handshake()
+            return
+        try:
+            socket.socket.send(self._sock, alert)
+        except OSError:
+            pass
+        self._close_now(linger=True)       # the ClientHello stays unread
+
     def _step_handshake(self) -> None:
         try:
             self._sock.do_handshake()

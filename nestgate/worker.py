@@ -27,6 +27,7 @@ from nestgate.site import build_router, https_redirect_router
 from nestgate.control import CONTROLS
 from nestgate.heap import HeapTrim
 from nestgate.tally import TALLY
+from nestgate.tls import alpn_protocols
 
 _PR_SET_PDEATHSIG = 1
 PUBLISH_INTERVAL = 0.5       # seconds between writes of a worker's figures
@@ -57,6 +58,7 @@ class ServerContext:
         trusted = worker.config.trusted_proxies
         self.trusted_proxies = parse_networks(trusted) if trusted else None
         self.proxy_protocol_from = parse_networks(listener.proxy_protocol_from)
+        self.alpn_protocols = tuple(alpn_protocols(listener))   # a TLS listener's offer
         self.max_per_client = listener.max_connections_per_client   # 0: not counted
 
     @staticmethod

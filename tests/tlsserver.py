@@ -28,6 +28,9 @@ class _Stage:
     def handshake_failed(self) -> None:
         self.outcome = "failed"
 
+    def check_hello(self, hello: bytes) -> None:
+        return None                    # every ClientHello goes on to the handshake
+
 
 class Recorder(asyncio.Protocol):
     """Echoes each line back upper-cased; 'big N' answers N bytes; 'bye' closes."""
