@@ -199,6 +199,6 @@ class Gateway(Service):
     def add_portal(self, site, site_config) -> None:
         """The sign-in and sign-out pages of a protected site, behind its access list."""
         if site_config.protected:
-            from nestgate.auth.portal import LOGIN_PATH, LOGOUT_PATH
+            from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH
             site.add_exact(LOGIN_PATH, self.signin.login, "auth-login", sign_in=False)
             site.add_exact(LOGOUT_PATH, self.signin.logout, "auth-logout", sign_in=False)

@@ -24,8 +24,9 @@ from nestgate.tls import certificate_problem
 from nestgate.access import _cidr_list, read_access
 from nestgate.ratelimit import read_rate_limit
 from nestgate.admin.config import AdminConfig, read_admin
-from nestgate.auth.config import read_auth
+from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH, read_auth
 from nestgate.routetypes import ROUTE_TYPES
+from nestgate.routing import path_shape
 from nestgate.units import parse_duration, parse_size
 
 DEFAULT_CONFIG_NAME = "nestgate.toml"
@@ -780,7 +781,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
         problems.append(f"{file}: listen[{second}].address: expected an address that "
                         f"listen[{first}].address does not already take, "
                         f"got '{host}:{shown.port}'")
-    problems += _clashing_hosts(sites, file) + _clashing_routes(sites, file)
+    problems += _clashing_hosts(sites, file) + _clashing_routes(sites, server, file)
     if any(site.protected for site in sites) and (auth is None or not auth.users):
         problems.append(f"{file}: auth: expected an [auth] table with at least one "
                         "[[auth.user]] when a site is protected")
@@ -910,22 +911,51 @@ def _clashing_hosts(sites, file: str) -> list[str]:
     return problems
 
 
-def _clashing_routes(sites, file: str) -> list[str]:
-    """Two routes of a site on the same exact path (the last would win) or the same
-    prefix (the first would): one of them could never answer. Paths differing only
-    in the names of their {segments} are the same path."""
+def site_claims(site: Site, index: int, server: ServerConfig) -> list[tuple[str, str, str, str]]:
+    """Every route the site's table gets at load, in the order nestgate.site adds
+    them: (kind "path" or "prefix", its path or prefix, the config key that puts it
+    there, what it is when the site adds it by itself)."""
+    key = f"site[{index}]"
+    claims = []
+    if site.health:
+        claims.append(("path", server.health_path, "server.health_path", "the health check"))
+    claims += [("path", route.path, f"{key}.route[{j}].path", "") if route.path else
+               ("prefix", route.prefix, f"{key}.route[{j}].prefix", "")
+               for j, route in enumerate(site.routes)]
+    if site.home:
+        claims.append(("path", site.home.path, f"{key}.home.path", "the home page"))
+    if site.notes:
+        base, api = site.notes.path, site.notes.api_path
+        pages, api_key = f"{key}.notes.path", f"{key}.notes.api_path"
+        claims += [("path", base, pages, "the notes list"),
+                   ("path", base + "/feed.xml", pages, "the notes feed"),
+                   ("path", base + "/{slug}", pages, "the notes pages"),
+                   ("path", base + "/page/{n}", pages, "the notes list pages"),
+                   ("path", base + "/tag/{tag}", pages, "the notes tag pages"),
+                   ("path", base + "/tag/{tag}/page/{n}", pages, "the notes tag pages"),
+                   ("path", api, api_key, "the notes API"),
+                   ("path", api + "/{slug}", api_key, "the notes API")]
+    if site.protected:
+        claims += [("path", LOGIN_PATH, f"{key}.protected", "the sign-in page"),
+                   ("path", LOGOUT_PATH, f"{key}.protected", "the sign-out page")]
+    return claims
+
+
+def _clashing_routes(sites, server: ServerConfig, file: str) -> list[str]:
+    """Two routes of a site on the same exact path (a route table refuses the second:
+    nestgate.routing.SiteRoutes) or the same prefix (the first would win): one of them
+    could never answer. The routes a site adds by itself count: the health check, the
+    home and notes pages, the notes API, the sign-in pages. Paths differing only in
+    the names of their {segments} are the same path."""
     problems = []
     for i, site in enumerate(sites):
-        seen: dict[tuple[str, str], int] = {}
-        for j, route in enumerate(site.routes):
-            kind = "path" if route.path else "prefix"
-            value = route.path or route.prefix
-            key = (kind, re.sub(r"\{[^/}]*\}", "{}", value))
-            first = seen.setdefault(key, j)
-            if first != j:
-                problems.append(f"{file}: site[{i}].route[{j}].{kind}: expected a {kind} "
-                                f"no other route of the site has, got {value!r} "
-                                f"(site[{i}].route[{first}].{kind} has it too)")
+        held: dict[tuple[str, str], tuple[str, str]] = {}
+        for kind, value, key, what in site_claims(site, i, server):
+            first = held.setdefault((kind, path_shape(value)), (key, what))
+            if first != (key, what):
+                other = first[0] + (f" ({first[1]})" if first[1] else "")
+                problems.append(f"{file}: {key}: expected a {kind} no other route of the "
+                                f"site has, got {value!r} ({other} has it too)")
     return problems
 
 

@@ -24,3 +24,13 @@ class HandlerError(NestgateError):
     def __init__(self, status: int, detail: str = "") -> None:
         super().__init__(detail or str(status))
         self.status = status
+
+
+class RouteTaken(ValueError):
+    """A route was added on an exact or `{name}` path its site already routes: a route
+    table never replaces one (the route already there keeps answering). Raised by the
+    table (nestgate.routing), caught by whoever adds routes while serving."""
+
+    def __init__(self, site: str, path: str, label: str, taken_by: str) -> None:
+        super().__init__(f"site {site or '-'}: {path} is already the route {taken_by!r}")
+        self.path, self.label, self.taken_by = path, label, taken_by

@@ -8,11 +8,12 @@ busy site costs one dict lookup per request.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from nestgate.certs.challenge import PREFIX as CHALLENGE_PREFIX
 from nestgate.errorpages import DEFAULT_PAGES
-from nestgate.errors import RequestError
+from nestgate.errors import RequestError, RouteTaken
 from nestgate.paths import decode_path
 from nestgate.tally import TALLY
 
@@ -81,6 +82,12 @@ def unguarded(handler, access=None, sign_in: bool = True, limit=None, label: str
     return handler
 
 
+def path_shape(path: str) -> str:
+    """A path as the table tells routes apart: `{name}` segments are all alike, so
+    `/n/{slug}` and `/n/{name}` are the same route."""
+    return re.sub(r"\{[^/}]*\}", "{}", path)
+
+
 class SiteRoutes:
     """One site's compiled route table, and the only writer of it.
 
@@ -88,6 +95,11 @@ class SiteRoutes:
     serving (notes pages register themselves when first rendered), so a route cannot
     exist without the site's rate limit, access list and sign-in (Caddy compiles each
     route's chain the same way). Tables are read by the engines, never written outside here.
+
+    An exact or `{name}` path is one route's for as long as the table lives, unless
+    that route's owner removes it: adding it again raises `RouteTaken`, whoever asks
+    (a configured route, the health check, a notes page registered while serving), and
+    `remove_exact` takes out only the entry added with the handler it is given.
     """
 
     def __init__(self, name: str, not_found, guard=unguarded, errors=DEFAULT_PAGES) -> None:
@@ -99,6 +111,9 @@ class SiteRoutes:
         # needs no decoding is routed without decoding it.
         self.exact_raw: dict[bytes, Route] = {}
         self.prefixes: list[tuple[str, Any, str, Any]] = []
+        # path_shape(path) -> (the handler as its owner gave it, the route's label):
+        # who holds each exact and {name} path.
+        self.owners: dict[str, tuple[Any, str]] = {}
         self.patterns: dict[int, list[tuple[tuple[str, ...], Any, str, Any]]] = {}
         self.not_found = guard(not_found, label="-")
         self.unmatched = TALLY.route(name, "-")     # answers of paths no route matched
@@ -111,8 +126,14 @@ class SiteRoutes:
                   access=None, sign_in: bool = True, limit=None) -> None:
         """An exact path, or a pattern with `{name}` segments. `access` and `limit`
         replace the site's list and rate limit for this route; `sign_in=False` leaves
-        sign-in out (the portal)."""
+        sign-in out (the portal). RouteTaken when the site has a route on that path."""
+        shape = path_shape(path)
+        held = self.owners.get(shape)
+        if held is not None:
+            raise RouteTaken(self.name, path, label or path, held[1])
+        owner = handler
         handler = self.guard(handler, access, sign_in, limit, label or path)
+        self.owners[shape] = (owner, label or path)
         self.found.clear()
         if "{" in path:
             segments = tuple(path.strip("/").split("/"))
@@ -132,10 +153,17 @@ class SiteRoutes:
         self.prefixes.append((prefix, handler, label, TALLY.route(self.name, label)))
         self.prefixes.sort(key=lambda entry: len(entry[0]), reverse=True)
 
-    def remove_exact(self, path: str) -> None:
+    def remove_exact(self, path: str, handler) -> bool:
+        """Take out the exact route on `path` if `handler` is the one it was added
+        with; a route another owner holds there stays. True when it was removed."""
+        held = self.owners.get(path)
+        if "{" in path or held is None or held[0] is not handler:
+            return False
+        del self.owners[path]
         self.exact.pop(path, None)
         self.exact_raw.pop(path.encode(), None)
         self.found.clear()
+        return True
 
     challenge: Route | None = None    # HTTP-01 answers, before every route (nestgate.certs)
 

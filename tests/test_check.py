@@ -70,6 +70,60 @@ def test_two_routes_on_the_same_path_or_prefix_are_named():
         "got '/n/{name}' (site[0].route[4].path has it too)"]
 
 
+def test_a_route_on_a_path_the_site_adds_by_itself_is_named(tmp_path):
+    problems = problems_of({
+        "auth": {"user": [{"name": "demo", "password": HASH}], "store": ":memory:"},
+        "site": [{"protected": True, "home": {"path": "/"},
+                  "notes": {"dir": str(tmp_path), "api_path": "/notes"},
+                  "route": [ret(path="/api/v1/health"), ret(path="/"),
+                            ret(path="/notes/feed.xml"), ret(path="/api/v1/notes/{id}"),
+                            ret(path="/__auth__/login"), ret(path="/notes/{name}")]}]})
+    assert problems == [
+        "site.toml: site[0].route[0].path: expected a path no other route of the site has, "
+        "got '/api/v1/health' (server.health_path (the health check) has it too)",
+        "site.toml: site[0].home.path: expected a path no other route of the site has, "
+        "got '/' (site[0].route[1].path has it too)",
+        "site.toml: site[0].notes.path: expected a path no other route of the site has, "
+        "got '/notes/feed.xml' (site[0].route[2].path has it too)",
+        "site.toml: site[0].notes.path: expected a path no other route of the site has, "
+        "got '/notes/{slug}' (site[0].route[5].path has it too)",
+        "site.toml: site[0].notes.api_path: expected a path no other route of the site has, "
+        "got '/notes' (site[0].notes.path (the notes list) has it too)",
+        "site.toml: site[0].notes.api_path: expected a path no other route of the site has, "
+        "got '/notes/{slug}' (site[0].route[5].path has it too)",
+        "site.toml: site[0].protected: expected a path no other route of the site has, "
+        "got '/__auth__/login' (site[0].route[4].path has it too)"]
+
+
+def test_a_site_without_the_health_check_may_route_its_path():
+    parse_config({**LISTEN, "site": [{"health": False, "route": [ret(path="/api/v1/health")]}]})
+
+
+def test_check_names_both_routes_on_one_path(tmp_path):
+    config = tmp_path / "nestgate.toml"
+    config.write_text(textwrap.dedent(f"""
+        [server]
+        health_path = "/status"
+        [[listen]]
+        address = "127.0.0.1:0"
+        [[site]]
+        hosts = ["*"]
+        [site.notes]
+        dir = "{tmp_path}"
+        api_path = "/status"
+        [[site.route]]
+        path = "/notes"
+        type = "return"
+        body = "mine"
+    """))
+    out = run_check(config)
+    assert out.returncode == 2, out.stderr
+    assert f"{config}: site[0].notes.path: expected a path no other route of the site has, " \
+        "got '/notes' (site[0].route[0].path has it too)" in out.stderr
+    assert f"{config}: site[0].notes.api_path: expected a path no other route of the site " \
+        "has, got '/status' (server.health_path (the health check) has it too)" in out.stderr
+
+
 def test_the_same_path_on_two_sites_is_fine():
     parse_config({**LISTEN, "site": [{"hosts": ["a.example"], "route": [ret(path="/x")]},
                                      {"hosts": ["b.example"], "route": [ret(path="/x")]}]})

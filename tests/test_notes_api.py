@@ -328,3 +328,29 @@ def test_directory_fsync_failure_after_the_rename_reports_it_and_serves_the_new_
         store.delete("first")
     assert "deleted, but the disk did not confirm" in str(err.value)
     assert not (notes / "first.md").exists() and store.generation() != generation
+
+
+ROUTE_BESIDE_NOTES = SITE + """
+[[site.route]]
+path = "/notes/about"
+type = "return"
+body = "the configured page"
+"""
+
+
+def test_a_note_is_not_published_on_a_configured_routes_path(start_server, notes):
+    """A note whose page would be /notes/about, where the site has a route of its own:
+    the write is kept, the route keeps answering in every worker, and the log says why
+    the page is not there (the page was registered over the route, in the writing worker)."""
+    server = start_server(ROUTE_BESIDE_NOTES.format(notes=notes, workers=2, token=TOKEN,
+                                                    max_bytes="64KiB"))
+    port = server.port()
+    status, _, body = call(port, "PUT", "/api/v1/notes/about",
+                           {"title": "About", "body": "a note"})
+    assert status == 201 and body["slug"] == "about"
+    for _ in range(12):                         # new connections: both workers answer
+        status, _, page = call(port, "GET", "/notes/about", token=None)
+        assert (status, page) == (200, b"the configured page")
+    logged = server.wait_for("/notes/about is not published")
+    assert "the path is the route '/notes/about'" in logged
+    assert call(port, "GET", "/api/v1/notes/about")[2]["title"] == "About"

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 
 from nestgate.auth.totp import secret_problem
 
+# The sign-in portal's pages on every protected site (nestgate.auth.portal); `check`
+# refuses a configured route on either.
+LOGIN_PATH = "/__auth__/login"
+LOGOUT_PATH = "/__auth__/logout"
+
 
 @dataclass(frozen=True)
 class User:

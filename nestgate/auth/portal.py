@@ -41,6 +41,7 @@ import time
 from urllib.parse import parse_qs, quote
 
 from nestgate.auth import totp
+from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH
 from nestgate.auth.passwords import verify_password
 from nestgate.auth.store import token_hash
 from nestgate.clock import CLOCK
@@ -48,8 +49,6 @@ from nestgate.dispatch import resolve
 from nestgate.routing import host_name
 from nestgate.tally import TALLY
 
-LOGIN_PATH = "/__auth__/login"
-LOGOUT_PATH = "/__auth__/logout"
 RECHECK = 1.0                  # seconds a checked session is trusted without the store
 # A session in use is asked about again in the background once its check is this old,
 # so the answer is in before RECHECK runs out and no request waits for the store.

@@ -39,6 +39,7 @@ from urllib.parse import quote
 
 from nestgate.compress import Encoded
 from nestgate.control import CONTROLS
+from nestgate.errors import RouteTaken
 from nestgate.tally import TALLY
 from nestgate.handlers import PEEK
 from nestgate.notes.render import Renderer
@@ -99,15 +100,28 @@ class SitePages:
                              base + "/tag/{tag}/page/{n}")
 
     def _register(self, page: CachedPage) -> None:
+        """Make `page` an exact route. RouteTaken when another route has its path: at
+        load that is a config clash (`check` names it); see `_publish` for later."""
         if page.path in self.registered or len(self.registered) >= 4 * self.limit + 8:
             return
-        self.registered[page.path] = page
         self.routes.add_exact(page.path, page, page.label)
+        self.registered[page.path] = page
+
+    def _publish(self, page: CachedPage) -> None:
+        """Register a page rendered while serving. A note or tag whose page would take
+        the path of another route of the site (a configured route, the health check,
+        the notes API) is not published there: that route keeps answering, and the
+        log says why the page is not."""
+        try:
+            self._register(page)
+        except RouteTaken as exc:
+            log.warning("site %s: page %s is not published: the path is the route %r",
+                        self.site_name or "-", page.path, exc.taken_by)
 
     def _unregister(self, page: CachedPage) -> None:
         if self.registered.get(page.path) is page:
             del self.registered[page.path]
-            self.routes.remove_exact(page.path)
+            self.routes.remove_exact(page.path, page)
 
     # ------------------------------------------------------------ freshness
     def generation(self) -> int:
@@ -237,7 +251,7 @@ class SitePages:
         while len(self.rendered) > self.limit:
             old, _ = self.rendered.popitem(last=False)
             old.page = None
-        self._register(page)
+        self._publish(page)
 
     def reread(self) -> None:
         """The admin API's re-read: every note parsed and rendered again, their kept
