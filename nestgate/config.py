@@ -169,6 +169,8 @@ class Notes:
     feed_entries: int = 20
     raw_html: bool = False                  # raw HTML inside Markdown stays escaped
     max_note_bytes: int = 1024 * 1024       # an API body above this -> 413
+    max_page_bytes: int = 2 * 1024 * 1024   # a note written through the API whose page
+                                            # would be larger -> 422
     cors_origins: tuple[str, ...] = ()      # origins allowed to call the API ("*": any)
 
 
@@ -704,6 +706,9 @@ def _read_notes(s: _Section) -> Notes:
         feed_entries=s.int("feed_entries", d.feed_entries, 1, 1000),
         raw_html=s.bool("raw_html", d.raw_html),
         max_note_bytes=s.size("max_note_bytes", d.max_note_bytes),
+        max_page_bytes=s.size("max_page_bytes", d.max_page_bytes, 16 * 1024, None,
+                              "a size of at least 16KiB (the page around a note alone "
+                              "takes a few KiB)"),
         cors_origins=s.strings("cors_origins", d.cors_origins),
     )
     for name in ("path", "api_path"):

@@ -202,6 +202,47 @@ def test_summary_is_limited(start_server, notes):
     assert status == 201 and len(body["summary"]) == 1000
 
 
+def test_tags_are_limited_in_number_and_length(start_server, notes):
+    server = serve(start_server, notes)
+    port = server.port()
+    for tags in ([f"t{i}" for i in range(33)], ["x" * 65]):
+        status, _, body = call(port, "PUT", "/api/v1/notes/tagged",
+                               {"title": "t", "body": "x", "tags": tags})
+        assert status == 422 and body["field"] == "tags", body
+        assert "at most 32 tags" in body["error"] and "64 characters" in body["error"]
+    note = "---\ntitle: T\ntags: [" + ", ".join(f"t{i}" for i in range(33)) + "]\n---\n\nx\n"
+    status, _, body = call(port, "PUT", "/api/v1/notes/tagged", note.encode(),
+                           headers={"Content-Type": "text/markdown"})
+    assert status == 422 and body["field"] == "tags", body
+    assert not (notes / "tagged.md").exists()
+    most = [f"t{i}" for i in range(31)] + ["y" * 64]
+    status, _, body = call(port, "PUT", "/api/v1/notes/tagged",
+                           {"title": "t", "body": "x", "tags": most})
+    assert status == 201 and body["tags"] == most
+
+
+PAGE_LIMITED = SITE + """max_page_bytes = "64KiB"
+"""
+
+
+def test_a_note_whose_page_would_be_too_large_is_refused(start_server, notes):
+    server = start_server(PAGE_LIMITED.format(notes=notes, workers=1, token=TOKEN,
+                                              max_bytes="1MiB"))
+    port = server.port()
+    # One link target defined once and used 2,000 times: 8 KB of Markdown that would
+    # render to 4 MB.
+    bomb = "[x]: /" + "u" * 2000 + "\n\n" + "[x]" * 2000
+    for text in (bomb, "words " * 20_000):          # and 120 KB of plain text
+        status, _, body = call(port, "PUT", "/api/v1/notes/big", {"title": "t", "body": text})
+        assert status == 422 and body["field"] == "body", body
+        assert body["error"] == "the note's page would be over max_page_bytes (65536 bytes)"
+    assert not (notes / "big.md").exists()
+    status, _, body = call(port, "PUT", "/api/v1/notes/big",
+                           {"title": "t", "body": "words " * 8_000})
+    assert status == 201
+    assert len(call(port, "GET", "/notes/big", token=None)[2]) <= 64 * 1024
+
+
 def test_oversize_body_is_413(start_server, notes):
     server = serve(start_server, notes, max_bytes="1KiB")
     status, _, body = call(server.port(), "PUT", "/api/v1/notes/big",

@@ -24,3 +24,21 @@ def test_an_edit_on_disk_is_served_by_every_worker(start_server, tmp_path):
         time.sleep(DIR_CHECK_INTERVAL_S + 1.0)     # the interval, and time for the check
         served = [title.encode() in notes_get(port, "/notes/diary")[2] for _ in range(8)]
         assert all(served), f"round {round_}: fetches after the edit served {served}"
+
+
+def test_a_note_on_disk_with_more_tags_than_the_api_takes_keeps_those_that_fit(
+        start_server, tmp_path):
+    """The API refuses more than 32 tags or one over 64 characters; a file edited on
+    disk is not refused (the site would lose the note): the over-long tags are left
+    out, the first 32 others kept, and the log says so."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    tags = [f"t{i}" for i in range(20)] + ["x" * 100] + [f"t{i}" for i in range(20, 40)]
+    note(notes, "tagged", "Many tags", "2026-01-01", tags=tags)
+    server = start_server(NOTES_SITE.format(notes=notes))
+    status, _, page = notes_get(server.port(), "/notes/tagged")
+    assert status == 200 and b"Many tags" in page
+    shown = [t for t in tags if f'href="/notes/tag/{t}"'.encode() in page]
+    assert shown == [f"t{i}" for i in range(32)]
+    logged = server.wait_for("tagged.md: 41 tags")
+    assert "1 of them over 64 characters: the first 32 that fit are kept" in logged

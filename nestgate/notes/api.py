@@ -8,7 +8,8 @@
 
 A body is JSON ({"title", "body", "date", "tags", "draft", "summary", "slug"}) or, with
 `Content-Type: text/markdown`, a note file as it would be on disk (front matter +
-Markdown). Bad input -> 422 naming the field (a summary over SUMMARY_MAX characters
+Markdown). Bad input -> 422 naming the field (a summary over SUMMARY_MAX characters,
+more than MAX_TAGS tags, a note whose rendered page would be over `max_page_bytes`
 included); a path other than `{api}/{slug}` exactly (`{slug}/`) -> 404; a body over
 `max_note_bytes` -> 413; no or a wrong token -> 401; a failed write -> 507 (disk full)
 or 500, the old note intact.
@@ -25,6 +26,7 @@ import os
 from urllib.parse import parse_qs
 
 from nestgate.errors import HandlerError
+from nestgate.notes.render import PageTooLarge
 from nestgate.notes.store import SLUG, BadNote, StoreError, make_note, split_front_matter
 from nestgate.tally import TALLY
 
@@ -210,9 +212,18 @@ class NotesApi:
             # Lists and the feed repeat every summary: a long one multiplies there.
             raise ApiError(422, f"summary is at most {SUMMARY_MAX} characters", "summary")
         try:
-            return make_note(slug, meta, body)
+            note = make_note(slug, meta, body)
         except BadNote as exc:
             raise ApiError(422, str(exc), exc.field) from None
+        limit = self.notes.max_page_bytes
+        try:
+            self.pages.renderer.note_page_within(note, limit)
+        except PageTooLarge:
+            # A page held in every worker's cache and repeated by the feed: refused
+            # before it is written, so it is never served.
+            raise ApiError(422, f"the note's page would be over max_page_bytes ({limit} "
+                                "bytes)", "body") from None
+        return note
 
     def _location(self, slug: str) -> str:
         return f"{self.notes.api_path}/{slug}"

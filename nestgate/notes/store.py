@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import fcntl
+import logging
 import mmap
 import os
 import re
@@ -28,9 +29,15 @@ import yaml
 from nestgate.errors import HandlerError
 
 SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}\Z")     # \Z: "$" lets a newline end it
+# Each tag is a link on the note's page, in lists and the feed, and a page of its own:
+# 100,000 tags made 5 MB pages. A note sent through the API with more is refused (422);
+# one edited on disk keeps the first MAX_TAGS that fit (see `fit_tags`).
+MAX_TAGS = 32
+TAG_MAX_CHARS = 64
 RESERVED_SLUGS = frozenset({"page", "tag", "feed"})
 GENERATION_FILE = ".nestgate-generation"
 _SUFFIX = ".md"
+log = logging.getLogger("nestgate.notes")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)    # libyaml when present
 
 
@@ -126,9 +133,10 @@ def make_note(slug: str, meta: dict, body: str, fallback_date: dt.datetime | Non
     tags = meta.get("tags", [])
     if isinstance(tags, str):
         tags = [tags]
-    if not isinstance(tags, list) or not all(isinstance(t, str) and t.strip() and "/" not in t
-                                             and len(t) <= 64 for t in tags):
-        raise BadNote("tags", "a list of tags (strings without /, at most 64 characters)")
+    if not isinstance(tags, list) or len(tags) > MAX_TAGS or not all(
+            _valid_tag(t) and len(t) <= TAG_MAX_CHARS for t in tags):
+        raise BadNote("tags", f"a list of at most {MAX_TAGS} tags (strings without /, at "
+                      f"most {TAG_MAX_CHARS} characters each)")
     draft = meta.get("draft", False)
     if not isinstance(draft, bool):
         raise BadNote("draft", "true or false")
@@ -139,6 +147,25 @@ def make_note(slug: str, meta: dict, body: str, fallback_date: dt.datetime | Non
         raise BadNote("body", "Markdown text")
     return Note(slug, title.strip(), date, tuple(dict.fromkeys(t.strip() for t in tags)),
                 draft, body, summary.strip(), signature)
+
+
+def _valid_tag(tag) -> bool:
+    return isinstance(tag, str) and bool(tag.strip()) and "/" not in tag
+
+
+def fit_tags(meta: dict, where: str) -> None:
+    """A note file edited outside the API may hold more tags, or longer ones, than the
+    API accepts: the over-long ones are left out and the first MAX_TAGS others kept,
+    and the log says so, rather than the note disappearing from the site."""
+    tags = meta.get("tags")
+    if not isinstance(tags, list):
+        return
+    fitting = [t for t in tags if not _valid_tag(t) or len(t) <= TAG_MAX_CHARS]
+    if len(fitting) > MAX_TAGS or len(fitting) < len(tags):
+        log.warning("%s: %d tags, %d of them over %d characters: the first %d that fit "
+                    "are kept", where, len(tags), len(tags) - len(fitting), TAG_MAX_CHARS,
+                    min(len(fitting), MAX_TAGS))
+        meta["tags"] = fitting[:MAX_TAGS]
 
 
 def serialize(note: Note) -> bytes:
@@ -284,6 +311,7 @@ class NoteStore:
             return None
         try:
             meta, body = split_front_matter(text)
+            fit_tags(meta, self.path(slug))
             fallback = dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc)
             return make_note(slug, meta, body, fallback,
                              (st.st_ino, st.st_mtime_ns, st.st_size))
