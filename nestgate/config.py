@@ -26,6 +26,7 @@ from nestgate.ratelimit import read_rate_limit
 from nestgate.admin.config import AdminConfig, read_admin
 from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH, read_auth
 from nestgate.routetypes import ROUTE_TYPES
+from nestgate.private import open_to_others
 from nestgate.routing import path_shape
 from nestgate.units import parse_duration, parse_size
 
@@ -972,6 +973,7 @@ def config_warnings(config: Config) -> list[str]:
     """What the config allows but will not work as its owner expects; `check` and
     `serve` print these without refusing the config."""
     out = [f"{config.source}: {warning}" for warning in acme_warnings(config.acme)]
+    out += _store_open_to_others(config)
     for i, site in enumerate(config.sites):
         out += _plain_sign_in(config, i, site)
         if site.notes and not site.base_url:
@@ -979,6 +981,30 @@ def config_warnings(config: Config) -> list[str]:
                        f"{site.notes.path}/feed.xml needs it for absolute links (feed "
                        "readers cannot follow relative ones); set it, e.g. "
                        "\"https://example.com\"")
+    return out
+
+
+def _store_open_to_others(config: Config) -> list[str]:
+    """An existing store file (or its -wal, -shm) or folder that other local users may
+    read: it holds the CSRF key, the allow-list and who signed in from where. nestgate
+    creates them private; one made before, or by hand, is left as it is, and told."""
+    auth = config.auth
+    if auth is None or auth.store == ":memory:" or config.state.backend == "redis":
+        return []
+    out = []
+    for path in (auth.store, auth.store + "-wal", auth.store + "-shm"):
+        mode = open_to_others(path)
+        if mode is not None:
+            out.append(f"{config.source}: auth.store: {path} is open to other users "
+                       f"(mode {mode:04o}) and holds the CSRF key, the allow-list and who "
+                       f"signed in from where: chmod 600 {path}")
+    folder = os.path.dirname(auth.store)
+    mode = open_to_others(folder)
+    if mode is not None:
+        out.append(f"{config.source}: auth.store: its folder {folder} is open to other "
+                   f"users (mode {mode:04o}); nestgate makes a missing folder 0700 but "
+                   f"leaves one that exists as it is: chmod 700 {folder}, or name a store "
+                   "in a folder of its own")
     return out
 
 

@@ -479,7 +479,7 @@ def prepare_state(config: Config) -> None:
         from nestgate.auth.store import prepare_store
         try:
             prepare_store(config.auth.store)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:     # OSError: its folder could not be made
             raise StateError(f"store {config.auth.store}: {exc}") from None
 
 

@@ -105,7 +105,8 @@ def test_bad_input_is_refused_before_the_store_is_touched(nestgate, tmp_path, ar
     ('[[listen]]\naddress = "127.0.0.1:0"\n', "auth: expected an [auth] table"),
     ('[[listen]]\naddress = "127.0.0.1:0"\n[auth]\nstore = ":memory:"\n',
      "auth.store: expected a file the workers share"),
-    ('[[listen]]\naddress = "127.0.0.1:0"\n[auth]\nstore = "no/such/dir/state.db"\n',
+    # A missing folder is made (0700); one that cannot be, under a file, is refused.
+    ('[[listen]]\naddress = "127.0.0.1:0"\n[auth]\nstore = "other.toml/dir/state.db"\n',
      "auth.store: expected a file in a writable directory"),
     ('[[listen]]\naddress = "nowhere"\n[auth]\nstore = "state.db"\n', "listen[0].address"),
 ])

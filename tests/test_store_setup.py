@@ -5,11 +5,15 @@ locked" (SQLite does not wait on that lock)."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sqlite3
+import stat
 import subprocess
 import sys
 import threading
 import time
+
+import pytest
 
 from conftest import _env
 from nestgate.auth.store import SCHEMA_NAMES, Store, prepare_store
@@ -125,3 +129,82 @@ def test_a_store_from_an_older_version_gains_the_new_columns(tmp_path):
         assert store.live_sessions()[0][5] > 1_000_000_000
     finally:
         store.close()
+
+
+# ---------------------------------------------------------------- who may read the store
+
+PRIVATE_STORE_SITE = ALLOW_LIST_SITE.replace('store = "state.db"', 'store = "state/state.db"')
+
+
+@pytest.fixture
+def usual_umask():
+    """The umask most systems start services with: without care, files come out 0644."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_the_store_and_its_folder_are_private_from_the_start(start_server, tmp_path,
+                                                              usual_umask):
+    server = start_server(PRIVATE_STORE_SITE)
+    folder = tmp_path / "state"
+    db = folder / "state.db"
+    # The workers hold the store open in WAL mode, so its -wal and -shm files exist.
+    deadline = time.monotonic() + 10
+    while not all((folder / f"state.db{end}").exists() for end in ("-wal", "-shm")):
+        assert time.monotonic() < deadline, sorted(p.name for p in folder.iterdir())
+        time.sleep(0.05)
+    assert mode(folder) == 0o700
+    assert {p.name: mode(p) for p in folder.iterdir()} == {
+        "state.db": 0o600, "state.db-wal": 0o600, "state.db-shm": 0o600}
+    assert not any("warning" in line and "auth.store" in line for line in server.lines)
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM meta").fetchone()[0] == 1
+
+
+def test_sqlite_gives_the_wal_and_shm_files_the_stores_mode(tmp_path, usual_umask):
+    folder = tmp_path / "state"
+    folder.mkdir()
+    store = Store(str(folder / "state.db"))
+    try:
+        store.add_allow("10.0.0.1", 60)
+        assert {p.name: mode(p) for p in folder.iterdir()} == {
+            "state.db": 0o600, "state.db-wal": 0o600, "state.db-shm": 0o600}
+    finally:
+        store.close()
+    made = Store(str(tmp_path / "made" / "here" / "state.db"))
+    made.close()
+    assert (mode(tmp_path / "made"), mode(tmp_path / "made" / "here")) == (0o700, 0o700)
+
+
+def test_check_warns_about_a_store_other_users_can_read(tmp_path, usual_umask):
+    """A store made by an older version (0644) in a folder made by hand (0755): `check`
+    says so, without refusing the config, and the start leaves both as they are (the
+    folder may be shared on purpose; the owner decides)."""
+    folder = tmp_path / "shared"
+    folder.mkdir(mode=0o755)
+    db = folder / "state.db"
+    old = sqlite3.connect(db)                    # as SQLite makes it: 0644 under umask 022
+    old.execute("CREATE TABLE t (x)")
+    old.close()
+    config = tmp_path / "nestgate.toml"
+    config.write_text(ALLOW_LIST_SITE.replace('store = "state.db"', 'store = "shared/state.db"'))
+    out = subprocess.run([sys.executable, "-m", "nestgate", "check", "--config", str(config)],
+                         capture_output=True, text=True, timeout=60, env=_env())
+    assert out.returncode == 0 and "2 warnings above" in out.stdout, out.stderr
+    assert out.stderr.splitlines() == [
+        f"nestgate: warning: {config}: auth.store: {db} is open to other users (mode 0644) "
+        f"and holds the CSRF key, the allow-list and who signed in from where: chmod 600 {db}",
+        f"nestgate: warning: {config}: auth.store: its folder {folder} is open to other users "
+        f"(mode 0755); nestgate makes a missing folder 0700 but leaves one that exists as it "
+        f"is: chmod 700 {folder}, or name a store in a folder of its own"]
+    prepare_store(str(db))                       # what the supervisor does at start
+    assert (mode(folder), mode(db)) == (0o755, 0o644)
+    os.chmod(db, 0o600)
+    os.chmod(folder, 0o700)
+    out = subprocess.run([sys.executable, "-m", "nestgate", "check", "--config", str(config)],
+                         capture_output=True, text=True, timeout=60, env=_env())
+    assert out.returncode == 0 and out.stderr == "", out.stderr

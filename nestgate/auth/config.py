@@ -13,6 +13,14 @@ LOGIN_PATH = "/__auth__/login"
 LOGOUT_PATH = "/__auth__/logout"
 
 
+def _can_hold(folder: str) -> bool:
+    """`folder` is writable, or missing below a writable one: the store's set-up makes
+    the missing folders (0700, nestgate.private)."""
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    return os.path.isdir(folder) and os.access(folder, os.W_OK)
+
+
 @dataclass(frozen=True)
 class User:
     name: str
@@ -92,10 +100,8 @@ def read_auth(s) -> AuthConfig | None:
         s.fail("cookie_name", "letters, digits, _ and -", cfg.cookie_name)
     if cfg.cookie_samesite == "None" and not cfg.cookie_secure:
         s.fail("cookie_samesite", "\"Lax\" or \"Strict\" when cookie_secure is false")
-    if cfg.store != ":memory:":
-        parent = os.path.dirname(cfg.store)
-        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-            s.fail("store", "a file in a writable directory", store)
+    if cfg.store != ":memory:" and not _can_hold(os.path.dirname(cfg.store)):
+        s.fail("store", "a file in a writable directory (or one nestgate can make)", store)
     if cfg.account_delay_max < cfg.account_delay:
         s.fail("account_delay_max", "a duration at least account_delay")
     if cfg.session_ttl <= 0:

@@ -11,7 +11,8 @@ so the event loop never waits on the disk, and keeps the worker's in-memory view
 of the dynamic allow-list no more than `POLL_INTERVAL` behind the file.
 
 Session tokens are never stored: only their SHA-256, so a copy of the file does
-not hand out sessions.
+not hand out sessions. The file is created 0600, and its folder 0700 when nestgate
+makes it (nestgate.private); `check` warns about a wider existing one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ipaddress
+import os
 import re
 import secrets
 import sqlite3
@@ -29,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from nestgate.clientip import Networks
 from nestgate.errors import HandlerError
 from nestgate.handlers import Periodic
+from nestgate.private import create_private_file, make_private_folders
 
 POLL_INTERVAL = 0.5          # seconds: a change through one worker is seen by all within 1 s
 PURGE_INTERVAL = 600.0       # seconds between removals of expired sessions
@@ -70,6 +73,13 @@ class Store:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        if path != ":memory:":
+            # Created here 0600 (in a 0700 folder when nestgate makes it), before
+            # SQLite would create it 0644: it holds the CSRF key, the allow-list and
+            # who signed in from where. SQLite gives the -wal and -shm files the mode
+            # of this one.
+            make_private_folders(os.path.dirname(path))
+            create_private_file(path)
         self.db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA synchronous=NORMAL")

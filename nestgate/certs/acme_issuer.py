@@ -32,6 +32,7 @@ from cryptography.x509.oid import NameOID
 from nestgate.certs.config import RFC2136
 from nestgate.certs.shared import MIRROR_WAIT
 from nestgate.certs.storage import CertStorage, key_pem, slug
+from nestgate.private import PRIVATE_FILE
 
 USER_AGENT = "nestgate"
 ACME_IDENTIFIER = x509.ObjectIdentifier("1.3.6.1.5.5.7.1.31")    # RFC 8737 id-pe-acmeIdentifier
@@ -131,7 +132,7 @@ class AcmeIssuer:
             account_key = jose.JWKEC.load(key_file.read_bytes())
         else:
             account_key = jose.JWKEC(key=ec.generate_private_key(ec.SECP256R1()))
-            self.storage.write(key_file, key_pem(account_key.key), 0o600)
+            self.storage.write(key_file, key_pem(account_key.key), PRIVATE_FILE)
         net = Network(account_key, alg=jose.ES256, user_agent=USER_AGENT,
                       verify_ssl=self.acme.ca_root or True)
         directory = client.ClientV2.get_directory(self.acme.directory, net)
@@ -161,7 +162,7 @@ class AcmeIssuer:
                 regr = acme_client.query_registration(
                     messages.RegistrationResource(uri=exc.location,
                                                   body=messages.Registration()))
-            self.storage.write(account_file, json.dumps(regr.to_json()).encode(), 0o600)
+            self.storage.write(account_file, json.dumps(regr.to_json()).encode(), PRIVATE_FILE)
         self._client, self._account_key = acme_client, account_key
         return acme_client
 

@@ -28,7 +28,9 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-PRIVATE = 0o600
+from nestgate.private import PRIVATE_FILE, make_private_folders
+
+PRIVATE = PRIVATE_FILE
 
 
 TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
@@ -100,16 +102,8 @@ class CertStorage:
 
     def _folders(self, folder: Path) -> None:
         """Make `folder` and what is missing above it (0700), owned like the root."""
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        missing = []
-        while not folder.exists() and folder != self.root:
-            missing.append(folder)
-            folder = folder.parent
-        owner = os.stat(self.root) if os.geteuid() == 0 else None
-        for made in reversed(missing):
-            made.mkdir(mode=0o700, exist_ok=True)
-            if owner is not None:
-                os.chown(made, owner.st_uid, owner.st_gid)
+        make_private_folders(self.root)
+        make_private_folders(folder, os.stat(self.root) if os.geteuid() == 0 else None)
 
     def write(self, path: Path, data: bytes, mode: int = 0o644) -> None:
         """Replace `path` whole: a reader sees the old file or the new one. Run as
