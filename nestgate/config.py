@@ -27,6 +27,8 @@ from nestgate.admin.config import AdminConfig, read_admin
 from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH, read_auth
 from nestgate.routetypes import ROUTE_TYPES
 from nestgate.private import open_to_others
+
+WRITABLE_BY_OTHERS = 0o022
 from nestgate.routing import path_shape
 from nestgate.units import parse_duration, parse_size
 
@@ -985,9 +987,10 @@ def config_warnings(config: Config) -> list[str]:
 
 
 def _store_open_to_others(config: Config) -> list[str]:
-    """An existing store file (or its -wal, -shm) or folder that other local users may
-    read: it holds the CSRF key, the allow-list and who signed in from where. nestgate
-    creates them private; one made before, or by hand, is left as it is, and told."""
+    """An existing store file (or its -wal, -shm) that other local users may read (it
+    holds the CSRF key, the allow-list and who signed in from where), or a folder of it
+    they may write to. nestgate creates them private; one made before, or by hand, is
+    left as it is, and told."""
     auth = config.auth
     if auth is None or auth.store == ":memory:" or config.state.backend == "redis":
         return []
@@ -999,12 +1002,12 @@ def _store_open_to_others(config: Config) -> list[str]:
                        f"(mode {mode:04o}) and holds the CSRF key, the allow-list and who "
                        f"signed in from where: chmod 600 {path}")
     folder = os.path.dirname(auth.store)
-    mode = open_to_others(folder)
+    mode = open_to_others(folder, WRITABLE_BY_OTHERS)
     if mode is not None:
-        out.append(f"{config.source}: auth.store: its folder {folder} is open to other "
-                   f"users (mode {mode:04o}); nestgate makes a missing folder 0700 but "
-                   f"leaves one that exists as it is: chmod 700 {folder}, or name a store "
-                   "in a folder of its own")
+        out.append(f"{config.source}: auth.store: its folder {folder} is writable by other "
+                   f"users (mode {mode:04o}), who could put their own store (or its -wal) "
+                   "there; nestgate makes a missing folder 0700 but leaves one that exists "
+                   f"as it is: chmod 700 {folder}, or name a store in a folder of its own")
     return out
 
 

@@ -5,6 +5,10 @@ umask, so no other local user reads it, not even for the moment between creating
 and tightening. A file or folder that already exists is left as its owner set it (a
 folder such as /var/lib/nestgate may be shared on purpose): `open_to_others` says
 when one is wider, for `check` to warn about.
+
+What matters of a folder is who may write in it: a 0600 file is as private in a
+0755 folder as in a 0700 one, but in a folder others may write to they can put their
+own file in its place (or SQLite's -wal beside it before nestgate makes one).
 """
 
 from __future__ import annotations
@@ -49,12 +53,12 @@ def create_private_file(path: str | os.PathLike) -> bool:
     return True
 
 
-def open_to_others(path: str | os.PathLike) -> int | None:
-    """The permission bits of `path` when they give anything to its group or to other
-    users (a file wider than 0600, a folder wider than 0700); None when they do not or
-    it does not exist."""
+def open_to_others(path: str | os.PathLike, bits: int = 0o077) -> int | None:
+    """The permission bits of `path` when they give its group or other users any of
+    `bits` (by default anything: a file wider than 0600); None when they do not or it
+    does not exist."""
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
         return None
-    return mode if mode & 0o077 else None
+    return mode if mode & bits else None

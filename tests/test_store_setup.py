@@ -181,11 +181,13 @@ def test_sqlite_gives_the_wal_and_shm_files_the_stores_mode(tmp_path, usual_umas
 
 
 def test_check_warns_about_a_store_other_users_can_read(tmp_path, usual_umask):
-    """A store made by an older version (0644) in a folder made by hand (0755): `check`
-    says so, without refusing the config, and the start leaves both as they are (the
-    folder may be shared on purpose; the owner decides)."""
+    """A store made by an older version (0644) in a folder made by hand that its group
+    may write to (0775): `check` says so, without refusing the config, and the start
+    leaves both as they are (the folder may be shared on purpose; the owner decides).
+    A folder others may only read (0755) is no warning: the store in it is 0600."""
     folder = tmp_path / "shared"
-    folder.mkdir(mode=0o755)
+    folder.mkdir()
+    os.chmod(folder, 0o775)
     db = folder / "state.db"
     old = sqlite3.connect(db)                    # as SQLite makes it: 0644 under umask 022
     old.execute("CREATE TABLE t (x)")
@@ -198,13 +200,14 @@ def test_check_warns_about_a_store_other_users_can_read(tmp_path, usual_umask):
     assert out.stderr.splitlines() == [
         f"nestgate: warning: {config}: auth.store: {db} is open to other users (mode 0644) "
         f"and holds the CSRF key, the allow-list and who signed in from where: chmod 600 {db}",
-        f"nestgate: warning: {config}: auth.store: its folder {folder} is open to other users "
-        f"(mode 0755); nestgate makes a missing folder 0700 but leaves one that exists as it "
-        f"is: chmod 700 {folder}, or name a store in a folder of its own"]
+        f"nestgate: warning: {config}: auth.store: its folder {folder} is writable by other "
+        f"users (mode 0775), who could put their own store (or its -wal) there; nestgate "
+        f"makes a missing folder 0700 but leaves one that exists as it is: chmod 700 "
+        f"{folder}, or name a store in a folder of its own"]
     prepare_store(str(db))                       # what the supervisor does at start
-    assert (mode(folder), mode(db)) == (0o755, 0o644)
+    assert (mode(folder), mode(db)) == (0o775, 0o644)
     os.chmod(db, 0o600)
-    os.chmod(folder, 0o700)
+    os.chmod(folder, 0o755)
     out = subprocess.run([sys.executable, "-m", "nestgate", "check", "--config", str(config)],
                          capture_output=True, text=True, timeout=60, env=_env())
     assert out.returncode == 0 and out.stderr == "", out.stderr
