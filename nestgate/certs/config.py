@@ -13,6 +13,8 @@ import base64
 import os
 from dataclasses import dataclass
 
+from nestgate.private import open_to_others
+
 LETS_ENCRYPT = "https://acme-v02.api.letsencrypt.org/directory"
 LETS_ENCRYPT_STAGING = "https://acme-staging-v02.api.letsencrypt.org/directory"
 CHALLENGES = ("http-01", "tls-alpn-01", "dns-01")
@@ -119,11 +121,8 @@ def acme_warnings(acme: AcmeConfig) -> list[str]:
     """What works but should not stay so: a DNS provider's credentials file that other
     users of the machine can read (the key can change the whole zone)."""
     path = getattr(acme.dns, "credentials_file", "")
-    try:
-        mode = os.stat(path).st_mode & 0o777 if path else 0
-    except OSError:
-        return []
-    if mode & 0o077:
+    mode = open_to_others(path) if path else None
+    if mode is not None:
         return [f"acme.dns.credentials_file: {path} can be read by other users of this "
                 f"machine (mode {mode:04o}); `chmod 600` it"]
     return []
