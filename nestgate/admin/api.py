@@ -4,6 +4,7 @@
     GET /v1/ready    200 when the current generation's workers all listen, else 503
     GET /metrics     the Prometheus text exposition (nestgate.admin.metrics)
     /v1/allow, /v1/sessions   the shared store's state (nestgate.admin.stateapi)
+    GET /v1/users    the serving config's users and groups (never a hash or a secret)
     GET /docs/json   the OpenAPI 3.1 document of all of these (nestgate.admin.openapi)
     /v1/config       the config, its validation and reload (nestgate.admin.configapi)
     GET /v1/status   version, uptime, config file and hash, generations, each worker's
@@ -216,6 +217,11 @@ class AdminState:
         self.answers.refresh(self.table)
         return 200, metrics.render(self)
 
+    def users(self):
+        """The users of the config the workers serve, as the supervisor reports them
+        (so a users file re-read at a reload shows at once)."""
+        return 200, {"users": self.report.get("users", [])}
+
     def status(self):
         report = self.report
         now = CLOCK.wall
@@ -257,7 +263,8 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     failures: dict = {}
     secret = config.admin.token.encode()
 
-    def guard(handler, access=None, sign_in: bool = True, limit=None, label: str = ""):
+    def guard(handler, access=None, sign_in: bool = True, limit=None, label: str = "",
+              policy=None):
         # `sign_in=False` is the open endpoint (liveness); everything else is gated.
         return handler if not sign_in else TokenGate(handler, secret, failures)
 
@@ -281,6 +288,7 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     site.add_prefix("/docs/", swagger_assets(), "/docs/*", sign_in=False)
     site.add_exact("/v1/ready", Endpoint(state.ready))
     site.add_exact("/v1/status", Endpoint(state.status))
+    site.add_exact("/v1/users", Endpoint(state.users))
     site.add_exact("/metrics", Endpoint(state.metrics, metrics.CONTENT_TYPE))
     allow = AllowList(store_path, state.audit, error, reply)
     site.add_exact("/v1/allow", allow)

@@ -1,10 +1,11 @@
-"""`nestgate ctl status|ready|metrics|reload|allow|sessions|revoke`: the admin API from a shell.
+"""`nestgate ctl status|ready|metrics|reload|allow|sessions|revoke|users`: the admin API from a shell.
 
     nestgate ctl allow [list]                      the dynamic allow-list
     nestgate ctl allow add CIDR [--for 2h] [--comment TEXT]
     nestgate ctl allow remove ID
     nestgate ctl sessions                          the live sign-in sessions
     nestgate ctl revoke ID | --user NAME           end one session, or all of a user's
+    nestgate ctl users                             the users and their groups
 
 The address and token come from the config (`--config`, as `serve` finds it, with
 NESTGATE_ADMIN and NESTGATE_ADMIN_TOKEN), or from `--address` and `--token`.
@@ -25,13 +26,13 @@ from urllib.parse import quote
 NOT_READY, CONFIG_PROBLEMS, UNREACHABLE = 1, 2, 3
 PATHS = {"status": "/v1/status", "ready": "/v1/ready", "metrics": "/metrics",
          "reload": "/v1/config/reload", "allow": "/v1/allow", "sessions": "/v1/sessions",
-         "revoke": "/v1/sessions"}
+         "revoke": "/v1/sessions", "users": "/v1/users"}
 
 
 def ctl_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nestgate ctl", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.split("\n")[2:7]))
+                                     epilog="\n".join(__doc__.split("\n")[2:8]))
     parser.add_argument("what", choices=sorted(PATHS))
     parser.add_argument("rest", nargs="*", help="for allow: list, add CIDR, remove ID; "
                         "for revoke: a session id")
@@ -103,6 +104,12 @@ def ctl_main(argv: list[str]) -> int:
                   f"seen {_when(s['last_seen'])}  until {_when(s['expires'])}")
     elif args.what == "revoke":
         print(f"revoked {answer['revoked']}")
+    elif args.what == "users":
+        for u in answer["users"]:
+            email = f" <{u['email']}>" if u["email"] else ""
+            print(f"{u['name']:<16}  {','.join(u['groups']) or '-':<24}  "
+                  f"{(u['display_name'] + email).strip() or '-':<40}  "
+                  f"{'2FA' if u['second_factor'] else '1FA'}")
     elif args.what == "ready":
         print("ready" if answer.get("ready") else
               "not ready: " + "; ".join(answer.get("reasons", ())))

@@ -39,6 +39,7 @@ class AdminKeeper:
         self.supervisor_pid = os.getpid()
         self.config_hash = ""
         self.certificates: list[dict] = []      # of the serving config (nestgate.certinfo)
+        self.users: list[dict] = []             # of the serving config, without secrets
         self._last_report = b""
         # Workers gone since the last report, with the last answer counts they
         # published: the admin process adds them to its totals (nestgate/admin/answers.py).
@@ -53,6 +54,7 @@ class AdminKeeper:
         self.config = config
         self.config_hash = _file_hash(config.source)
         self.certificates = certificate_expiry(config)
+        self.users = user_listing(config)
         admin = config.admin
         if not admin.enabled:
             return
@@ -70,6 +72,7 @@ class AdminKeeper:
         old, self.config = self.config, config
         self.config_hash = _file_hash(config.source)
         self.certificates = certificate_expiry(config)
+        self.users = user_listing(config)
         if self.sock is None:
             return
         if (config.admin.host, config.admin.port, config.admin.enabled) != \
@@ -169,6 +172,7 @@ class AdminKeeper:
             "reloads": list(self.reloads),
             "reload_counts": self.reload_counts,
             "certificates": self.certificates,
+            "users": self.users,
         }
         data = json.dumps(state, separators=(",", ":")).encode()
         now = time.monotonic()
@@ -196,6 +200,11 @@ class AdminKeeper:
             return                       # the admin process is busy or restarting
         del self.departed[:taken]
         self._last_report, self._last_sent = data, now
+
+
+def user_listing(config) -> list[dict]:
+    """The config's users as the admin API lists them (`User.listing`: no secrets)."""
+    return [user.listing() for user in config.auth.users] if config.auth is not None else []
 
 
 def _shown(sock: socket.socket) -> str:

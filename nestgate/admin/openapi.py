@@ -68,6 +68,9 @@ _ALLOW_ENTRY = _obj({"id": _INT, "cidr": _STR, "expires": _NUM, "comment": _STR}
 _SESSION = _obj({"id": _STR, "user": _STR, "client": _STR, "created": _NUM,
                  "last_seen": _NUM, "expires": _NUM},
                 ("id", "user", "client", "created", "last_seen", "expires"))
+_USER = _obj({"name": _STR, "groups": {"type": "array", "items": _STR},
+              "display_name": _STR, "email": _STR, "second_factor": _BOOL},
+             ("name", "groups", "display_name", "email", "second_factor"))
 _CHANGE = _obj({"added": {"type": "array", "items": _STR},
                 "removed": {"type": "array", "items": _STR}}, ("added", "removed"))
 
@@ -149,6 +152,10 @@ PATHS = {
     "/v1/upstreams/undrain": {"post": _op(
         "Put a drained upstream back into picking", _UPSTREAM_CHANGE,
         body={_JSON: {"schema": _UPSTREAM_NAME}})},
+    "/v1/users": {"get": _op("The configured users and their groups (never a password "
+                             "hash or TOTP secret), as the serving config has them", {
+        "200": _json(_obj({"users": {"type": "array", "items": _USER}}, ("users",)),
+                     "the users")})},
     "/v1/sessions": {"get": _op("The live sign-in sessions", {
         "200": _json(_obj({"sessions": {"type": "array", "items": _SESSION}}, ("sessions",)),
                      "the sessions"), "409": _ERROR, "503": _ERROR})},

@@ -1,10 +1,13 @@
-"""The `[auth]` table: users, sessions, cookie, back-off, the shared store."""
+"""The `[auth]` table: users (inline or in `users_file`), sessions, cookie, back-off,
+the shared store, the identity headers."""
 
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass
 
+from nestgate.auth.identity import IdentityHeaders, read_identity_headers
 from nestgate.auth.totp import secret_problem
 
 # The sign-in portal's pages on every protected site (nestgate.auth.portal); `check`
@@ -26,6 +29,20 @@ class User:
     name: str
     password: str             # an argon2 hash from `nestgate passwd`
     totp: str = ""            # base32 secret (RFC 6238), "" for none
+    groups: tuple[str, ...] = ()
+    display_name: str = ""
+    email: str = ""
+
+    @property
+    def second_factor(self) -> bool:
+        """Sign-in asks this user for a second factor (so every session has one)."""
+        return bool(self.totp)
+
+    def listing(self) -> dict:
+        """What the admin API shows of the user: never the hash or the TOTP secret."""
+        return {"name": self.name, "groups": list(self.groups),
+                "display_name": self.display_name, "email": self.email,
+                "second_factor": self.second_factor}
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,8 @@ class AuthConfig:
     account_delay: float = 1.0
     account_delay_max: float = 900.0
     title: str = "Sign in"                  # shown on the sign-in page
+    users_file: str = ""                    # more [[user]] tables, re-read on reload
+    identity_headers: IdentityHeaders = IdentityHeaders()
 
     @property
     def account_delays(self) -> tuple[int, float, float]:
@@ -63,21 +82,13 @@ def read_auth(s) -> AuthConfig | None:
     if not s.data:
         return None
     d = AuthConfig()
-    users = []
-    for u in s.tables("user"):
-        name, password, totp = u.str("name"), u.str("password"), u.str("totp")
-        if not name or any(c in name for c in " \t\r\n"):
-            u.fail("name", "a user name without spaces", name)
-        if not password.startswith("$argon2"):
-            u.fail("password", "an argon2 hash (run `nestgate passwd`)")
-        problem = totp and secret_problem(totp)
-        if problem:
-            u.fail("totp", problem)                  # the secret itself is never shown
-        u.check_unknown()
-        users.append(User(name, password, totp.upper().replace(" ", "")))
+    users = [read_user(u) for u in s.tables("user")]
+    users_file = s.str("users_file")
+    if users_file:
+        users += read_users_file(s, users_file)
     names = [u.name for u in users]
-    if len(set(names)) != len(names):
-        s.fail("user", "each user name once")
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        s.fail("user", "each user name once (inline and in users_file)", name)
     store = s.str("store", d.store)
     cfg = AuthConfig(
         store=store if store == ":memory:" else
@@ -95,6 +106,8 @@ def read_auth(s) -> AuthConfig | None:
         account_delay=s.positive_duration("account_delay", d.account_delay),
         account_delay_max=s.positive_duration("account_delay_max", d.account_delay_max),
         title=s.str("title", d.title),
+        users_file=str((s.base / users_file).resolve()) if users_file else "",
+        identity_headers=read_identity_headers(s),
     )
     if not cfg.cookie_name or not all(c.isalnum() or c in "_-" for c in cfg.cookie_name):
         s.fail("cookie_name", "letters, digits, _ and -", cfg.cookie_name)
@@ -108,3 +121,48 @@ def read_auth(s) -> AuthConfig | None:
         s.fail("session_ttl", "a duration above zero")
     s.check_unknown()
     return cfg
+
+
+def read_user(u) -> User:
+    """One [[auth.user]] (or users_file [[user]]) table."""
+    name, password, totp = u.str("name"), u.str("password"), u.str("totp")
+    if not name or any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        u.fail("name", "a user name without spaces", name)
+    if not password.startswith("$argon2"):
+        u.fail("password", "an argon2 hash (run `nestgate passwd`)")
+    problem = totp and secret_problem(totp)
+    if problem:
+        u.fail("totp", problem)                  # the secret itself is never shown
+    groups = u.strings("groups")
+    for group in groups:
+        if not group or any(c in group for c in " \t\r\n,"):
+            u.fail("groups", "group names without spaces or commas", group)
+    display_name, email = u.str("display_name"), u.str("email")
+    # They travel in request headers (Remote-Name, Remote-Email): one line of text.
+    for key, value in (("display_name", display_name), ("email", email)):
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+            u.fail(key, "one line of text without control characters", value)
+    if email and (email.count("@") != 1 or " " in email or not email.isascii()):
+        u.fail("email", "an address such as \"ann@example.com\"", email)
+    u.check_unknown()
+    return User(name, password, totp.upper().replace(" ", ""), tuple(dict.fromkeys(groups)),
+                display_name, email)
+
+
+def read_users_file(s, value: str) -> list[User]:
+    """The [[user]] tables of `users_file` (relative to the config's folder); its
+    problems are named with that file."""
+    path = (s.base / os.path.expanduser(value)).resolve()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        s.fail("users_file", f"a readable TOML file of [[user]] tables ({exc.strerror})", value)
+        return []
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        s.fail("users_file", f"a TOML file of [[user]] tables ({exc})", value)
+        return []
+    top = s.child(data, "")
+    top.file = str(path)
+    users = [read_user(u) for u in top.tables("user")]
+    top.check_unknown()
+    return users
