@@ -13,6 +13,13 @@ allow-list changes (its `version`).
 
 Order: deny wins; then the local exemption and dynamic allow entries admit without
 sign-in; then the allow list (when there is one) must hold the address.
+
+Then, on a protected site, who signed in: the route's (or site's) user policy
+(nestgate.auth.policy) is compiled with the route into `Gate.answers`, the handler
+each configured user gets: the route itself (a proxy route bound to the user's identity
+headers) or the page saying why not. A request costs one lookup on its session's user.
+A plain-HTTP request that needs sign-in, where the config has an HTTPS listener and
+Secure cookies, is sent there (308) instead of a sign-in form that could not work.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nestgate.clientip import LOCAL, Networks, parse_networks
-from nestgate.handlers import GATED, Service   # a handler's `is_async` when `admit` comes first
+from nestgate.handlers import GATED, Service, TellsIdentity
 from nestgate.routing import unguarded
 
 DENY, PASS, SIGN_IN = 0, 1, 2   # PASS: no sign-in needed; SIGN_IN: allowed, sign-in if protected
@@ -91,14 +98,18 @@ class Gate:
     """A route (or a site's 404) behind an access policy and/or sign-in."""
 
     is_async = GATED
-    __slots__ = ("inner", "policy", "auth", "dynamic", "errors", "upgrades")
+    __slots__ = ("inner", "policy", "auth", "answers", "dynamic", "errors", "to_https",
+                 "upgrades")
 
-    def __init__(self, inner, policy: Policy | None, auth, dynamic, errors) -> None:
+    def __init__(self, inner, policy: Policy | None, auth, dynamic, errors,
+                 answers: dict | None = None, to_https=None) -> None:
         self.inner = inner
         self.policy = policy
         self.auth = auth              # nestgate.auth.portal.SignIn, or None
+        self.answers = answers        # user name -> the handler that answers that user
         self.dynamic = dynamic
         self.errors = errors          # the site's ErrorPages: its 403
+        self.to_https = to_https      # the redirect of plain-HTTP requests, or None
         self.upgrades = getattr(inner, "upgrades", False)
 
     def admit(self, conn, headers):
@@ -117,9 +128,14 @@ class Gate:
             cache[self.policy] = (client, dynamic.version, verdict)
         if verdict == DENY:
             return self.errors.forbidden(client, headers)
-        if verdict == PASS or self.auth is None:
+        if verdict == PASS:
             return self.inner
-        return self.auth.admit(self.inner, headers, client)
+        if self.to_https is not None and conn.ctx.scheme == "http" and not conn.xff_trusted \
+                and not conn.ctx.proxy_protocol_from:
+            return self.to_https
+        if self.auth is None:
+            return self.inner
+        return self.auth.admit(self, headers, client)
 
     def decide(self, client: str) -> int:
         if self.policy is not None:
@@ -128,6 +144,19 @@ class Gate:
         if self.dynamic.networks and client in self.dynamic.networks:
             return PASS
         return SIGN_IN
+
+
+class Forbidden:
+    """`policy = "deny"`: the site's 403 for everyone the network rules let this far."""
+
+    is_async = GATED
+    __slots__ = ("errors",)
+
+    def __init__(self, errors) -> None:
+        self.errors = errors
+
+    def admit(self, conn, headers):
+        return self.errors.forbidden(conn.client, headers)
 
 
 def needs_gateway(config) -> bool:
@@ -153,6 +182,7 @@ class Gateway(Service):
                 from nestgate.auth.portal import SignIn
                 self.signin = SignIn(config.auth, self.state)
         self._policies: dict[int, Policy] = {}
+        self.to_https = https_redirect(config)
         if self.state is not None:
             from nestgate.auth.store import POLL_INTERVAL
             self.tick_every = POLL_INTERVAL     # the store's allow-list poll
@@ -176,25 +206,60 @@ class Gateway(Service):
             policy = self._policies[id(cfg)] = Policy(cfg)
         return policy
 
-    def gate(self, handler, access: AccessConfig | None, protected: bool, errors):
+    def gate(self, handler, access: AccessConfig | None, protected: bool, errors,
+             policy=None):
+        """`handler` behind the network rules of `access` and, on a protected site, the
+        sign-in and user `policy` (nestgate.auth.policy.UserPolicy; None: the default)."""
+        from nestgate.auth.policy import DEFAULT_POLICY
+        policy = policy or DEFAULT_POLICY
+        if protected and policy.policy == "deny":
+            handler, protected = Forbidden(errors), False
+        elif protected and policy.policy == "bypass":
+            return self.gate(handler, access, False, errors)
         if access is None and not protected:
             return handler
+        answers = self.answers(handler, policy) if protected else None
         return Gate(handler, self._policy(access), self.signin if protected else None,
-                    self.dynamic, errors)
+                    self.dynamic, errors, answers, self.to_https if protected else None)
+
+    def answers(self, handler, policy) -> dict:
+        """The handler each configured user gets at a route under `policy`: the route
+        (told who the user is, where it forwards) or the page saying why not."""
+        from nestgate.auth.identity import identity_lines
+        from nestgate.auth.policy import ALLOWED, verdicts
+        auth = self.config.auth
+        out = {}
+        for user, verdict in verdicts(policy, auth.users).items():
+            if verdict != ALLOWED:
+                out[user] = self.signin.refusal(user, verdict)
+                continue
+            lines = identity_lines(auth.identity_headers, auth.user(user))
+            out[user] = handler.with_identity(lines) \
+                if lines and isinstance(handler, TellsIdentity) else handler
+        return out
 
     def site_guard(self, site_config, errors):
         """The guard a site's `SiteRoutes` applies to every handler it is given: the
-        route's own access list or else the site's, and the site's sign-in unless the
-        route is the sign-in portal itself."""
+        route's own access list or else the site's, the route's own user policy or else
+        the site's, and the site's sign-in unless the route is the sign-in portal."""
         site_access, protected = site_config.access, site_config.protected
         if site_access is None and not protected and not any(r.access for r in site_config.routes):
             return unguarded
 
-        def guard(handler, access=None, sign_in=True, limit=None, label=""):
+        def guard(handler, access=None, sign_in=True, limit=None, label="", policy=None):
             if isinstance(handler, Gate):
                 raise ValueError("a handler is guarded once, by its site")
-            return self.gate(handler, access or site_access, protected and sign_in, errors)
+            if protected and not sign_in:       # the portal: only the HTTPS redirect
+                return self.portal_gate(handler, access or site_access, errors)
+            return self.gate(handler, access or site_access, protected and sign_in, errors,
+                             policy or site_config.policy)
         return guard
+
+    def portal_gate(self, handler, access, errors):
+        if self.to_https is None:
+            return self.gate(handler, access, False, errors)
+        return Gate(handler, self._policy(access), None, self.dynamic, errors, None,
+                    self.to_https)
 
     def add_portal(self, site, site_config) -> None:
         """The sign-in and sign-out pages of a protected site, behind its access list."""
@@ -202,3 +267,14 @@ class Gateway(Service):
             from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH
             site.add_exact(LOGIN_PATH, self.signin.login, "auth-login", sign_in=False)
             site.add_exact(LOGOUT_PATH, self.signin.logout, "auth-logout", sign_in=False)
+
+
+def https_redirect(config):
+    """Where plain-HTTP requests to a protected site go: the first HTTPS listener, when
+    sign-in needs one (Secure cookies); None when there is none."""
+    auth = config.auth
+    listener = next((l for l in config.listeners if l.tls), None)
+    if auth is None or not auth.cookie_secure or listener is None or listener.port == 0:
+        return None                 # (port 0: the kernel's choice, not known here)
+    from nestgate.handlers.redirect import HttpsRedirect
+    return HttpsRedirect(listener.port)

@@ -25,6 +25,7 @@ from nestgate.access import _cidr_list, read_access
 from nestgate.ratelimit import read_rate_limit
 from nestgate.admin.config import AdminConfig, read_admin
 from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH, read_auth
+from nestgate.auth.policy import read_policy
 from nestgate.routetypes import ROUTE_TYPES
 from nestgate.private import open_to_others
 
@@ -114,6 +115,7 @@ class Route:
     options: Any = None                     # the type's options (nestgate.routetypes)
     access: Any = None                      # nestgate.access.AccessConfig, replaces the site's
     rate_limit: Any = None                  # nestgate.ratelimit.RateLimit, replaces the site's
+    policy: Any = None                      # nestgate.auth.policy.UserPolicy, replaces the site's
 
     @property
     def label(self) -> str:
@@ -185,6 +187,7 @@ class Site:
     health: bool = True
     access: Any = None                      # nestgate.access.AccessConfig
     protected: bool = False                 # sign-in before forwarding ([auth])
+    policy: Any = None                      # nestgate.auth.policy.UserPolicy: who may enter
     rate_limit: Any = None                  # nestgate.ratelimit.RateLimit
     security: Security = Security()
     home: Home | None = None
@@ -601,8 +604,9 @@ def _read_route(s: _Section) -> Route | None:
     options = ROUTE_TYPES[kind].read(s)
     access = read_access(s)
     rate_limit = read_rate_limit(s)
+    policy = read_policy(s)
     s.check_unknown()
-    return Route(kind, path, prefix, options, access, rate_limit)
+    return Route(kind, path, prefix, options, access, rate_limit, policy)
 
 
 def _proxies_root(routes) -> bool:
@@ -632,8 +636,15 @@ def _read_site(s: _Section, index: int) -> Site:
                 templates=s.directory("templates"),
                 base_url=s.str("base_url").rstrip("/"),
                 access=read_access(s), protected=s.bool("protected", False),
-                rate_limit=read_rate_limit(s),
+                rate_limit=read_rate_limit(s), policy=read_policy(s),
                 error_pages=_read_error_pages(s.table("error_pages")))
+    if not site.protected:
+        where = [("", site.policy)] + [(f"route[{i}].", r.policy)
+                                       for i, r in enumerate(site.routes)]
+        for prefix, policy in where:
+            if policy is not None:
+                s.fail(prefix + "policy", "protected = true on the site (a policy says who "
+                       "of the signed-in users may enter)")
     if site.base_url and not site.base_url.startswith(("http://", "https://")):
         s.fail("base_url", "an absolute http(s) address", site.base_url)
     s.check_unknown()
@@ -978,6 +989,8 @@ def config_warnings(config: Config) -> list[str]:
     out += _store_open_to_others(config)
     for i, site in enumerate(config.sites):
         out += _plain_sign_in(config, i, site)
+        out += _policy_names(config, i, site)
+        out += _entered_without_sign_in(config, i, site)
         if site.notes and not site.base_url:
             out.append(f"{config.source}: site[{i}].base_url: the Atom feed at "
                        f"{site.notes.path}/feed.xml needs it for absolute links (feed "
@@ -1029,6 +1042,50 @@ def _plain_sign_in(config: Config, index: int, site: Site) -> list[str]:
             "session cookie there (auth.cookie_secure = true) and sign-in fails; add an "
             "HTTPS listener (with a redirect_https one on port 80), or sign in through a "
             "*.localhost name on this machine only"]
+
+
+def _policy_names(config: Config, index: int, site: Site) -> list[str]:
+    if config.auth is None:
+        return []
+    from nestgate.auth.policy import policy_warnings
+    where = [(f"{config.source}: site[{index}]", site.policy)] + [
+        (f"{config.source}: site[{index}].route[{j}]", r.policy)
+        for j, r in enumerate(site.routes)]
+    return [w for key, policy in where if policy is not None
+            for w in policy_warnings(key, policy, config.auth.users)]
+
+
+def _entered_without_sign_in(config: Config, index: int, site: Site) -> list[str]:
+    """Where a protected site lets someone in without signing in: clients on local
+    networks (exempt_local), and the dynamic allow-list (`nestgate allow` entries, and
+    every address a user signed in from when ip_grant is on), which also skip the
+    users and groups a policy names."""
+    if not site.protected or config.auth is None:
+        return []
+    out = []
+    where = [("", site.access, site.policy)] + [
+        (f".route[{j}]", r.access, r.policy or site.policy)
+        for j, r in enumerate(site.routes) if r.access is not None]
+    for suffix, access, policy in where:
+        key = f"{config.source}: site[{index}]{suffix} ({site.name})"
+        if access is not None and access.exempt_local:
+            out.append(f"{key}: protected, but exempt_local = true lets every client on a "
+                       "local network (loopback, private, link-local, CGNAT addresses) in "
+                       "without signing in")
+        if access is not None and not access.allow_dynamic:
+            continue
+        if config.auth.ip_grant > 0:
+            out.append(f"{key}: protected, but [auth] ip_grant lets the address of anyone "
+                       f"who signs in (to any site) in without signing in for "
+                       f"{config.auth.ip_grant:g} s, whoever else uses it; set "
+                       "allow_dynamic = false here to refuse it")
+        if policy is not None and (policy.allow_users or policy.allow_groups
+                                   or policy.policy == "two_factor"):
+            out.append(f"{key}: protected with a user policy, but entries of the dynamic "
+                       "allow-list (`nestgate allow`, ip_grant) enter without signing in, "
+                       "so the policy is not asked; set allow_dynamic = false here to "
+                       "refuse them")
+    return out
 
 
 def with_overrides(config: Config, listen: list[str] | None = None,

@@ -334,8 +334,8 @@ def limiting(guard, site_config, errors, signin=None, sync=None):
     table = shared_limits().rates
     site = site_config.name
 
-    def limited_guard(handler, access=None, sign_in=True, limit=None, label=""):
-        handler = guard(handler, access, sign_in, limit, label)
+    def limited_guard(handler, access=None, sign_in=True, limit=None, label="", policy=None):
+        handler = guard(handler, access, sign_in, limit, label, policy)
         if limit is not None:
             identity = f"route:{site}:{label}"          # its own bucket per client
         elif site_limit is not None:

@@ -113,9 +113,11 @@ def _build_static(route, site_config, config):
 
 
 def _build_proxy(route, site_config, config):
+    from nestgate.auth.identity import claimed_names
     from nestgate.proxy.handler import ProxyHandler
     session_cookie = config.auth.cookie_name if config.auth is not None else ""
-    return ProxyHandler(route, route.options, session_cookie, private=site_config.protected)
+    return ProxyHandler(route, route.options, session_cookie, private=site_config.protected,
+                        claimed=claimed_names(config))
 
 
 ROUTE_TYPES: dict[str, RouteType] = {

@@ -75,10 +75,12 @@ class Route:
         self.tally = tally
 
 
-def unguarded(handler, access=None, sign_in: bool = True, limit=None, label: str = ""):
+def unguarded(handler, access=None, sign_in: bool = True, limit=None, label: str = "",
+              policy=None):
     """The guard of a site without access control or limits: every handler as it is.
     A guard is called with the route's own access list and rate limit (each None:
-    the site's), whether sign-in applies, and the route's label."""
+    the site's), whether sign-in applies, the route's label and its own user policy
+    (None: the site's)."""
     return handler
 
 
@@ -123,16 +125,17 @@ class SiteRoutes:
         self.found: dict[bytes, Route] = {}
 
     def add_exact(self, path: str, handler, label: str | None = None, *,
-                  access=None, sign_in: bool = True, limit=None) -> None:
-        """An exact path, or a pattern with `{name}` segments. `access` and `limit`
-        replace the site's list and rate limit for this route; `sign_in=False` leaves
-        sign-in out (the portal). RouteTaken when the site has a route on that path."""
+                  access=None, sign_in: bool = True, limit=None, policy=None) -> None:
+        """An exact path, or a pattern with `{name}` segments. `access`, `limit` and
+        `policy` replace the site's list, rate limit and user policy for this route;
+        `sign_in=False` leaves sign-in out (the portal). RouteTaken when the site has a
+        route on that path."""
         shape = path_shape(path)
         held = self.owners.get(shape)
         if held is not None:
             raise RouteTaken(self.name, path, label or path, held[1])
         owner = handler
-        handler = self.guard(handler, access, sign_in, limit, label or path)
+        handler = self.guard(handler, access, sign_in, limit, label or path, policy)
         self.owners[shape] = (owner, label or path)
         self.found.clear()
         if "{" in path:
@@ -146,9 +149,9 @@ class SiteRoutes:
             self.exact_raw[path.encode()] = route
 
     def add_prefix(self, prefix: str, handler, label: str | None = None, *,
-                   access=None, sign_in: bool = True, limit=None) -> None:
+                   access=None, sign_in: bool = True, limit=None, policy=None) -> None:
         label = label or prefix + "*"
-        handler = self.guard(handler, access, sign_in, limit, label)
+        handler = self.guard(handler, access, sign_in, limit, label, policy)
         self.found.clear()
         self.prefixes.append((prefix, handler, label, TALLY.route(self.name, label)))
         self.prefixes.sort(key=lambda entry: len(entry[0]), reverse=True)

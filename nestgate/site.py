@@ -102,10 +102,10 @@ def build_router(config) -> Router:
                 services.append(handler)
             if route.path:
                 site.add_exact(route.path, handler, route.label, access=route.access,
-                               limit=route.rate_limit)
+                               limit=route.rate_limit, policy=route.policy)
             else:
                 site.add_prefix(route.prefix, handler, route.label, access=route.access,
-                                limit=route.rate_limit)
+                                limit=route.rate_limit, policy=route.policy)
         if site_config.home or site_config.notes:
             add_site_pages(site, site_config, config, errors[404].page, broadcast)
         if gateway:

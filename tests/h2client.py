@@ -1,4 +1,5 @@
-"""A small blocking HTTP/2 client for tests, on the h2 library over a TLS socket."""
+"""A small blocking HTTP/2 client for tests, on the h2 library over a TLS socket (or, with
+no `cafile`, in clear with prior knowledge: h2c)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,19 @@ import h2.events
 
 
 class H2Client:
-    def __init__(self, port: int, cafile: str, server_hostname: str = "localhost",
+    def __init__(self, port: int, cafile: str | None, server_hostname: str = "localhost",
                  preamble: bytes = b"") -> None:
-        ctx = ssl.create_default_context(cafile=cafile)
-        ctx.set_alpn_protocols(["h2"])
         raw = socket.create_connection(("127.0.0.1", port), timeout=10)
         raw.sendall(preamble)               # a PROXY header, sent in clear before TLS
-        self.sock = ctx.wrap_socket(raw, server_hostname=server_hostname)
+        self.scheme = b"https" if cafile else b"http"
+        if cafile is None:
+            self.sock = raw
+        else:
+            ctx = ssl.create_default_context(cafile=cafile)
+            ctx.set_alpn_protocols(["h2"])
+            self.sock = ctx.wrap_socket(raw, server_hostname=server_hostname)
+            assert self.sock.selected_alpn_protocol() == "h2"
         self.sent = self.received = 0       # HTTP/2 bytes, inside TLS
-        assert self.sock.selected_alpn_protocol() == "h2"
         self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(
             client_side=True, header_encoding=None))
         self.h2.initiate_connection()
@@ -31,7 +36,7 @@ class H2Client:
         """(status, headers dict, body) for one request on a new stream."""
         stream = self.h2.get_next_available_stream_id()
         self.h2.send_headers(stream, [(b":method", method.encode()), (b":path", path.encode()),
-                                      (b":scheme", b"https"),
+                                      (b":scheme", self.scheme),
                                       (b":authority", authority or self.authority),
                                       *headers], end_stream=not body)
         if body:

@@ -65,6 +65,15 @@ def test_totp_rfc6238_vectors():
 ROUTE = Prebuilt(200, b"ok")
 
 
+class _Gate:
+    """What SignIn.admit reads of a route's gate: the handler each user gets."""
+    answers = {"ann": ROUTE}
+    upgrades = False
+
+
+GATE = _Gate()
+
+
 class _SessionStore:
     """A SharedState stand-in that answers session checks and counts them."""
 
@@ -92,12 +101,12 @@ def test_a_session_in_use_is_checked_again_before_its_check_runs_out():
     async def scenario():
         store = _SessionStore(("ann", time.time() + 3600))
         signin, headers = _checked_ago(store, 0.5)
-        assert signin.admit(ROUTE, headers, "192.0.2.7") is ROUTE
+        assert signin.admit(GATE, headers, "192.0.2.7") is ROUTE
         await asyncio.sleep(0.01)
         assert store.asked == 0                     # checked recently enough
         signin, headers = _checked_ago(store, REFRESH_AFTER + 0.05)
         for _ in range(3):                          # nobody waits; one question at a time
-            assert signin.admit(ROUTE, headers, "192.0.2.7") is ROUTE
+            assert signin.admit(GATE, headers, "192.0.2.7") is ROUTE
         await asyncio.sleep(0.01)
         assert store.asked == 1
         (_user, _expires, checked), = signin._sessions.values()
@@ -108,9 +117,9 @@ def test_a_session_in_use_is_checked_again_before_its_check_runs_out():
 def test_a_session_ended_elsewhere_is_refused_after_the_check_ahead():
     async def scenario():
         signin, headers = _checked_ago(_SessionStore(None), REFRESH_AFTER + 0.05)
-        assert signin.admit(ROUTE, headers, "192.0.2.7") is ROUTE
+        assert signin.admit(GATE, headers, "192.0.2.7") is ROUTE
         await asyncio.sleep(0.01)
-        assert isinstance(signin.admit(ROUTE, headers, "192.0.2.7"), SessionCheck)
+        assert isinstance(signin.admit(GATE, headers, "192.0.2.7"), SessionCheck)
     asyncio.run(scenario())
 
 
@@ -118,10 +127,10 @@ def test_a_check_ahead_that_finds_the_store_down_changes_nothing(caplog):
     async def scenario():
         store = _SessionStore(StoreUnavailable("down"))
         signin, headers = _checked_ago(store, REFRESH_AFTER + 0.05)
-        assert signin.admit(ROUTE, headers, "192.0.2.7") is ROUTE
+        assert signin.admit(GATE, headers, "192.0.2.7") is ROUTE
         await asyncio.sleep(0.01)
         assert store.asked == 1 and not signin._asking
-        assert signin.admit(ROUTE, headers, "192.0.2.7") is ROUTE   # until RECHECK ends
+        assert signin.admit(GATE, headers, "192.0.2.7") is ROUTE   # until RECHECK ends
     asyncio.run(scenario())
     assert "never retrieved" not in caplog.text
 

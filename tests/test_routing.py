@@ -63,7 +63,7 @@ def test_bad_paths_are_refused_every_time(site):
 
 
 def test_every_handler_a_guarded_site_is_given_goes_through_its_guard():
-    def guard(handler, access=None, sign_in=True, limit=None, label=""):
+    def guard(handler, access=None, sign_in=True, limit=None, label="", policy=None):
         return ("guarded", handler, access, sign_in, limit, label)
     table = SiteRoutes("private", "not-found", guard)
     table.add_exact("/a", "a")

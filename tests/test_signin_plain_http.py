@@ -43,8 +43,9 @@ def secure_cookie_dropped(port: int):
 def test_the_login_page_says_why_the_cookie_did_not_come_back(start_server):
     port = start_server(SITE.format(secure="true", hash=HASH)).port()
     resp, body = secure_cookie_dropped(port)
-    assert resp.status == 403
-    assert b"sign-in needs HTTPS here" in body and b"cookie_secure" in body
+    assert resp.status == 403 and resp.getheader("content-type").startswith("text/html")
+    assert b"Sign-in needs HTTPS here" in body and b"cookie_secure" in body
+    assert b'<a href="https://private.test/__auth__/login">' in body   # the styled page
 
 
 def test_without_secure_cookies_the_usual_refusal_stays(start_server):

@@ -1,11 +1,17 @@
 """The sign-in portal: /__auth__/login and /__auth__/logout, and the session check.
 
-A protected route's `Gate` asks `SignIn.admit` for the handler that answers: the
-route's own when the session cookie is known good (the worker remembers a checked
+A protected route's `Gate` asks `SignIn.admit` for the handler that answers: the one
+its compiled policy gives the session's user (`Gate.answers`: the route, or a
+`Refusal` page) when the session cookie is known good (the worker remembers a checked
 session for `RECHECK` seconds, so a sign-out anywhere is seen within that, and asks
 the store again in the background before then while the session is in use), a
 `SessionCheck` that asks the store first, or the challenge (the sign-in page for
-browsers, 401 for API clients, told apart by Accept).
+browsers, 401 for API clients, told apart by Accept). A session whose user is no
+longer configured (gone from the users file at a reload) is no session.
+
+A signed-in user the policy refuses gets a 403 page that names the user and says why,
+with "sign in as someone else": the sign-out form, going on to the sign-in page and
+back to the refused address. No redirect, so no loop.
 
 CSRF: both forms (sign in, sign out) carry HMAC(store secret, nonce) and the nonce
 travels in a cookie only this site can set; an Origin header, when sent, must name
@@ -43,10 +49,11 @@ from urllib.parse import parse_qs, quote
 from nestgate.auth import totp
 from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH
 from nestgate.auth.passwords import verify_password
+from nestgate.auth.policy import NO_SECOND_FACTOR, NOT_ALLOWED
 from nestgate.auth.store import token_hash
 from nestgate.clock import CLOCK
 from nestgate.dispatch import resolve
-from nestgate.routing import host_name
+from nestgate.routing import host_name, plain_host_name
 from nestgate.tally import TALLY
 
 RECHECK = 1.0                  # seconds a checked session is trusted without the store
@@ -118,18 +125,31 @@ class SignIn:
         self._marker = cfg.cookie_name.encode() + b"="
         self._asking: dict[bytes, asyncio.Future] = {}   # hash -> the store check under way
         self._with_code = any(u.totp for u in cfg.users)
+        self._refusals: dict[tuple[str, str], Refusal] = {}
         self.challenge = Challenge(self)
         self.login = LoginPage(self)
         self.logout = Logout(self)
 
     # ------------------------------------------------------ the gate's question
-    def admit(self, inner, headers, client: str):
+    def admit(self, gate, headers, client: str):
+        """The handler for a request to `gate`'s route, which answers each user with
+        `gate.answers` (user name -> handler, compiled with the route's policy)."""
         hashed = self._session_hash(headers)
         if not hashed:
             return self.challenge
-        if self._recently_checked(hashed):
-            return inner
-        return SessionCheck(self, inner, hashed)
+        user = self._checked_user(hashed)
+        if user is None:
+            return SessionCheck(self, gate, hashed)
+        return gate.answers.get(user) or self.challenge
+
+    def refusal(self, user: str, reason: str) -> Refusal:
+        """The page a signed-in `user` gets where a policy refuses them for `reason`
+        (one per user and reason, shared by the routes)."""
+        key = (user, reason)
+        page = self._refusals.get(key)
+        if page is None:
+            page = self._refusals[key] = Refusal(self, user, reason)
+        return page
 
     def _session_hash(self, headers) -> bytes:
         """The hash of the request's session token; b"" when it has none."""
@@ -156,18 +176,19 @@ class SignIn:
         hit = self._sessions.get(hashed) if hashed else None
         return hit[0] if hit is not None and hit[1] > CLOCK.wall else None
 
-    def _recently_checked(self, hashed: bytes) -> bool:
-        """The store said the session was live less than RECHECK ago. Once that was
-        REFRESH_AFTER ago, the store is asked again without anyone waiting."""
+    def _checked_user(self, hashed: bytes) -> str | None:
+        """The session's user when the store said the session was live less than
+        RECHECK ago, else None. Once that was REFRESH_AFTER ago, the store is asked
+        again without anyone waiting."""
         hit = self._sessions.get(hashed)
         if hit is None or hit[1] <= CLOCK.wall:
-            return False
+            return None
         # The precise clock, not the worker's ticking one (which may be a second behind):
         # RECHECK is how long a sign-out or a store outage can go unnoticed.
         age = time.monotonic() - hit[2]
         if REFRESH_AFTER <= age < RECHECK and hashed not in self._asking:
             self._asking_store(hashed)
-        return age < RECHECK
+        return hit[0] if age < RECHECK else None
 
     async def cookie_user(self, request) -> str | None:
         """The user whose live session the request's cookie carries, if any."""
@@ -248,9 +269,20 @@ class SignIn:
 
     # ------------------------------------------------------ the pages
     async def page(self, request, status: int, next_url: str, message: str = "") -> None:
-        """The sign-in form."""
-        fields = _login_fields(next_url, message, self._with_code)
+        """The sign-in form, naming the site being entered (the Host asked for)."""
+        fields = _entering(request) + _login_fields(next_url, message, self._with_code)
         await self._form_page(request, status, LOGIN_PATH, self.cfg.title, fields, "Sign in")
+
+    async def refusal_page(self, request, user: str, reason: str) -> None:
+        """403: who is signed in, why they may not enter, and the sign-out form that
+        goes on to the sign-in page and back here."""
+        site = _site_name(request)
+        fields = (f"<p>You are signed in as <b>{html.escape(user)}</b>. "
+                  + _REASONS[reason].format(site=html.escape(site)) + "</p>"
+                  + f'<input type="hidden" name="next" value="'
+                  f'{html.escape(safe_next(request.raw_target.decode("latin-1")))}">')
+        await self._form_page(request, 403, LOGOUT_PATH, "No entry", fields,
+                              "Sign in as someone else")
 
     async def logout_page(self, request) -> None:
         """A button that signs out: following a link changes nothing."""
@@ -281,22 +313,48 @@ class SignIn:
 
 
 class SessionCheck:
-    """The store decides; then the route answers, or the challenge does."""
+    """The store decides; then what the route gives the session's user answers, or
+    the challenge does."""
 
     is_async = True
-    __slots__ = ("signin", "inner", "hashed", "upgrades")
+    __slots__ = ("signin", "answers", "hashed", "upgrades")
 
-    def __init__(self, signin: SignIn, inner, hashed: bytes) -> None:
+    def __init__(self, signin: SignIn, gate, hashed: bytes) -> None:
         self.signin = signin
-        self.inner = inner
+        self.answers = gate.answers
         self.hashed = hashed
-        self.upgrades = getattr(inner, "upgrades", False)
+        self.upgrades = gate.upgrades
 
     async def handle(self, request) -> None:
-        if await self.signin.session_user(self.hashed) is not None:
-            await answer_with(self.inner, request)
+        user = await self.signin.session_user(self.hashed)
+        handler = self.answers.get(user) if user is not None else None
+        if handler is not None:
+            await answer_with(handler, request)
         else:
             await self.signin.challenge.handle(request)
+
+
+class Refusal:
+    """A signed-in user the route's policy refuses: the 403 page for browsers, JSON
+    for API clients (the same status: signing in again as them changes nothing)."""
+
+    is_async = True
+    __slots__ = ("signin", "user", "reason", "upgrades")
+
+    def __init__(self, signin: SignIn, user: str, reason: str) -> None:
+        self.signin = signin
+        self.user = user
+        self.reason = reason
+        self.upgrades = False
+
+    async def handle(self, request) -> None:
+        if b"text/html" in (request.header(b"accept") or b""):
+            await self.signin.refusal_page(request, self.user, self.reason)
+            return
+        body = json.dumps({"error": "forbidden", "reason": self.reason,
+                           "user": self.user, "logout": LOGOUT_PATH}).encode()
+        await request.send(403, [(b"content-type", b"application/json"),
+                                 (b"cache-control", b"no-store")], body)
 
 
 class Challenge:
@@ -339,8 +397,7 @@ class _FormPath:
             await request.send(413, [], b"form too large\n")
             return
         if not await self.signin.csrf_ok(request, form):
-            await request.send(403, [(b"content-type", b"text/plain")],
-                               _refusal(self.signin.cfg, request))
+            await _refuse_form(self.signin.cfg, request)
             return
         await self.submit(request, form)
 
@@ -416,7 +473,8 @@ class LoginPage(_FormPath):
 
 class Logout(_FormPath):
     """GET: a sign-out button. POST with the form's CSRF token: the session ends for
-    every worker, and the visitor goes to the sign-in page."""
+    every worker, and the visitor goes to the sign-in page (which goes on to the
+    form's `next`, a path on this Host, when it has one: "sign in as someone else")."""
 
     async def show(self, request) -> None:
         await self.signin.logout_page(request)
@@ -428,23 +486,49 @@ class Logout(_FormPath):
             hashed = token_hash(token)
             signin._sessions.pop(hashed, None)
             await signin.state.run("delete_session", hashed)
-        await signin.leave(request, LOGIN_PATH, "", 0)
+        next_url = form.get("next")
+        await signin.leave(request, login_url(safe_next(next_url)) if next_url else LOGIN_PATH,
+                           "", 0)
 
 
 _SECURE_OVER_HTTP = (
-    b"sign-in needs HTTPS here: your browser did not send back this form's cookie, "
-    b"because the server marks its cookies Secure ([auth] cookie_secure = true) and this "
-    b"page came over plain http://. Open the site with https:// (or, on this machine "
-    b"only, through a *.localhost name).\n")
+    "<p>Sign-in needs HTTPS here: your browser did not send back this form's cookie, "
+    "because the server marks its cookies Secure (<code>[auth] cookie_secure = true</code>) "
+    "and this page came over plain http://.</p>"
+    '<p><a href="{url}">Open it with https://</a> (or, on this machine only, through a '
+    "*.localhost name).</p>")
 
 
-def _refusal(cfg, request) -> bytes:
+async def _refuse_form(cfg, request) -> None:
     """Why a form failed its CSRF check. Without the nonce cookie over plain HTTP, the
-    likely reason is the Secure flag: browsers drop such cookies there, silently."""
+    likely reason is the Secure flag: browsers drop such cookies there, silently, and
+    the page says so, with the https:// address of the same page."""
     if cfg.cookie_secure and request.scheme == "http" \
             and CSRF_COOKIE not in cookies(request.headers):
-        return _SECURE_OVER_HTTP
-    return b"the form expired or came from another site; reload it\n"
+        url = f"https://{_site_name(request)}{LOGIN_PATH}"
+        body = _page_html(cfg.title, "<main><h1>Sign-in needs HTTPS</h1>"
+                          + _SECURE_OVER_HTTP.format(url=html.escape(url)) + "</main>")
+        await request.send(403, _PAGE_HEADERS, body)
+        return
+    await request.send(403, [(b"content-type", b"text/plain")],
+                       b"the form expired or came from another site; reload it\n")
+
+
+def _site_name(request) -> str:
+    """The site being entered, as the browser names it (the Host, checked)."""
+    host = plain_host_name(request.host)
+    return host.decode("ascii") if host else "this site"
+
+
+def _entering(request) -> str:
+    return f'<p class="to">to <b>{html.escape(_site_name(request))}</b></p>'
+
+
+_REASONS = {
+    NOT_ALLOWED: "This account may not enter <b>{site}</b>.",
+    NO_SECOND_FACTOR: "<b>{site}</b> needs a second factor (a one-time code) and this "
+                      "account has none: ask whoever runs this server to add one.",
+}
 
 
 async def _read_form(request) -> dict[str, str] | None:
@@ -480,16 +564,22 @@ def _render_page(title: str, heading: str, action: str, csrf: str, fields: str,
                  button: str) -> bytes:
     """A page holding one form; `fields` is HTML, already escaped."""
     esc = html.escape
+    return _page_html(title, f"""<form method="post" action="{action}"><h1>{esc(heading)}</h1>
+<input type="hidden" name="csrf" value="{esc(csrf)}">
+{fields}<button type="submit">{esc(button)}</button></form>""")
+
+
+def _page_html(title: str, card: str) -> bytes:
+    """The portal's pages: one card (`card`, HTML already escaped) in the middle."""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
-<title>{esc(title)}</title>
+<title>{html.escape(title)}</title>
 <style>body{{font:16px system-ui,sans-serif;display:grid;place-items:center;min-height:90vh;
-background:#f4f4f5;margin:0}}form{{background:#fff;padding:2em;border-radius:8px;
-box-shadow:0 1px 4px #0002;display:grid;gap:1em;min-width:18em}}label{{display:grid;gap:.3em}}
+background:#f4f4f5;margin:0}}form,main{{background:#fff;padding:2em;border-radius:8px;
+box-shadow:0 1px 4px #0002;display:grid;gap:1em;min-width:18em;max-width:30em}}
+label{{display:grid;gap:.3em}}h1{{margin:0}}.to{{margin:0;color:#555}}
 input{{font:inherit;padding:.4em}}button{{font:inherit;padding:.5em}}.err{{color:#b00020}}</style>
-</head><body><form method="post" action="{action}"><h1>{esc(heading)}</h1>
-<input type="hidden" name="csrf" value="{esc(csrf)}">
-{fields}<button type="submit">{esc(button)}</button></form></body></html>
+</head><body>{card}</body></html>
 """.encode()
 
 

@@ -35,6 +35,18 @@ class Service:
         """The worker's tick (`now` is the clock's monotonic reading)."""
 
 
+class TellsIdentity:
+    """A handler that tells what it forwards to who signed in (the proxy). The gate of a
+    protected route asks it once per user, at load, for the handler that answers that
+    user: `with_identity(lines)`, where `lines` are the user's identity header lines
+    (nestgate.auth.identity), ready to go into a request head."""
+
+    __slots__ = ()
+
+    def with_identity(self, lines: bytes):
+        raise NotImplementedError
+
+
 class Periodic:
     """Waiting work started from ticks: one run at a time, each `every` seconds after
     the last one ended (the first at the first tick)."""

@@ -3,6 +3,9 @@
 The request head is built from the headers as parsed (no re-parsing, no dicts):
 hop-by-hop headers are dropped, X-Forwarded-* set (a client's own Forwarded and
 X-Real-IP dropped with them unless it is a trusted proxy), the Host kept or replaced.
+A client's identity headers (Remote-User and the rest, under every name the config
+gives them) are always dropped; on a protected site the signed-in user's own are
+added (`Identified`: the route as one user reaches it).
 The body's framing is always nestgate's own, written from the body it forwards (the
 length the adapter holds the body to, `Body.length`), never from a client's field,
 and a Connection header that would make a field the proxy relies on hop-by-hop is
@@ -21,7 +24,7 @@ import ssl
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError
 from nestgate.grammar import TCHAR
-from nestgate.handlers import Service
+from nestgate.handlers import Service, TellsIdentity
 from nestgate.proxy.balancer import Balancer
 from nestgate.proxy.upstream import PLAIN_CONNECTION, Exchange, Target, give_back
 from nestgate.tally import TALLY
@@ -65,10 +68,11 @@ def client_ssl_context(opts) -> ssl.SSLContext:
     return ctx
 
 
-class ProxyHandler(Service):
+class ProxyHandler(Service, TellsIdentity):
     is_async = True
 
-    def __init__(self, route, opts, session_cookie: str = "", private: bool = False) -> None:
+    def __init__(self, route, opts, session_cookie: str = "", private: bool = False,
+                 claimed: frozenset[bytes] = frozenset()) -> None:
         self.opts = opts
         # nestgate's own sign-in cookie is never the upstream's business: an app (or
         # whoever compromises it) could replay it. Cookie lines lose it, keep the rest.
@@ -91,6 +95,7 @@ class ProxyHandler(Service):
         drop = set(HOP_BY_HOP)
         drop.add(b"host")                       # written first, kept or the target's
         drop.add(b"content-length")             # written last, from the parsed length
+        drop |= claimed                         # identity headers: only ever nestgate's
         if opts.forwarded:
             drop |= FORWARDED | CLIENT_CLAIMS
         if self.session_cookie:
@@ -140,8 +145,11 @@ class ProxyHandler(Service):
                 target.close_idle(now - opts.idle_timeout)
         self.balancer.tick(now)
 
+    def with_identity(self, lines: bytes) -> Identified:
+        return Identified(self, lines)
+
     # ------------------------------------------------------ requests
-    def begin(self, req) -> bool:
+    def begin(self, req, identity: bytes = b"") -> bool:
         """The common case without a coroutine: no body, no upgrade, an idle kept-alive
         connection ready. The exchange answers from its callbacks and `settled` tells
         the engine. Anything else (False) goes through `handle` in a task."""
@@ -164,7 +172,7 @@ class ProxyHandler(Service):
         else:
             conn.reused = True
         try:
-            head = self._head(req, target)
+            head = self._head(req, target, identity)
         except HandlerError:
             target.idle.append(conn)            # unused; `handle` answers the refusal
             return False
@@ -218,7 +226,7 @@ class ProxyHandler(Service):
         ex.conn.exchange = None
         ex.conn.close()
 
-    async def handle(self, req) -> None:
+    async def handle(self, req, identity: bytes = b"") -> None:
         if not self.running:
             self.start()
         opts = self.opts
@@ -235,7 +243,7 @@ class ProxyHandler(Service):
                 break
             if excluded:
                 target.retries += 1             # another target failed this request first
-            head = self._head(req, target)      # a refused request never costs a connection
+            head = self._head(req, target, identity)   # a refused request costs no connection
             conn = target.idle_connection()
             if conn is None:
                 attempts -= 1
@@ -264,9 +272,10 @@ class ProxyHandler(Service):
                 stale_retry = False
         raise HandlerError(status)
 
-    def _head(self, req, target) -> bytes:
+    def _head(self, req, target, identity: bytes = b"") -> bytes:
         """The request head for `target`: the headers as parsed, less the dropped ones,
-        then X-Forwarded-* and the framing (and upgrade) lines nestgate writes itself.
+        then the user's `identity` lines, X-Forwarded-* and the framing (and upgrade)
+        lines nestgate writes itself.
         HandlerError(400) for a Connection header `_hop_names` refuses."""
         path = req.raw_target
         if self.strip and path.startswith(self.strip):
@@ -301,7 +310,7 @@ class ProxyHandler(Service):
                 parts += (b"cookie: ", kept, b"\r\n")
             key = (req.client, req.scheme)
             lines = self._forwarded_lines.get(key) or self._learn_forwarded(key)
-            parts += (lines, host, b"\r\n\r\n")
+            parts += (identity, lines, host, b"\r\n\r\n")
             return b"".join(parts)
         conn = req.connection
         upgrade = declared = None
@@ -341,6 +350,7 @@ class ProxyHandler(Service):
                     parts += (name, b": ", value, b"\r\n")
         for kept in cookies or ():
             parts += (b"cookie: ", kept, b"\r\n")
+        parts.append(identity)
         if self.forwarded:
             parts += (b"x-forwarded-for: ",
                       b", ".join(xff) + b", " + conn.peer.encode() if xff
@@ -460,6 +470,26 @@ class ProxyHandler(Service):
         client.set_sink(pipe.from_client)
         conn.transport.resume_reading()
         await pipe.run()
+
+
+class Identified:
+    """A proxy route as one signed-in user reaches it: the same route (its targets,
+    pool and figures), its requests carrying the user's identity header lines. Made
+    once per user and route at load, so a request allocates nothing for it."""
+
+    is_async = True
+    __slots__ = ("proxy", "lines", "upgrades")
+
+    def __init__(self, proxy: ProxyHandler, lines: bytes) -> None:
+        self.proxy = proxy
+        self.lines = lines
+        self.upgrades = proxy.upgrades
+
+    def begin(self, req) -> bool:
+        return self.proxy.begin(req, self.lines)
+
+    async def handle(self, req) -> None:
+        await self.proxy.handle(req, self.lines)
 
 
 _COOKIES_KEPT: dict[tuple[bytes, bytes], bytes] = {}   # (value, name) -> what is forwarded
