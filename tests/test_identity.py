@@ -458,3 +458,117 @@ def test_admin_api_and_ctl_list_users_without_secrets(home):
     assert re.search(r"^ann\s+family,admins\s+Ann Example <ann@example.test>\s+2FA$",
                      text.stdout, re.M), text.stdout
     assert "argon2" not in text.stdout and TOTP_SECRET not in text.stdout
+
+
+# ---------------------------------------------------------------- the traps
+
+
+def test_plain_http_goes_to_https_on_a_protected_site(start_server, upstream, certs):
+    from conftest import free_port
+    up = upstream()
+    https_port = free_port()
+    server = start_server(f"""
+[server]
+workers = 1
+
+[[listen]]
+address = "127.0.0.1:0"
+
+[[listen]]
+address = "127.0.0.1:{https_port}"
+[[listen.certificate]]
+cert = "{certs["local"][0]}"
+key = "{certs["local"][1]}"
+names = ["localhost"]
+
+[auth]
+store = "state.db"
+
+[[auth.user]]
+name = "ann"
+password = "{PASSWORD_HASH}"
+
+[[site]]
+hosts = ["localhost"]
+protected = true
+
+[[site.route]]
+prefix = "/"
+type = "proxy"
+upstream = "{up.url}"
+
+[[site]]
+hosts = ["open.test"]
+
+[[site.route]]
+path = "/hello"
+type = "return"
+body = "hello"
+""")
+    plain = Browser(server.port("http"), "localhost")
+    for method, path in (("GET", "/app/x?y=1"), ("POST", "/__auth__/login"),
+                         ("GET", "/__auth__/login?next=/app")):
+        resp, _ = plain.request(method, path, headers=HTML)
+        assert resp.status == 308, (method, path)
+        assert resp.getheader("location") == f"https://localhost:{https_port}{path}"
+    assert not up.requests
+    # A site without sign-in stays on plain HTTP.
+    assert Browser(server.port("http"), "open.test").request("GET", "/hello")[0].status == 200
+    # Over HTTPS: the sign-in page, naming the site.
+    import http.client
+    import ssl
+    conn = http.client.HTTPSConnection("127.0.0.1", https_port, timeout=10,
+                                       context=ssl.create_default_context(cafile=certs["ca"]))
+    conn._context.check_hostname = False
+    conn.request("GET", "/app/x", headers={"Host": "localhost", **HTML})
+    resp = conn.getresponse()
+    assert resp.status == 401 and b"<b>localhost</b>" in resp.read()
+    conn.close()
+
+
+def test_check_warns_where_a_protected_site_is_entered_without_signing_in(tmp_path):
+    (tmp_path / "nestgate.toml").write_text(f"""
+[[listen]]
+address = "127.0.0.1:0"
+
+[auth]
+store = "s.db"
+ip_grant = "1h"
+cookie_secure = false
+
+[[auth.user]]
+name = "ann"
+password = "{HASH}"
+groups = ["admins"]
+
+[[site]]
+name = "family"
+hosts = ["home.test"]
+protected = true
+exempt_local = true
+
+[[site.route]]
+prefix = "/admin/"
+type = "return"
+body = "admin"
+allow_groups = ["admins"]
+allow = ["10.0.0.0/8"]
+
+[[site]]
+name = "closed"
+hosts = ["closed.test"]
+protected = true
+allow_dynamic = false
+""")
+    out = subprocess.run([sys.executable, "-m", "nestgate", "check", "--config",
+                          str(tmp_path / "nestgate.toml")], capture_output=True, text=True,
+                         env=_env(), cwd=tmp_path, timeout=30)
+    assert out.returncode == 0, out.stderr
+    warnings = [l for l in out.stderr.splitlines() if "warning:" in l]
+    assert any("site[0] (family): protected, but exempt_local = true" in w for w in warnings)
+    assert any("site[0] (family): protected, but [auth] ip_grant" in w for w in warnings)
+    assert any("site[0].route[0] (family): protected with a user policy, but entries of "
+               "the dynamic allow-list" in w for w in warnings)
+    assert any("site[0].route[0] (family): protected, but [auth] ip_grant" in w
+               for w in warnings)
+    assert not any("(closed)" in w for w in warnings), warnings

@@ -1,0 +1,122 @@
+"""Claiming someone else's identity at the door.
+
+1. A signed-in family member pipelines thousands of requests, each carrying forged
+   identity headers (every spelling, repeated, as lists, with the configured names):
+   the upstream sees only nestgate's Remote-User for each, and the worker stays small.
+2. The same user tries to reach the admins' route by the forged headers, by spelling
+   the path otherwise (percent-encoded, dot segments) and by a session cookie of a
+   user who no longer exists: refused each time, and the upstream never sees it.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from conftest import PASSWORD_HASH, Browser
+
+REQUESTS = 4_000
+BATCH = 200
+RSS_GROWTH_BOUND_KIB = 8 * 1024
+
+CONFIG = f"""
+[server]
+workers = 1
+
+[[listen]]
+address = "127.0.0.1:0"
+
+[auth]
+store = "state.db"
+identity_headers = {{ user = "X-WebAuth-User" }}
+
+[[auth.user]]
+name = "bob"
+password = "{PASSWORD_HASH}"
+groups = ["family"]
+
+[[auth.user]]
+name = "ann"
+password = "{PASSWORD_HASH}"
+groups = ["family", "admins"]
+
+[[site]]
+hosts = ["home.test"]
+protected = true
+allow_groups = ["family"]
+
+[[site.route]]
+prefix = "/"
+type = "proxy"
+upstream = "{{up}}"
+
+[[site.route]]
+prefix = "/admin/"
+type = "proxy"
+upstream = "{{up}}"
+allow_groups = ["admins"]
+"""
+
+SPELLINGS = (b"Remote-User: admin-%d\r\n", b"REMOTE-USER: admin-%d\r\nremote-user: ann\r\n",
+             b"X-WebAuth-User: admin-%d\r\n", b"x-webauth-USER: ann, admin-%d\r\n",
+             b"Remote-Groups: admins,x%d\r\n", b"Remote-Email: admin-%d@evil.test\r\n",
+             b"Remote-Name: Admin %d\r\nRemote-Name: Ann\r\n")
+
+
+def test_forged_identity_headers_in_bulk_reach_no_upstream(start_server, upstream):
+    up = upstream()
+    server = start_server(CONFIG.replace("{up}", up.url))
+    bob = Browser(server.port(), "home.test")
+    assert bob.sign_in("bob")[0].status == 303
+    cookie = "; ".join(f"{k}={v}" for k, v in bob.jar.items()).encode()
+    assert bob.request("GET", "/warm")[0].status == 200
+    before = server.worker_rss_kib()
+    mark = b"HTTP/1.1 200 "
+    deadline = time.monotonic() + 90
+    answered = 0
+    for start in range(0, REQUESTS, BATCH):
+        with socket.create_connection(("127.0.0.1", server.port()), timeout=10) as conn:
+            conn.sendall(b"".join(
+                b"GET /hi HTTP/1.1\r\nHost: home.test\r\nCookie: %s\r\n%s\r\n"
+                % (cookie, SPELLINGS[n % len(SPELLINGS)] % n)
+                for n in range(start, start + BATCH)))
+            pending = b""
+            while answered < start + BATCH:
+                assert time.monotonic() < deadline, "the worker fell behind"
+                chunk = conn.recv(1 << 20)
+                assert chunk, "the connection closed"
+                pending += chunk
+                answered += pending.count(mark)
+                pending = pending[-(len(mark) - 1):]
+    assert answered == REQUESTS
+    grown = server.worker_rss_kib() - before
+    assert grown < RSS_GROWTH_BOUND_KIB, f"worker grew {grown} KiB"
+    seen = [r for r in up.requests if r["target"] == "/hi"]
+    assert len(seen) == REQUESTS
+    for request in seen:
+        claimed = [(n, v) for n, v in request["headers"]
+                   if n.startswith("remote-") or n == "x-webauth-user"]
+        assert claimed == [("x-webauth-user", "bob"), ("remote-groups", "family")], claimed
+
+
+def test_the_admins_route_is_not_reached_by_any_spelling(start_server, upstream, tmp_path):
+    up = upstream()
+    server = start_server(CONFIG.replace("{up}", up.url))
+    bob = Browser(server.port(), "home.test")
+    assert bob.sign_in("bob")[0].status == 303
+    forged = {"Remote-User": "ann", "Remote-Groups": "admins", "X-WebAuth-User": "ann"}
+    for path in ("/admin/x", "/%61dmin/x", "/admin/%2e%2e/admin/x", "/x/../admin/x",
+                 "/./admin/x", "/admin//x"):
+        resp, _ = bob.request("GET", path, headers=forged)
+        assert resp.status in (400, 403), (path, resp.status)
+    assert not any("dmin" in r["target"] for r in up.requests), up.requests
+    # A session whose user is gone (here: made up in the store) is no session.
+    from nestgate.auth.store import Store, token_hash
+    store = Store(str(tmp_path / "state.db"))
+    store.create_session(token_hash("forged-token"), "root", time.time() + 3600, "")
+    store.close()
+    for path in ("/x", "/admin/x"):
+        resp, _ = bob.request("GET", path, cookies=False,
+                              headers={"Cookie": "nestgate_session=forged-token"})
+        assert resp.status == 401, (path, resp.status)
+    assert not any(r["target"] in ("/x", "/admin/x") for r in up.requests)
