@@ -380,6 +380,19 @@ groups = ["family"]
     assert carol.request("GET", "/x")[0].status == 200
     # bob's session outlives his account nowhere: he is asked to sign in.
     assert poll(lambda: bob.request("GET", "/x")[0].status, lambda s: s == 401) == 401
+    # The admin API lists the users the workers now serve.
+    listed = poll(lambda: admin_users(server.admin_port()),
+                  lambda names: names == ["ann", "carol"])
+    assert listed == ["ann", "carol"]
+
+
+def admin_users(port: int) -> list[str]:
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/v1/users")
+    body = conn.getresponse().read()
+    conn.close()
+    return [u["name"] for u in json.loads(body)["users"]]
 
 
 def test_check_names_the_users_files_problems(tmp_path):
