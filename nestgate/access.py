@@ -183,6 +183,8 @@ class Gateway(Service):
                 self.signin = SignIn(config.auth, self.state)
         self._policies: dict[int, Policy] = {}
         self.to_https = https_redirect(config)
+        self._verdicts_of: dict = {}            # UserPolicy -> user name -> verdict
+        self._lines: dict[str, bytes] | None = None   # user name -> identity header lines
         if self.state is not None:
             from nestgate.auth.store import POLL_INTERVAL
             self.tick_every = POLL_INTERVAL     # the store's allow-list poll
@@ -224,19 +226,34 @@ class Gateway(Service):
 
     def answers(self, handler, policy) -> dict:
         """The handler each configured user gets at a route under `policy`: the route
-        (told who the user is, where it forwards) or the page saying why not."""
-        from nestgate.auth.identity import identity_lines
-        from nestgate.auth.policy import ALLOWED, verdicts
-        auth = self.config.auth
+        (told who the user is, where it forwards) or the page saying why not. Routes
+        added while serving (notes pages) pay for this too, so the users' verdicts
+        and header lines are worked out once per policy and user."""
+        from nestgate.auth.policy import ALLOWED
         out = {}
-        for user, verdict in verdicts(policy, auth.users).items():
+        lines_of = self._identity_lines()
+        for user, verdict in self._verdicts(policy).items():
             if verdict != ALLOWED:
                 out[user] = self.signin.refusal(user, verdict)
                 continue
-            lines = identity_lines(auth.identity_headers, auth.user(user))
+            lines = lines_of[user]
             out[user] = handler.with_identity(lines) \
                 if lines and isinstance(handler, TellsIdentity) else handler
         return out
+
+    def _verdicts(self, policy) -> dict[str, str]:
+        from nestgate.auth.policy import verdicts
+        found = self._verdicts_of.get(policy)
+        if found is None:
+            found = self._verdicts_of[policy] = verdicts(policy, self.config.auth.users)
+        return found
+
+    def _identity_lines(self) -> dict[str, bytes]:
+        if self._lines is None:
+            from nestgate.auth.identity import identity_lines
+            auth = self.config.auth
+            self._lines = {u.name: identity_lines(auth.identity_headers, u) for u in auth.users}
+        return self._lines
 
     def site_guard(self, site_config, errors):
         """The guard a site's `SiteRoutes` applies to every handler it is given: the
