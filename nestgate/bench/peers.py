@@ -39,6 +39,7 @@ class Site:
     backend_port: int = 0               # proxy scenarios
     rate_limit: tuple[int, int] | None = None   # (per second, burst) per client address
     state: str = ""                     # behind sign-in: "sqlite" or "redis" sessions
+    policy: bool = False                # behind sign-in: only the bench user's group
     state_url: str = ""                 # the Redis server's, for "redis"
     # Bytes nestgate answered for a path, which peers replay (health length, note pages).
     captured: dict[str, tuple[bytes, str]] = field(default_factory=dict)
@@ -257,7 +258,8 @@ def _signed_in_tables(site: Site, workdir: Path) -> list[str]:
     from nestgate.auth.passwords import hash_password
     lines = ["[auth]", f"store = {_toml(str(workdir / 'nestgate-bench-state.db'))}",
              "cookie_secure = false", "", "[[auth.user]]", 'name = "bench"',
-             f"password = {_toml(hash_password('bench-password'))}", ""]
+             f"password = {_toml(hash_password('bench-password'))}",
+             'groups = ["family"]', ""]
     if site.state == "redis":
         lines += ["[state]", 'backend = "redis"', f"url = {_toml(site.state_url)}",
                   'prefix = "nestgate-bench:"', ""]
@@ -286,6 +288,8 @@ def render_nestgate(site: Site, workdir: Path | None = None) -> str:
     lines += ["", "[[site]]", f"hosts = {_toml([site.site_host or '*'])}"]
     if site.state:
         lines.append("protected = true")
+    if site.policy:
+        lines.append('allow_groups = ["family"]')
     if site.rate_limit:
         rate, burst = site.rate_limit
         lines.append(f'rate_limit = {{ rate = "{rate}/s", burst = {burst} }}')

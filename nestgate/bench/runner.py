@@ -130,6 +130,7 @@ def _sites(scenario: Scenario, opts: Options, workdir: Path, names: list[str],
                            cidrs=tuple(content.cidr_list()) if scenario.host else (),
                            backend_port=backend_port, captured=captured,
                            rate_limit=scenario.rate_limit, state=scenario.state,
+                           policy=scenario.policy,
                            state_url=state_url)
     if backend_port:
         sites["backend"] = Site(root, backend_port, 1, Route("static", "/"), captured=captured)

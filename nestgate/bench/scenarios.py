@@ -39,6 +39,7 @@ class Scenario:
     sweep: bool = False                 # part of the concurrency sweep when asked for
     rate_limit: tuple[int, int] | None = None   # (requests per second, burst) on the route
     state: str = ""                     # behind sign-in, sessions in "sqlite" or "redis"
+    policy: bool = False                # behind sign-in: the site admits one group only
 
     @property
     def scheme(self) -> str:
@@ -85,6 +86,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("private-proxy-4k", "proxy-4k behind sign-in, a valid session cookie, SQLite "
              "state (nginx: no sign-in)", _proxy, "/proxy/4k", headers=(SESSION_COOKIE,),
              state="sqlite", needs="sign-in"),
+    # The same with a group policy on the site: what deciding the user's group costs.
+    Scenario("private-proxy-4k-policy", "private-proxy-4k on a site that admits one group "
+             "(allow_groups; nginx: no sign-in)", _proxy, "/proxy/4k",
+             headers=(SESSION_COOKIE,), state="sqlite", policy=True, needs="user policies"),
     Scenario("private-proxy-4k-redis", "proxy-4k behind sign-in, a valid session cookie, "
              "state in Redis (nginx: no sign-in)", _proxy, "/proxy/4k",
              headers=(SESSION_COOKIE,), state="redis", needs="Redis state"),
