@@ -336,7 +336,10 @@ class _Section:
                 self.fail(name, "a path to a readable file")
             return ""
         path = (self.base / value).resolve()
-        if not path.is_file() or not os.access(path, os.R_OK):
+        # os.path's tests, not Path's: a path under a folder this user may not search
+        # is one it cannot read (Path.is_file raises there: a traceback from `check`,
+        # a 500 from the admin API's validate that told such paths apart).
+        if not os.path.isfile(path) or not os.access(path, os.R_OK):
             # "" rather than the path: nothing after validation may try to read it.
             self.fail(name, "a path to a readable file", value)
             return ""
@@ -364,7 +367,7 @@ class _Section:
                 self.fail(name, "a path to a directory")
             return ""
         path = (self.base / value).resolve()
-        if not path.is_dir() or not os.access(path, os.R_OK | os.X_OK):
+        if not os.path.isdir(path) or not os.access(path, os.R_OK | os.X_OK):
             self.fail(name, "a path to a readable directory", value)
         return str(path)
 
@@ -522,11 +525,11 @@ def _read_log(s: _Section) -> LogConfig:
         cfg = LogConfig(cfg.format, str((s.base / cfg.path).resolve()), cfg.flush_interval,
                         cfg.log_loopback)
         target = Path(cfg.path)
-        if target.is_dir():
+        if os.path.isdir(target):
             s.fail("path", "a file, not a directory", cfg.path)
-        elif target.exists() and not os.access(target, os.W_OK):
+        elif os.path.exists(target) and not os.access(target, os.W_OK):
             s.fail("path", "a file this user can append to", cfg.path)
-        elif not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
+        elif not os.path.isdir(target.parent) or not os.access(target.parent, os.W_OK):
             s.fail("path", "a file in a writable directory", cfg.path)
     s.check_unknown()
     return cfg
@@ -991,6 +994,10 @@ def config_warnings(config: Config) -> list[str]:
         out += _plain_sign_in(config, i, site)
         out += _policy_names(config, i, site)
         out += _entered_without_sign_in(config, i, site)
+        out += _open_to_all(config.source, f"site[{i}]", site.access)
+        for j, route in enumerate(site.routes):
+            out += _open_to_all(config.source, f"site[{i}].route[{j}]", route.access)
+            out += _system_root(config.source, f"site[{i}].route[{j}]", route)
         if site.notes and not site.base_url:
             out.append(f"{config.source}: site[{i}].base_url: the Atom feed at "
                        f"{site.notes.path}/feed.xml needs it for absolute links (feed "
@@ -1022,6 +1029,41 @@ def _store_open_to_others(config: Config) -> list[str]:
                    "there; nestgate makes a missing folder 0700 but leaves one that exists "
                    f"as it is: chmod 700 {folder}, or name a store in a folder of its own")
     return out
+
+
+def _open_to_all(file: str, where: str, access) -> list[str]:
+    """An allow entry that holds every address (0.0.0.0/0, ::/0): the list lets anyone
+    in, which is seldom what it was written for."""
+    if access is None:
+        return []
+    everything = [e for e in access.allow if _covers_everything(e)]
+    if not everything:
+        return []
+    return [f"{file}: {where}.allow: {everything[0]!r} holds every address, so the list "
+            "lets anyone in; remove the allow list to mean that, or name the networks "
+            "meant"]
+
+
+def _covers_everything(entry: str) -> bool:
+    try:
+        network = ipaddress.ip_network(entry.strip(), strict=False)
+    except ValueError:
+        return False
+    # ::ffff:0:0/96 is every IPv4 address, as a client's mapped address spells it.
+    return network.prefixlen == 0 or (network.prefixlen == 96 and
+                                      getattr(network.network_address, "ipv4_mapped", None)
+                                      is not None)
+
+
+def _system_root(file: str, where: str, route) -> list[str]:
+    """A static root that is "/" or a folder right under it (/etc, /home, /var...):
+    every file the server may read there is served to whoever reaches the route."""
+    root = getattr(route.options, "root", "") if route.type == "static" else ""
+    if not root or len(Path(root).parts) > 2:
+        return []
+    return [f"{file}: {where}.root: {root!r} serves the whole of a system folder (every "
+            "file the server's user may read in it); point it at a folder that holds "
+            "only what the site publishes"]
 
 
 def _plain_sign_in(config: Config, index: int, site: Site) -> list[str]:

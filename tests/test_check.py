@@ -182,6 +182,42 @@ def test_notes_without_base_url_are_warned_about(tmp_path):
     assert config_warnings(parse_config(data, "s.toml")) == []
 
 
+def test_a_static_root_on_a_system_folder_is_warned_about(tmp_path):
+    """`root = "/"` (or /etc, /home...) serves every file the server may read there."""
+    def warnings(root):
+        return config_warnings(parse_config({**LISTEN, "site": [{"route": [
+            {"prefix": "/", "type": "static", "root": root}]}]}, "s.toml"))
+    for root in ("/", "/etc", "/home", "/var", "/etc/../usr"):
+        [warning] = warnings(root)
+        assert warning.startswith("s.toml: site[0].route[0].root: '/") and \
+            "serves the whole of a system folder" in warning, root
+    assert warnings(str(tmp_path)) == [] and warnings("/usr/share") == []
+
+
+@pytest.mark.parametrize("entry", ["0.0.0.0/0", "::/0", "::ffff:0:0/96", "0.0.0.0/0 "])
+def test_an_allow_entry_holding_every_address_is_warned_about(entry):
+    data = {**LISTEN, "site": [{"allow": ["10.0.0.0/8", entry], "route": [
+        ret(path="/a", allow=[entry]), ret(path="/b", allow=["192.168.0.0/16"])]}]}
+    assert config_warnings(parse_config(data, "s.toml")) == [
+        f"s.toml: {where}.allow: {entry!r} holds every address, so the list lets anyone in; "
+        "remove the allow list to mean that, or name the networks meant"
+        for where in ("site[0]", "site[0].route[0]")]
+    data["site"][0]["allow"] = ["0.0.0.0/1", "128.0.0.0/1", "::/1"]   # wide, not all
+    data["site"][0]["route"] = [ret(path="/a")]
+    assert config_warnings(parse_config(data, "s.toml")) == []
+
+
+def test_check_warns_about_an_open_root_and_allow_list_and_still_passes(tmp_path):
+    config = tmp_path / "nestgate.toml"
+    config.write_text('[[listen]]\naddress = "127.0.0.1:0"\n[[site]]\nallow = ["::/0"]\n'
+                      '[[site.route]]\nprefix = "/"\ntype = "static"\nroot = "/"\n')
+    out = run_check(config)
+    assert out.returncode == 0, out.stderr
+    assert "site[0].allow: '::/0' holds every address" in out.stderr
+    assert "site[0].route[0].root: '/' serves the whole of a system folder" in out.stderr
+    assert out.stdout.strip().endswith("2 warnings above)")
+
+
 PLAIN_SIGN_IN = f"""
 [[listen]]
 address = "127.0.0.1:0"
