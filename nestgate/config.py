@@ -23,7 +23,7 @@ from nestgate.certs.config import AcmeConfig, acme_warnings, read_acme
 from nestgate.tls import certificate_problem
 from nestgate.access import _cidr_list, read_access
 from nestgate.ratelimit import read_rate_limit
-from nestgate.admin.config import AdminConfig, read_admin
+from nestgate.admin.config import AdminConfig, read_admin, with_generated_token
 from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH, read_auth
 from nestgate.auth.policy import read_policy
 from nestgate.routetypes import ROUTE_TYPES
@@ -793,6 +793,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
         auth = replace(auth, store=redis_locator(state.url, state.prefix))
     admin = read_admin(top.table("admin"), parse_address, read_certificate)
     acme = read_acme(top.table("acme"))
+    admin = with_generated_token(admin, acme.storage)
     top.check_unknown()
     listeners = _managed_names(listeners, sites, acme, file, problems)
     if not listeners:

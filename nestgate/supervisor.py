@@ -347,6 +347,7 @@ class Supervisor:
     # ----------------------------------------------------------- main loop
     def run(self) -> int:
         self.bind(self._first)
+        self._first = self.admin.with_token(self._first)
         self.admin.bind(self._first, _bound, say)
         drop_privileges(self._first.server)
         for warning in config_warnings(self._first):

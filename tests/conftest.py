@@ -44,6 +44,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "attack"))
 _LISTEN = re.compile(r"listening on (https?)://(\S+):(\d+)")
 _ADMIN = re.compile(r"admin API on https?://\S+:(\d+) ")
+_ADMIN_TOKEN_FILE = re.compile(r"the token is in (\S+)\)")
+# Admin port -> the token its server made at its first start (read from the file the
+# server names), so that helpers reach the admin API of a server without a configured
+# token the way `nestgate ctl` does.
+ADMIN_TOKENS: dict[int, str] = {}
+
+
+def admin_token(port: int) -> str:
+    """The token a test server made for the admin listener on `port` ("" when its
+    config sets one: the test passes it)."""
+    return ADMIN_TOKENS.get(port, "")
 
 
 class Server:
@@ -105,7 +116,13 @@ class Server:
         for line in self.lines:
             m = _ADMIN.search(line)
             if m:
-                return int(m.group(1))
+                port = int(m.group(1))
+                made = _ADMIN_TOKEN_FILE.search(line)
+                if made:
+                    ADMIN_TOKENS[port] = Path(made.group(1)).read_text().strip()
+                else:                       # the port may have served another test
+                    ADMIN_TOKENS.pop(port, None)
+                return port
         raise LookupError("no admin listener in the server's output")
 
     def signal(self, sig: int) -> None:
@@ -265,9 +282,16 @@ def still_serves(port: int) -> None:
     conn.close()
 
 
+def admin_headers(port: int, token: str | None = None) -> dict:
+    """Authorization for the admin API on `port`: `token`, else the one its server made
+    (none when the config sets one and the test gives none)."""
+    token = admin_token(port) if token is None else token
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def scrape(port: int, token: str | None = None) -> tuple[int, str, dict]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
+    conn.request("GET", "/metrics", headers=admin_headers(port, token))
     resp = conn.getresponse()
     text = resp.read().decode()
     conn.close()

@@ -21,7 +21,7 @@ import pytest
 from cryptography import x509
 
 from bind import TSIG_NAME, Bind
-from conftest import REPO, _env
+from conftest import REPO, _env, admin_headers
 from pdns import PowerDNS
 from pebble import Pebble, free_port
 
@@ -526,7 +526,7 @@ def test_failed_renewal_keeps_the_certificate_and_reports_why(start_server, pebb
     deadline = time.monotonic() + 10
     while True:
         conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=5)
-        conn.request("GET", "/v1/ready", headers={"Host": "localhost"})
+        conn.request("GET", "/v1/ready", headers={"Host": "localhost", **admin_headers(admin)})
         ready = json.loads(conn.getresponse().read())
         entry = ready["certificates"][0]
         if "error" in entry or time.monotonic() > deadline:
@@ -534,7 +534,7 @@ def test_failed_renewal_keeps_the_certificate_and_reports_why(start_server, pebb
         time.sleep(0.2)
     assert entry["names"] == ["a.test"] and entry["source"] == "acme"
     assert "connection refused" in entry["error"].lower() and entry["failures"] == 1
-    conn.request("GET", "/metrics", headers={"Host": "localhost"})
+    conn.request("GET", "/metrics", headers={"Host": "localhost", **admin_headers(admin)})
     metrics = conn.getresponse().read().decode()
     assert re.search(r'nestgate_certificate_renewal_failures\{listener="127\.0\.0\.1:\d+",'
                      r'name="a\.test"\} 1', metrics), metrics
@@ -750,7 +750,8 @@ def test_cert_install_validates_and_swaps_in(start_server, tmp_path):
     def put(name: str, body: bytes):
         conn = http.client.HTTPConnection("127.0.0.1", server.admin_port(), timeout=30)
         conn.request("PUT", f"/v1/certificates/{name}", body=body,
-                     headers={"Host": "localhost", "Content-Type": "application/json"})
+                     headers={"Host": "localhost", "Content-Type": "application/json",
+                              **admin_headers(server.admin_port())})
         resp = conn.getresponse()
         return resp.status, json.loads(resp.read())
     newer = authority.issue_cert("legacy.test", not_after=later + datetime.timedelta(days=9))

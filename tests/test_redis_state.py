@@ -16,7 +16,7 @@ import sys
 import time
 
 import pytest
-from conftest import _env
+from conftest import _env, admin_headers
 from conftest import Browser, otp_code, poll, protected, settled_step
 from redisserver import REDIS_PASSWORD, RedisServer, free_port as _free_port
 
@@ -74,10 +74,10 @@ def test_revoking_through_one_admin_api_signs_out_everywhere(two):
     assert status(a.port(), "/secret", cookie=cookie) == 200
     import http.client
     conn = http.client.HTTPConnection("127.0.0.1", a.admin_port(), timeout=5)
-    conn.request("GET", "/v1/sessions")
+    conn.request("GET", "/v1/sessions", headers=admin_headers(a.admin_port()))
     sessions = json.loads(conn.getresponse().read())["sessions"]
     assert [s["user"] for s in sessions] == ["demo"]
-    conn.request("DELETE", "/v1/users/demo/sessions")
+    conn.request("DELETE", "/v1/users/demo/sessions", headers=admin_headers(a.admin_port()))
     answer = conn.getresponse()
     assert answer.status == 200 and json.loads(answer.read())["revoked"] == 1
     conn.close()

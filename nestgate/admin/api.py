@@ -25,6 +25,8 @@ from pathlib import Path
 from nestgate import __version__
 from nestgate.admin import metrics, openapi
 from nestgate.admin.answers import AnswerCounts
+from nestgate.admin.guessing import Guesses, Held, given_token
+from nestgate.admin.origin import OwnAddress, SameOrigin, ip_loopback
 from nestgate.admin.stateapi import AllowList, Sessions
 from nestgate.admin.configapi import ConfigAPI
 from nestgate.admin.operations import Operations
@@ -34,66 +36,53 @@ from nestgate.handlers import GATED, ReadyChoice
 from nestgate.responses import Prebuilt
 from nestgate.routing import Router, SiteRoutes
 
-# Failed token checks per client before it is refused for a while (429), and how long
-# the window and the refusal last: a token of 16+ random characters is not guessed, but
-# a client that keeps trying is noise in the log and is slowed like a sign-in.
-MAX_FAILURES = 5
-FAILURE_WINDOW = 60.0
-_MEMO_LIMIT = 4096            # clients remembered for back-off (bounded: then cleared)
-LOOPBACK = ("127.", "::1")
-
-
 NOT_FOUND = error(404, "not_found", "no such endpoint on the admin listener")
 METHOD = method_not_allowed("GET, HEAD")
 NO_TOKEN = error(401, "unauthorized", "send Authorization: Bearer <token>",
                  headers=[("www-authenticate", 'Bearer realm="nestgate-admin"')])
-LOCAL_ONLY = error(403, "forbidden", "without an admin token only loopback clients are "
-                   "answered; set [admin] token to reach it from elsewhere")
+NO_TOKEN_SET = error(403, "forbidden", "no admin token is set, and only loopback clients "
+                     "are answered without one; set [admin] token to reach it from "
+                     "elsewhere")
 
 
 class TokenGate:
-    """In front of every endpoint but liveness. With a token: `Authorization: Bearer`
-    compared in constant time, and a client that sends a wrong one MAX_FAILURES times
-    within FAILURE_WINDOW is refused (429) until the window has passed (a request
-    with no Authorization at all gets 401 and is not counted). Without a token:
-    loopback clients only."""
+    """In front of every endpoint but liveness (behind the Host and Origin checks of
+    nestgate.admin.origin). `Authorization: Bearer` compared in constant time; a right
+    token is always admitted, a wrong one is counted and its answer held
+    (nestgate.admin.guessing); a request with no Authorization at all gets 401 at once
+    and is not counted. With `loopback_without_token`, loopback clients need none."""
 
     is_async = GATED
-    __slots__ = ("inner", "token", "failures")
+    __slots__ = ("inner", "token", "guesses", "loopback_free")
 
-    def __init__(self, inner, token: bytes, failures: dict) -> None:
+    def __init__(self, inner, token: bytes, guesses: Guesses, loopback_free: bool) -> None:
         self.inner = inner
         self.token = token
-        self.failures = failures            # shared by the gates: client -> [times]
+        self.guesses = guesses              # shared by the gates and the status page
+        self.loopback_free = loopback_free
 
     def admit(self, conn, headers):
         client = conn.client
+        if self.loopback_free and ip_loopback(client):
+            return self.inner
         if not self.token:
-            return self.inner if client.startswith(LOOPBACK) else LOCAL_ONLY
-        now = time.monotonic()
-        recent = self.failures.get(client)
-        if recent:
-            recent[:] = [t for t in recent if now - t < FAILURE_WINDOW]
-            if len(recent) >= MAX_FAILURES:
-                wait = int(FAILURE_WINDOW - (now - recent[0])) + 1
-                return error(429, "too_many_attempts", "too many failed token checks",
-                             {"retry_after_s": wait}, [("retry-after", str(wait))])
-        given = b""
-        for name, value in headers:
-            if name == b"authorization":
-                given = value
-                break
+            return NO_TOKEN_SET
+        given = given_token(headers)
         if not given:
             # Not an attempt: a browser's own requests (favicon.ico, a page opened
-            # before signing in) must not lock the operator out.
+            # before signing in) must not count against anyone.
             return NO_TOKEN
-        scheme, _, credential = given.partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self.token):
+        if hmac.compare_digest(given, self.token):
             return self.inner
-        if len(self.failures) >= _MEMO_LIMIT:
-            self.failures.clear()
-        self.failures.setdefault(client, []).append(now)
-        return NO_TOKEN
+        hold, over = self.guesses.failed(client)
+        if over:
+            wait = self.guesses.retry_after(client)
+            refusal = error(429, "too_many_attempts", "too many failed token checks from "
+                            "this client; its wrong tokens are answered slowly",
+                            {"retry_after_s": wait}, [("retry-after", str(wait))])
+        else:
+            refusal = NO_TOKEN
+        return Held(refusal, hold) if hold else refusal
 
 
 class Endpoint:
@@ -258,22 +247,33 @@ class AdminState:
 
 
 def admin_router(state: AdminState, config, store_path: str = "") -> Router:
-    """The admin listener's only site, for every Host: a request on it never reaches
-    a site's routes, and a site's Host gets the admin's 404."""
-    failures: dict = {}
-    secret = config.admin.token.encode()
+    """The admin listener's only site, for every Host that names it (nestgate.admin.
+    origin): a request on it never reaches a site's routes, and a site's Host gets
+    the admin's 421."""
+    admin = config.admin
+    own = OwnAddress(admin.scheme, admin.host, admin.allowed_hosts)
+    guesses = Guesses()
+    secret = admin.token.encode()
+    body_types = {"/v1/config/validate": b"application/toml",
+                  "/login": b"application/x-www-form-urlencoded"}
 
     def guard(handler, access=None, sign_in: bool = True, limit=None, label: str = "",
               policy=None):
-        # `sign_in=False` is the open endpoint (liveness); everything else is gated.
-        return handler if not sign_in else TokenGate(handler, secret, failures)
+        # Liveness is open to every client and Host (probes); the status page decides
+        # its access itself; everything else needs the token. All but liveness are
+        # behind the Host, Origin and Content-Type checks.
+        if label == "/v1/health":
+            return handler
+        if sign_in:
+            handler = TokenGate(handler, secret, guesses, admin.loopback_without_token)
+        return SameOrigin(handler, own, body_types.get(label, b"application/json"))
 
     site = SiteRoutes("admin", NOT_FOUND, guard)
     site.add_exact("/v1/health", Endpoint(state.health), sign_in=False)
     # The status page decides access itself (a browser goes to the sign-in form).
     from nestgate.admin.page import StatusPage
     state.store_counts = lambda: store_counts(store_path)
-    page = StatusPage(state, config.admin.token, failures, state.store_counts)
+    page = StatusPage(state, admin, guesses, state.store_counts)
     site.add_exact("/", page, sign_in=False)
     site.add_exact("/login", page, sign_in=False)
     # The API's description holds nothing secret: open, so that a client (or Swagger
@@ -337,7 +337,10 @@ class GetOnly(ReadyChoice):
 def swagger_page() -> Prebuilt:
     return Prebuilt(200, (SWAGGER_DIR / "index.html").read_bytes(), "text/html; charset=utf-8",
                     [("content-security-policy", SWAGGER_CSP), ("cache-control", "no-cache"),
-                     ("x-content-type-options", "nosniff"), ("referrer-policy", "no-referrer")])
+                     ("x-content-type-options", "nosniff"),
+                     # Not no-referrer: under it a browser sends `Origin: null` with the
+                     # page's own POSTs, which the Origin check refuses.
+                     ("referrer-policy", "same-origin")])
 
 
 def swagger_assets():

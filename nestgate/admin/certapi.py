@@ -11,9 +11,8 @@ expiry, never the key.
 from __future__ import annotations
 
 import asyncio
-import json
 
-from nestgate.admin.replies import method_not_allowed
+from nestgate.admin.replies import method_not_allowed, parse_json
 
 MAX_PEM = 64 * 1024
 
@@ -34,7 +33,7 @@ class CertificateInstall:
             return
         raw = await request.body.read_all() if request.body is not None else b""
         try:
-            body = json.loads(raw)
+            body = parse_json(raw)
             cert, key = body["cert"], body["key"]
             if not isinstance(cert, str) or not isinstance(key, str) or \
                     len(cert) > MAX_PEM or len(key) > MAX_PEM:

@@ -6,15 +6,18 @@
     token = "..."                  # or token_file = "admin.token", or NESTGATE_ADMIN_TOKEN
     audit_log = "admin-audit.log"  # the changes made through the API; "-" (stderr) default
     certificate = { cert = "admin.pem", key = "admin.key" }   # optional: HTTPS
+    allowed_hosts = ["admin.home.arpa"]   # Host names it answers besides its own address
+    loopback_without_token = false # true: loopback clients need no token (the old default)
 
-Without a token the listener answers loopback clients only; with one, every endpoint
-but liveness needs `Authorization: Bearer <token>`.
+Every endpoint but liveness needs `Authorization: Bearer <token>`, from loopback clients
+too. With no token configured, nestgate makes one at its first start and keeps it in the
+state folder (nestgate.admin.token), where `nestgate ctl` reads it.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,12 @@ class AdminConfig:
     audit_log: str = "-"              # a file for the API's changes; "-" is stderr
     key: str = "admin.address"        # where the address was set, for bind errors
     certificate: Any = None           # nestgate.config.Certificate: the listener is HTTPS
+    # Host names answered besides the listener's own address (nestgate.admin.origin).
+    allowed_hosts: tuple[str, ...] = ()
+    loopback_without_token: bool = False
+    # The generated token's file, when no token is configured (nestgate.admin.token):
+    # `token` holds its contents once it exists and this user may read it.
+    token_file: str = ""
 
     @property
     def scheme(self) -> str:
@@ -75,9 +84,36 @@ def read_admin(s, parse_address, read_certificate) -> AdminConfig:
     if audit_log not in ("-", ""):
         audit_log = str((s.base / audit_log).resolve())
         parent = Path(audit_log).parent
-        if Path(audit_log).is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
+        if os.path.isdir(audit_log) or not os.path.isdir(parent) or \
+                not os.access(parent, os.W_OK):
             s.fail("audit_log", "a file in a writable directory, or \"-\" for stderr",
                    audit_log)
     certificate = read_certificate(s.table("certificate")) if "certificate" in s.data else None
+    allowed_hosts = tuple(_allowed_host(s, entry) for entry in s.strings("allowed_hosts", ()))
+    loopback_without_token = s.bool("loopback_without_token", d.loopback_without_token)
     s.check_unknown()
-    return AdminConfig(enabled, host, port, token, audit_log or "-", key, certificate)
+    return AdminConfig(enabled, host, port, token, audit_log or "-", key, certificate,
+                       allowed_hosts, loopback_without_token)
+
+
+def _allowed_host(s, entry: str) -> str:
+    """An `allowed_hosts` entry as the Host check compares it: a name or an address in
+    lower case, without a port (a Host's port is not compared)."""
+    name = entry.strip().lower().rstrip(".")
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]                      # an IPv6 address as a Host spells it
+    if not name or any(c.isspace() or c in "/@*?#[]" for c in name) or \
+            (name.count(":") == 1):
+        s.fail("allowed_hosts", "host names or addresses such as \"admin.home.arpa\" "
+               "(no scheme, port, path or wildcard)", entry)
+    return name
+
+
+def with_generated_token(admin: AdminConfig, state_folder: str) -> AdminConfig:
+    """With no token configured (and loopback clients not exempted), the token is the
+    one nestgate made at its first start, in `state_folder` (nestgate.admin.token)."""
+    if admin.token or admin.loopback_without_token or not admin.enabled:
+        return admin
+    from nestgate.admin.token import read_token, token_path
+    path = token_path(state_folder)
+    return replace(admin, token=read_token(path), token_file=str(path))

@@ -3,7 +3,8 @@
     GET  /v1/config            the effective config of the serving generation, secrets
                                redacted (tokens, password hashes, TOTP secrets)
     POST /v1/config/validate   a TOML body: the problems `nestgate check` would list, as
-                               {"file", "key", "message"} objects (422), or 200
+                               {"file", "key", "message"} objects (422), or 200 with
+                               the warnings it would print
     POST /v1/config/reload     reload from the file as SIGHUP does, and wait for the
                                result: 200 with what changed (sites, routes, listeners
                                added and removed) once the new workers serve, 422 with
@@ -21,7 +22,8 @@ import tomllib
 from pathlib import Path
 
 from nestgate.admin.replies import method_not_allowed
-from nestgate.config import ConfigError, parse_config, read_config, with_overrides
+from nestgate.config import (ConfigError, config_warnings, parse_config, read_config,
+                             with_overrides)
 
 REDACTED = "<redacted>"
 SECRET_KEYS = {"token", "password", "totp", "secret", "tsig_secret", "eab_hmac_key"}
@@ -134,15 +136,19 @@ class ConfigAPI:
         except tomllib.TOMLDecodeError as exc:
             await self._invalid(request, [f"<body>: not valid TOML: {exc}"])
             return
+        except RecursionError:                    # "a = [[[[...": deeper than the reader
+            await self._invalid(request, ["<body>: not valid TOML: nested too deeply"])
+            return
         base = Path(self.current().source).resolve().parent
         try:
             # Files the body names are looked up beside the running config, as a
             # reload of it would.
-            parse_config(data, "<body>", base)
+            config = parse_config(data, "<body>", base)
         except ConfigError as exc:
             await self._invalid(request, exc.problems)
             return
-        await self.reply(request, 200, {"ok": True, "problems": []})
+        await self.reply(request, 200, {"ok": True, "problems": [],
+                                        "warnings": problems_as_json(config_warnings(config))})
 
     def _old_accepting(self) -> bool:
         report = self.state.report

@@ -8,7 +8,8 @@
     nestgate ctl users                             the users and their groups
 
 The address and token come from the config (`--config`, as `serve` finds it, with
-NESTGATE_ADMIN and NESTGATE_ADMIN_TOKEN), or from `--address` and `--token`.
+NESTGATE_ADMIN and NESTGATE_ADMIN_TOKEN; without a token in it, the one nestgate made in
+its state folder), or from `--address` and `--token`.
 Exit status: 0 done (and ready, for `ready`), 1 not ready or refused by the API,
 2 a config with problems, 3 the admin listener cannot be reached.
 """
@@ -180,7 +181,13 @@ def _target(args) -> tuple[str | None, int, str, str]:
     host = "127.0.0.1" if admin.host in ("0.0.0.0", "") else \
         "::1" if admin.host == "::" else admin.host
     certificate = admin.certificate.cert if admin.certificate is not None else ""
-    return host, admin.port, args.token or admin.token, args.cafile or certificate
+    token = args.token or admin.token
+    if not token and admin.token_file:
+        print(f"nestgate ctl: cannot read the admin token in {admin.token_file}: nestgate "
+              "makes it at its first start, readable only by the user it runs as; run "
+              "ctl as that user (or root), or give --token", file=sys.stderr)
+        return None, 0, "", ""
+    return host, admin.port, token, args.cafile or certificate
 
 
 def _status_text(status: dict) -> str:

@@ -12,6 +12,7 @@ import signal
 import socket
 import time
 from collections import deque
+from dataclasses import replace
 
 from nestgate.admin.process import (ADMIN_PROCESS_NAME, REPORT_MAX, admin_listener,
                                     name_process, process_name, run_admin)
@@ -63,12 +64,23 @@ class AdminKeeper:
         self.sock.setblocking(False)
         host, port = self.sock.getsockname()[:2]
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        access = "bearer token required" if admin.token else \
-            "no token set: loopback clients only"
+        access = "bearer token required" if not admin.loopback_without_token else \
+            "loopback clients need no token" if not admin.token else \
+            "bearer token required but from loopback clients"
+        if admin.token_file:
+            access += f"; the token is in {admin.token_file}"
         say(f"admin API on {admin.scheme}://{shown} ({access})")
+
+    def with_token(self, config):
+        """`config` with the admin token made at the first start when none is set."""
+        from nestgate.admin.token import ensure_token
+        self.config = ensure_token(config)
+        return self.config
 
     def config_changed(self, config, say) -> None:
         """A reload is serving: the admin process runs with the new config's token."""
+        if self.sock is not None:         # no listener, no token to make
+            config = self._token_kept(config, say)
         old, self.config = self.config, config
         self.config_hash = _file_hash(config.source)
         self.certificates = certificate_expiry(config)
@@ -81,6 +93,16 @@ class AdminKeeper:
         if (config.admin.token, config.admin.certificate) != \
                 (old.admin.token, old.admin.certificate) and self.pid:
             _signal(self.pid, signal.SIGTERM)      # restarted with the new token or cert
+
+    def _token_kept(self, config, say):
+        """The reloaded config with its token: the made one (made again if its file
+        went), or, when that cannot be, the token the admin process has."""
+        from nestgate.admin.token import TokenError, ensure_token
+        try:
+            return ensure_token(config, self.config)
+        except TokenError as exc:
+            say(f"warning: {exc}; the admin process keeps the token it has")
+            return replace(config, admin=replace(config.admin, token=self.config.admin.token))
 
     # ------------------------------------------------------------ the process
     def fork(self, ready_w: int, close_in_child) -> None:

@@ -76,7 +76,10 @@ _CHANGE = _obj({"added": {"type": "array", "items": _STR},
 
 
 def _op(summary: str, responses: dict, *, open_: bool = False, body: dict | None = None,
-        parameters=()) -> dict:
+        parameters=(), checked: bool = True) -> dict:
+    """An operation. Every one but liveness (`checked=False`) is behind the Host (421),
+    Origin and Sec-Fetch-Site (403) and body type (415) checks; all but the `open_`
+    ones behind the token (401, 429)."""
     op = {"summary": summary, "responses": {"401": _ERROR, "403": _ERROR, "429": _ERROR,
                                             **responses}}
     if open_:
@@ -84,8 +87,11 @@ def _op(summary: str, responses: dict, *, open_: bool = False, body: dict | None
         for code in ("401", "403", "429"):
             if code not in responses:          # the endpoint's own answers stay
                 del op["responses"][code]
+    if checked:
+        op["responses"] = {"403": _ERROR, "421": _ERROR, **op["responses"]}
     if body is not None:
         op["requestBody"] = {"required": True, "content": body}
+        op["responses"]["415"] = _ERROR
     if parameters:
         op["parameters"] = [{"name": name, "in": "path", "required": True, "schema": _STR}
                             for name in parameters]
@@ -94,7 +100,8 @@ def _op(summary: str, responses: dict, *, open_: bool = False, body: dict | None
 
 PATHS = {
     "/v1/health": {"get": _op("Liveness: the admin process answers", {
-        "200": _json(_obj({"status": {"const": "ok"}}, ("status",)), "alive")}, open_=True)},
+        "200": _json(_obj({"status": {"const": "ok"}}, ("status",)), "alive")}, open_=True,
+        checked=False)},
     "/v1/ready": {"get": _op("Readiness of the serving generation and its listeners, with "
                              "the state of the upstreams (which does not decide it)", {
         "200": _json(_obj({"ready": {"const": True}, "generation": _INT,
@@ -111,7 +118,8 @@ PATHS = {
     "/v1/config": {"get": _op("The effective config, secrets redacted", {
         "200": _json({"type": "object"}, "the config")})},
     "/v1/config/validate": {"post": _op("The problems `nestgate check` would list", {
-        "200": _json(_obj({"ok": {"const": True}, "problems": {"type": "array"}}), "valid"),
+        "200": _json(_obj({"ok": {"const": True}, "problems": {"type": "array"},
+                           "warnings": {"type": "array"}}), "valid (with `check`'s warnings)"),
         "422": _ERROR}, body={"application/toml": {"schema": _STR}})},
     "/v1/config/reload": {"post": _op("Reload from the file and wait for the result", {
         "200": _json(_obj({"ok": {"const": True}, "generation": _INT, "changed": _obj(
@@ -196,8 +204,8 @@ DOCUMENT = {
     "paths": PATHS,
     "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                       "description": "[admin] token; without one, only "
-                                                      "loopback clients are answered"}},
+                                       "description": "[admin] token, or the one nestgate "
+                                                      "made in its state folder"}},
         "schemas": {"Error": _obj({"error": _obj(
             {"code": _STR, "message": _STR, "details": {"type": "object"}},
             ("code", "message", "details"))}, ("error",))},

@@ -20,7 +20,7 @@ import asyncio
 import json
 import time
 
-from nestgate.admin.replies import method_not_allowed
+from nestgate.admin.replies import method_not_allowed, parse_json
 
 APPLY_WAIT = 5.0             # seconds to wait for every worker to apply a change
 
@@ -80,7 +80,7 @@ class Operations:
     async def _upstream(self, request) -> tuple[str, str] | None:
         raw = await request.body.read_all() if request.body is not None else b""
         try:
-            body = json.loads(raw)
+            body = parse_json(raw)
             pair = (body["route"], body["upstream"])
             if not all(isinstance(v, str) for v in pair):
                 raise TypeError

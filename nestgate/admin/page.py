@@ -2,10 +2,11 @@
 the server with no outside asset: workers, requests per second over the last minutes
 (an inline SVG), listeners, recent reloads, allow-list entries and live sessions.
 
-Who may see it is decided as for the API: without a token, loopback clients; with one,
-a browser signs in at `/login` with the token and gets an HttpOnly, SameSite=Strict
-cookie (an HMAC of the token: it changes when the token does). The sign-in form carries
-a CSRF nonce in a Strict cookie of its own.
+Who may see it is decided as for the API: a browser signs in at `/login` with the token
+and gets an HttpOnly, SameSite=Strict cookie (an HMAC of the token: it changes when the
+token does); with `loopback_without_token`, loopback clients need no token. The sign-in
+form carries a CSRF nonce in a Strict cookie of its own, and is behind the listener's
+Host and Origin checks (nestgate.admin.origin) like every other route.
 """
 
 from __future__ import annotations
@@ -14,16 +15,20 @@ import hashlib
 import hmac
 import html
 import secrets
+import asyncio
 import time
 from urllib.parse import parse_qs
 
-from nestgate.admin.api import LOOPBACK, MAX_FAILURES, FAILURE_WINDOW
+from nestgate.admin.guessing import given_token
+from nestgate.admin.origin import ip_loopback
 
 COOKIE = "nestgate_admin"
 CSRF_COOKIE = "nestgate_admin_csrf"
 HISTORY_SECONDS = 600
 _HEADERS = [("content-type", "text/html; charset=utf-8"), ("cache-control", "no-store"),
-            ("x-frame-options", "DENY"), ("referrer-policy", "no-referrer"),
+            # same-origin, not no-referrer: under no-referrer the sign-in form is sent
+            # with `Origin: null`, which nestgate.admin.origin refuses.
+            ("x-frame-options", "DENY"), ("referrer-policy", "same-origin"),
             ("content-security-policy", "default-src 'none'; style-src 'unsafe-inline'; "
                                         "form-action 'self'; frame-ancestors 'none'")]
 _STYLE = ("body{font:15px/1.4 system-ui,sans-serif;margin:2em auto;max-width:60em;"
@@ -89,13 +94,14 @@ class StatusPage:
     to the sign-in form rather than answered 401)."""
 
     is_async = True
-    __slots__ = ("state", "token", "expected", "failures", "store_counts")
+    __slots__ = ("state", "token", "expected", "guesses", "store_counts", "loopback_free")
 
-    def __init__(self, state, token: str, failures: dict, store_counts) -> None:
+    def __init__(self, state, admin, guesses, store_counts) -> None:
         self.state = state
-        self.token = token.encode()
-        self.expected = cookie_value(self.token) if token else ""
-        self.failures = failures            # shared with the API's token gate
+        self.token = admin.token.encode()
+        self.expected = cookie_value(self.token) if admin.token else ""
+        self.loopback_free = admin.loopback_without_token
+        self.guesses = guesses              # shared with the API's token gate
         self.store_counts = store_counts    # () -> (allow entries, sessions) or None
 
     async def handle(self, request) -> None:
@@ -108,7 +114,7 @@ class StatusPage:
             return
         if not self._allowed(request):
             if not self.token:
-                await self._send(request, 403, "<p>Without an admin token only loopback "
+                await self._send(request, 403, "<p>No admin token is set: only loopback "
                                  "clients may see this page.</p>")
             else:
                 await request.send(303, [(b"location", b"/login"),
@@ -117,15 +123,14 @@ class StatusPage:
         await self._send(request, 200, self._body())
 
     def _allowed(self, request) -> bool:
+        if self.loopback_free and ip_loopback(request.client):
+            return True
         if not self.token:
-            return request.client.startswith(LOOPBACK)
+            return False
         given = _cookies(request.headers).get(COOKIE, "")
         if given and hmac.compare_digest(given, self.expected):
             return True
-        auth = request.header(b"authorization") or b""
-        scheme, _, credential = auth.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(),
-                                                                    self.token)
+        return hmac.compare_digest(given_token(request.headers), self.token)
 
     async def _login(self, request) -> None:
         if not self.token:
@@ -145,11 +150,6 @@ class StatusPage:
             await self._send(request, 405, "<p>GET or POST.</p>",
                              extra=[(b"allow", b"GET, HEAD, POST")])
             return
-        client, now = request.client, time.monotonic()
-        recent = [t for t in self.failures.get(client, ()) if now - t < FAILURE_WINDOW]
-        if len(recent) >= MAX_FAILURES:
-            await self._send(request, 429, "<p>Too many failed attempts; wait a minute.</p>")
-            return
         raw = await request.body.read_all() if request.body is not None else b""
         try:
             fields = parse_qs(raw.decode("latin-1"), max_num_fields=8, encoding="latin-1")
@@ -163,8 +163,14 @@ class StatusPage:
                              'site; <a href="/login">reload it</a>.</p>')
             return
         if not hmac.compare_digest(form.get("token", b""), self.token):
-            self.failures[client] = recent + [now]
-            await self._send(request, 401, '<p>Wrong token. <a href="/login">Again</a></p>')
+            # Counted and slowed with the API's wrong tokens; a right one always signs in.
+            hold, over = self.guesses.failed(request.client)
+            await asyncio.sleep(hold)
+            if over:
+                await self._send(request, 429, "<p>Too many failed attempts: each is "
+                                 'answered slowly. <a href="/login">Again</a></p>')
+            else:
+                await self._send(request, 401, '<p>Wrong token. <a href="/login">Again</a></p>')
             return
         await request.send(303, [
             (b"location", b"/"), (b"cache-control", b"no-store"),

@@ -29,7 +29,9 @@ def admin_listener(admin) -> Listener:
 
 def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_fd: int):
     """Entry point in the forked child; never returns."""
-    state = AdminState(table, config.admin.audit_log, bool(config.admin.token))
+    admin = config.admin
+    state = AdminState(table, admin.audit_log,
+                       bool(admin.token) and not admin.loopback_without_token)
 
     class Reports(Service):
         """Read by the worker loop as a service: the latest report replaces the last."""

@@ -20,6 +20,16 @@ def method_not_allowed(allowed: str) -> Prebuilt:
                  headers=[("allow", allowed)])
 
 
+def parse_json(raw: bytes):
+    """The JSON value of a request body. Anything that is not one raises ValueError,
+    nesting too deep for the reader included (its RecursionError would be a 500 with
+    a traceback in the log)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def as_json(value) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=False).encode() + b"\n"
 

@@ -12,9 +12,7 @@ a reload.
 
 from __future__ import annotations
 
-import json
-
-from nestgate.admin.replies import method_not_allowed
+from nestgate.admin.replies import method_not_allowed, parse_json
 from nestgate.allowcli import DEFAULT_TTL
 from nestgate.clientip import Networks
 from nestgate.units import parse_duration
@@ -177,7 +175,7 @@ SESSION_ID_HEX = 16
 def _entry(raw: bytes) -> tuple[str, dict]:
     """The entry a POST body asks for, or what is wrong with it."""
     try:
-        data = json.loads(raw)
+        data = parse_json(raw)
     except ValueError:
         return 'expected a JSON object {"cidr": ..., "ttl": ..., "comment": ...}', {}
     if not isinstance(data, dict):
