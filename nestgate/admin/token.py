@@ -1,10 +1,10 @@
 """The admin token nestgate makes for itself when none is configured.
 
 At its first start the supervisor writes 32
-random bytes, base64url (`secrets.token_urlsafe`), to `admin.token` in the state
-folder, `[acme] storage` (default `nestgate-certificates` beside the config): the one
-folder every config has that the service user can write, made 0700, whose files of
-secrets are 0600 and replaced whole. A token is never replaced once made: the next
+random bytes, base64url (`secrets.token_urlsafe`), to `admin.token` in `[acme] storage`
+(default `nestgate-certificates` in the state folder): the one folder every config has
+that the service user can write, made 0700, whose files of secrets are 0600 and
+replaced whole. A token is never replaced once made: the next
 start, a reload and `nestgate ctl` (which reads the same config) all read it.
 Whoever may read that file may drive the admin API; nobody else on the machine can,
 nor any web page the operator's browser has open.
