@@ -305,8 +305,9 @@ def test_dns_provider_credentials_are_never_shown(start_server, ca, ports, tmp_p
             extra=powerdns_dns(pdns, credentials, token_from_env=True))
             + '\n[admin]\naddress = "127.0.0.1:0"\n')
         wait_served(ports.https, "a.example.test")
-        conn = http.client.HTTPConnection("127.0.0.1", server.admin_port(), timeout=5)
-        conn.request("GET", "/v1/config", headers={"Host": "localhost"})
+        admin = server.admin_port()
+        conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=5)
+        conn.request("GET", "/v1/config", headers={"Host": "localhost", **admin_headers(admin)})
         answer = conn.getresponse()
         shown = answer.read().decode()
         assert answer.status == 200, shown
