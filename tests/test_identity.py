@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from conftest import (HASH, HTML, PASSWORD_HASH, REPO, TOTP_SECRET, Browser, _env, otp_code,
-                      poll, settled_step)
+from conftest import (HASH, HTML, PASSWORD_HASH, REPO, TOTP_SECRET, Browser, _env,
+                      admin_headers, admin_token, otp_code, poll, settled_step)
 from h2client import H2Client
 from nestgate.config import ConfigError, config_warnings, read_config
 
@@ -389,7 +389,7 @@ groups = ["family"]
 def admin_users(port: int) -> list[str]:
     import http.client
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.request("GET", "/v1/users")
+    conn.request("GET", "/v1/users", headers=admin_headers(port))
     body = conn.getresponse().read()
     conn.close()
     return [u["name"] for u in json.loads(body)["users"]]
@@ -452,7 +452,7 @@ def test_admin_api_and_ctl_list_users_without_secrets(home):
     server, _up = home()
     port = server.admin_port()
     resp = subprocess.run([sys.executable, "-m", "nestgate", "ctl", "--address",
-                           f"127.0.0.1:{port}", "users", "--json"], capture_output=True,
+                           f"127.0.0.1:{port}", "--token", admin_token(port), "users", "--json"], capture_output=True,
                           text=True, env=_env(), cwd=REPO, timeout=30)
     assert resp.returncode == 0, resp.stderr
     listed = json.loads(resp.stdout)["users"]
@@ -465,7 +465,7 @@ def test_admin_api_and_ctl_list_users_without_secrets(home):
          "second_factor": False}]
     assert "argon2" not in resp.stdout and TOTP_SECRET not in resp.stdout
     text = subprocess.run([sys.executable, "-m", "nestgate", "ctl", "--address",
-                           f"127.0.0.1:{port}", "users"], capture_output=True, text=True,
+                           f"127.0.0.1:{port}", "--token", admin_token(port), "users"], capture_output=True, text=True,
                           env=_env(), cwd=REPO, timeout=30)
     assert text.returncode == 0
     assert re.search(r"^ann\s+family,admins\s+Ann Example <ann@example.test>\s+2FA$",
