@@ -16,6 +16,7 @@ import os
 import secrets
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 TOKEN_FILE = "admin.token"
 TOKEN_BYTES = 32
@@ -57,28 +58,27 @@ def ensure_token(config, previous=None):
     return replace(config, admin=replace(admin, token=token))
 
 
-def _owner(server) -> tuple[int, int] | None:
-    """(uid, gid) of `[server] user` when running as root, else None."""
+def _owner(server) -> SimpleNamespace | None:
+    """`[server] user` (st_uid, st_gid) when running as root, else None."""
     if os.geteuid() != 0 or not server.user:
         return None
     import grp
     import pwd
     entry = pwd.getpwnam(server.user)
-    return entry.pw_uid, grp.getgrnam(server.group).gr_gid if server.group else entry.pw_gid
+    gid = grp.getgrnam(server.group).gr_gid if server.group else entry.pw_gid
+    return SimpleNamespace(st_uid=entry.pw_uid, st_gid=gid)
 
 
-def _make(path: Path, owner: tuple[int, int] | None) -> None:
-    from nestgate.certs.storage import PRIVATE, CertStorage
+def _make(path: Path, owner: SimpleNamespace | None) -> None:
+    from nestgate.certs.storage import CertStorage
+    from nestgate.private import PRIVATE_FILE, make_private_folders
     aside = path.with_name(f".{path.name}.{os.getpid()}.new")
     try:
-        if not path.parent.exists():
-            path.parent.mkdir(mode=0o700, parents=True)
-            if owner is not None:
-                os.chown(path.parent, *owner)
-        # CertStorage writes whole files, gives them to the folder's owner when run as
-        # root, and makes missing folders 0700.
+        make_private_folders(path.parent, owner)
+        # CertStorage writes whole files and, run as root, gives them to the folder's
+        # owner.
         CertStorage(str(path.parent)).write(
-            aside, secrets.token_urlsafe(TOKEN_BYTES).encode() + b"\n", PRIVATE)
+            aside, secrets.token_urlsafe(TOKEN_BYTES).encode() + b"\n", PRIVATE_FILE)
         try:
             # A link never replaces: two instances starting at once keep the first token.
             os.link(aside, path)
