@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from nestgate import shorthands
+from nestgate.private import make_private_folders
 from nestgate.certs.config import AcmeConfig, acme_warnings, read_acme
 from nestgate.tls import certificate_problem
 from nestgate.access import _cidr_list, read_access
@@ -761,16 +762,26 @@ def read_config(path: str | os.PathLike | None = None) -> Config:
     return parse_config(data, str(path), path.resolve().parent)
 
 
-def state_folder(server: ServerConfig, base: Path) -> Path:
+def state_folder(server: ServerConfig, base: Path, file: str = "") -> Path:
     """The folder relative state paths resolve against: `[server] state_dir`; else,
     run by systemd with `StateDirectory=`, its $STATE_DIRECTORY (the first, if it
     names several), the one place the unit lets nestgate write; else the config's
-    own folder."""
+    own folder, except for the embedded default, which lives inside the installed
+    package: its state goes to the user's state folder ($XDG_STATE_HOME/nestgate,
+    ~/.local/state/nestgate), made 0700 when missing."""
     if server.state_dir:
         return Path(server.state_dir)
     systemd = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
     if systemd and os.path.isabs(systemd):
         return Path(systemd)
+    if file and Path(file).resolve() == EMBEDDED_DEFAULT.resolve():
+        xdg = os.environ.get("XDG_STATE_HOME", "")
+        folder = Path(xdg if os.path.isabs(xdg) else Path.home() / ".local" / "state")
+        try:
+            make_private_folders(folder / "nestgate")
+        except OSError:
+            return base            # the storage's own check then says what is wrong
+        return folder / "nestgate"
     return base
 
 
@@ -778,7 +789,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     problems: list[str] = []
     top = _Section(shorthands.expand(data), "", problems, file, base or Path.cwd())
     server = _read_server(top.table("server"))
-    top.state_base = state_folder(server, top.base)
+    top.state_base = state_folder(server, top.base, file)
     limits = _read_limits(top.table("limits"))
     log = _read_log(top.table("log"))
     listeners = tuple(_read_listener(t) for t in top.tables("listen"))

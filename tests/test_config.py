@@ -430,3 +430,14 @@ def test_shorthands_use_the_listeners_there_are_and_keep_the_rules(tmp_path):
     assert problems_of({"listen": [{"address": "127.0.0.1:0"}],
                         "site": [{"https": "letsencrypt"}]}) == [
         "site.toml: site[0].https: expected one of '', 'acme', 'internal', got 'letsencrypt'"]
+
+
+def test_the_embedded_defaults_state_goes_to_the_users_state_folder(tmp_path, monkeypatch):
+    """The embedded default sits inside the installed package: its state (the made
+    admin token, certificates) goes to $XDG_STATE_HOME/nestgate, made 0700."""
+    from nestgate.config import EMBEDDED_DEFAULT
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    config = read_config(EMBEDDED_DEFAULT)
+    assert config.acme.storage.startswith(str(tmp_path / "state" / "nestgate") + os.sep)
+    assert (tmp_path / "state" / "nestgate").stat().st_mode & 0o777 == 0o700

@@ -22,6 +22,8 @@ import pytest
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
+from rawupstream import proxy_toml
+
 RSS_GROWTH_BOUND_KIB = 8 * 1024
 
 
@@ -80,20 +82,9 @@ def h2c_upstream():
 
 
 def gateway(url: str, route_extra: str = "") -> str:
-    return f"""
-[server]
-workers = 1
-
-[[listen]]
-address = "127.0.0.1:0"
-
-[[site]]
-hosts = ["*"]
-
-[[site.route]]
-prefix = "/"
-type = "proxy"
-upstream = "{url}"
+    """The proxy gateway (`route_extra` keys on its "/" route) and an /admin/ route
+    this client may not reach."""
+    return proxy_toml(url, routes=f"""
 {route_extra}
 
 [[site.route]]
@@ -101,7 +92,7 @@ prefix = "/admin/"
 type = "proxy"
 upstream = "{url}"
 allow = ["192.0.2.1"]
-"""
+""")
 
 
 def h2c_attack(path: str = "/public") -> bytes:

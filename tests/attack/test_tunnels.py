@@ -18,6 +18,7 @@ import socket
 import time
 
 from conftest import poll
+from rawupstream import proxy_toml
 
 WS_REQUEST = (b"GET /ws HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\n"
               b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\r\n")
@@ -25,22 +26,8 @@ RSS_GROWTH_BOUND_KIB = 8 * 1024
 
 
 def tunnel_gateway(url: str, extra: str = "") -> str:
-    return f"""
-[server]
-workers = 1
-
-[[listen]]
-address = "127.0.0.1:0"
-
-[[site]]
-hosts = ["*"]
-
-[[site.route]]
-prefix = "/"
-type = "proxy"
-upstream = "{url}"
-{extra}
-"""
+    """The proxy gateway with `extra` keys on its one route."""
+    return proxy_toml(url, routes=extra)
 
 
 def read_until(sock: socket.socket, end: bytes, seconds: float = 5.0) -> bytes:
