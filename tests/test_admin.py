@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import os
 import signal
 import subprocess
@@ -1345,3 +1346,62 @@ def test_validate_says_only_what_the_service_user_may_read(tmp_path):
         assert "only root" not in json.dumps(post_raw(admin, "/v1/config/validate", b"")[1])
     finally:
         server.stop()
+
+
+def test_ctl_covers_what_an_operator_does_and_speaks_json_for_scripts(start_server, upstream,
+                                                                     tmp_path, certs):
+    """validate, reload, upstreams, drain and undrain, purge and reread, install-cert:
+    each answered in words, and with --json as the API's JSON."""
+    up = upstream()
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "hello.md").write_text("---\ntitle: Hello\n---\n\nhi\n")
+    config = f"""
+[[listen]]
+address = "127.0.0.1:0"
+
+[admin]
+token = "{TOKEN}"
+
+[[site]]
+hosts = ["*"]
+
+[site.notes]
+dir = "{notes}"
+
+[[site.route]]
+prefix = "/app/"
+type = "proxy"
+upstream = "{up.url}"
+"""
+    server = start_server(config)
+    where = ["--address", f"127.0.0.1:{server.admin_port()}", "--token", TOKEN]
+
+    good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
+    good.write_text(config)
+    bad.write_text(config + "\nbogus = 1\n")
+    result = ctl("validate", str(good), *where)
+    assert result.stdout.startswith("ok\n") and "warning: <body>: site[0].base_url" \
+        in result.stdout                       # check's warnings come along
+    result = ctl("validate", str(bad), *where)
+    assert result.returncode == 1 and "bogus: unknown key" in result.stderr
+    assert json.loads(ctl("validate", str(bad), "--json", *where).stdout)["error"]
+
+    listed = ctl("upstreams", *where)
+    assert listed.returncode == 0 and "/app/" in listed.stdout and up.url in listed.stdout
+    route = json.loads(ctl("upstreams", "--json", *where).stdout)["upstreams"][0]["route"]
+    assert re.fullmatch(r"done: applied by [12] workers\n", ctl("drain", route, up.url, *where).stdout)
+    assert "drained" in ctl("upstreams", *where).stdout
+    undrained = json.loads(ctl("undrain", route, up.url, "--json", *where).stdout)
+    assert undrained["applied_by_workers"] >= 1
+    assert ctl("drain", route, "http://127.0.0.1:9", *where).returncode == 1
+    for what in ("purge", "reread"):
+        assert json.loads(ctl(what, "--json", *where).stdout)["applied_by_workers"] >= 1
+
+    result = ctl("reload", "--json", *where)
+    assert result.returncode == 0 and json.loads(result.stdout)["generation"] == 2
+    # No listener installs this name: the API's 404, said in words.
+    chain, key = certs["local"]
+    result = ctl("install-cert", "example.test", "--cert", chain, "--key", key, *where)
+    assert result.returncode == 1 and "404" in result.stderr
+    assert ctl("install-cert", "example.test", *where).returncode == 2     # no files named

@@ -1,5 +1,12 @@
-"""`nestgate ctl status|ready|metrics|reload|allow|sessions|revoke|users`: the admin API from a shell.
+"""`nestgate ctl status|ready|metrics|validate|reload|...`: the admin API from a shell.
 
+    nestgate ctl validate FILE                     the problems `check` would list, asked of
+                                                   the running server (as its user sees them)
+    nestgate ctl reload                            reload and wait for the new workers
+    nestgate ctl upstreams                         the proxy routes' upstreams and health
+    nestgate ctl drain|undrain ROUTE UPSTREAM      no new request to it in any worker / back
+    nestgate ctl purge | reread                    notes: forget rendered pages / read again
+    nestgate ctl install-cert NAME --cert F --key F   a certificate another tool renews
     nestgate ctl allow [list]                      the dynamic allow-list
     nestgate ctl allow add CIDR [--for 2h] [--comment TEXT]
     nestgate ctl allow remove ID
@@ -27,19 +34,27 @@ from urllib.parse import quote
 NOT_READY, CONFIG_PROBLEMS, UNREACHABLE = 1, 2, 3
 PATHS = {"status": "/v1/status", "ready": "/v1/ready", "metrics": "/metrics",
          "reload": "/v1/config/reload", "allow": "/v1/allow", "sessions": "/v1/sessions",
-         "revoke": "/v1/sessions", "users": "/v1/users"}
+         "revoke": "/v1/sessions", "users": "/v1/users", "validate": "/v1/config/validate",
+         "upstreams": "/v1/upstreams", "drain": "/v1/upstreams/drain",
+         "undrain": "/v1/upstreams/undrain", "purge": "/v1/notes/purge",
+         "reread": "/v1/notes/reread", "install-cert": "/v1/certificates"}
+# Commands that change something and take no arguments: a POST with no body.
+_POSTS = frozenset(("reload", "purge", "reread"))
 
 
 def ctl_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nestgate ctl", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.split("\n")[2:8]))
+                                     epilog="\n".join(__doc__.split("\n")[2:18]))
     parser.add_argument("what", choices=sorted(PATHS))
     parser.add_argument("rest", nargs="*", help="for allow: list, add CIDR, remove ID; "
-                        "for revoke: a session id")
+                        "for revoke: a session id; for validate: a file; for drain and "
+                        "undrain: ROUTE UPSTREAM; for install-cert: NAME")
     parser.add_argument("--for", dest="ttl", default="1h", help="allow add: how long")
     parser.add_argument("--comment", default="", help="allow add: a note")
     parser.add_argument("--user", help="revoke: every session of this user")
+    parser.add_argument("--cert", help="install-cert: the PEM chain file")
+    parser.add_argument("--key", help="install-cert: the PEM key file")
     parser.add_argument("--config", metavar="FILE", help="the server's config file")
     parser.add_argument("--address", metavar="HOST:PORT", help="the admin listener")
     parser.add_argument("--token", help="the admin token (default: the config's)")
@@ -52,7 +67,7 @@ def ctl_main(argv: list[str]) -> int:
     if request is None:
         parser.print_usage(sys.stderr)
         return CONFIG_PROBLEMS
-    method, path, payload = request
+    method, path, payload, content_type = request
     host, port, token, certificate = _target(args)
     if host is None:
         return CONFIG_PROBLEMS
@@ -62,9 +77,8 @@ def ctl_main(argv: list[str]) -> int:
                                         context=pinned_context(certificate))
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         if payload is not None:
-            headers["Content-Type"] = "application/json"
-        conn.request(method, path, headers=headers,
-                     body=None if payload is None else json.dumps(payload))
+            headers["Content-Type"] = content_type
+        conn.request(method, path, headers=headers, body=payload)
         resp = conn.getresponse()
         body = resp.read()
         conn.close()
@@ -77,9 +91,12 @@ def ctl_main(argv: list[str]) -> int:
         return 0
     answer = json.loads(body) if body else {}
     if resp.status == 204:
-        print("done")
+        print("{}" if args.json else "done")
         return 0
     if "error" in answer:
+        if args.json:
+            print(json.dumps(answer, indent=2))
+            return NOT_READY
         print(f"nestgate ctl: {resp.status}: {answer['error']['message']}", file=sys.stderr)
         for problem in answer["error"].get("details", {}).get("problems", ()):
             where = ": ".join(p for p in (problem["file"], problem["key"]) if p)
@@ -111,6 +128,21 @@ def ctl_main(argv: list[str]) -> int:
             print(f"{u['name']:<16}  {','.join(u['groups']) or '-':<24}  "
                   f"{(u['display_name'] + email).strip() or '-':<40}  "
                   f"{'2FA' if u['second_factor'] else '1FA'}")
+    elif args.what == "validate":
+        print("ok")
+        for warning in answer.get("warnings", ()):
+            where = ": ".join(p for p in (warning["file"], warning["key"]) if p)
+            print(f"  warning: {where}: {warning['message']}")
+    elif args.what in ("drain", "undrain", "purge", "reread"):
+        print(f"done: applied by {answer['applied_by_workers']} workers")
+    elif args.what == "upstreams":
+        for u in answer["upstreams"]:
+            state = "drained" if u.get("drained") else \
+                "healthy" if u.get("healthy", True) else "failing"
+            print(f"{u['route']:<24}  {u['upstream']:<40}  {state:<8}  "
+                  f"{u.get('requests', 0)} requests, {u.get('errors', 0)} errors")
+    elif args.what == "install-cert":
+        print(f"installed {answer['name']}: until {_when(answer['not_after'])}")
     elif args.what == "ready":
         print("ready" if answer.get("ready") else
               "not ready: " + "; ".join(answer.get("reasons", ())))
@@ -119,28 +151,51 @@ def ctl_main(argv: list[str]) -> int:
     return 0 if 200 <= resp.status < 300 else NOT_READY
 
 
+def _json(value) -> tuple[bytes, str]:
+    return json.dumps(value).encode(), "application/json"
+
+
 def _request(args):
-    """(method, path, JSON body or None) for the command, or None when its arguments
-    do not make one."""
-    rest = args.rest
-    if args.what == "allow":
+    """(method, path, body or None, its content type) for the command, or None when
+    its arguments do not make one."""
+    rest, what = args.rest, args.what
+    if what == "allow":
         if not rest or rest == ["list"]:
-            return "GET", "/v1/allow", None
+            return "GET", "/v1/allow", None, ""
         if rest[0] == "add" and len(rest) == 2:
-            return "POST", "/v1/allow", {"cidr": rest[1], "ttl": args.ttl,
-                                         "comment": args.comment}
+            return ("POST", "/v1/allow",
+                    *_json({"cidr": rest[1], "ttl": args.ttl, "comment": args.comment}))
         if rest[0] == "remove" and len(rest) == 2:
-            return "DELETE", f"/v1/allow/{quote(rest[1], safe='')}", None
+            return "DELETE", f"/v1/allow/{quote(rest[1], safe='')}", None, ""
         return None
-    if args.what == "revoke":
+    if what == "revoke":
         if args.user and not rest:
-            return "DELETE", f"/v1/users/{quote(args.user, safe='')}/sessions", None
+            return "DELETE", f"/v1/users/{quote(args.user, safe='')}/sessions", None, ""
         if len(rest) == 1 and not args.user:
-            return "DELETE", f"/v1/sessions/{quote(rest[0], safe='')}", None
+            return "DELETE", f"/v1/sessions/{quote(rest[0], safe='')}", None, ""
         return None
+    if what == "validate":
+        return ("POST", PATHS[what], _read_file(rest[0]), "application/toml") \
+            if len(rest) == 1 else None
+    if what in ("drain", "undrain"):
+        return ("POST", PATHS[what], *_json({"route": rest[0], "upstream": rest[1]})) \
+            if len(rest) == 2 else None
+    if what == "install-cert":
+        if len(rest) != 1 or not args.cert or not args.key:
+            return None
+        pems = {"cert": _read_file(args.cert).decode(), "key": _read_file(args.key).decode()}
+        return "PUT", f"{PATHS[what]}/{quote(rest[0], safe='')}", *_json(pems)
     if rest:
         return None
-    return ("POST" if args.what == "reload" else "GET"), PATHS[args.what], None
+    return ("POST" if what in _POSTS else "GET"), PATHS[what], None, ""
+
+
+def _read_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise SystemExit(f"nestgate ctl: cannot read {path}: {exc.strerror}") from None
 
 
 def _when(timestamp: float) -> str:
