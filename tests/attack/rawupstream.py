@@ -20,6 +20,7 @@ import socket
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import httptools
 
@@ -167,3 +168,30 @@ def proxy_toml(url: str, listeners: str = "", routes: str = "") -> str:
         type = "proxy"
         upstream = "{url}"
         """) + textwrap.dedent(routes)
+
+
+def guarded_gateway(request, tmp_path_factory, upstream, certs, refused_prefix: str,
+                    cleartext: bool = False):
+    """A module-wide nestgate (tests/conftest.py's Server; `start_server` is per test):
+    its plain listener (taking h2c by prior knowledge when `cleartext`) and a TLS one
+    (ALPN h2) forward everything to `upstream`, `refused_prefix` only to 10.0.0.0/8, so
+    never to the loopback clients of the attacks. The caller stops it."""
+    path = tmp_path_factory.mktemp("gateway") / "nestgate.toml"
+    path.write_text(proxy_toml(upstream.url, listeners=f"""
+        {"http2_cleartext = true" if cleartext else ""}
+
+        [[listen]]
+        address = "127.0.0.1:0"
+        [[listen.certificate]]
+        cert = "{certs["local"][0]}"
+        key = "{certs["local"][1]}"
+        """, routes=f"""
+        [[site.route]]
+        prefix = "{refused_prefix}"
+        type = "proxy"
+        upstream = "{upstream.url}"
+        allow = ["10.0.0.0/8"]
+        """))
+    shared = request.config.pluginmanager.get_plugin(
+        str(Path(__file__).resolve().parents[1] / "conftest.py"))
+    return shared.Server(path)

@@ -17,14 +17,13 @@ its whole life, so it sees every request nestgate's bytes make.
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import h2.exceptions
 import httptools
 import pytest
 
 from h2client import H2Client
-from rawupstream import RawUpstream, proxy_toml
+from rawupstream import RawUpstream, guarded_gateway
 
 SMUGGLED = (b"POST /admin/delete-everything HTTP/1.1\r\nHost: localhost\r\n"
             b"X-Forwarded-For: 10.1.2.3\r\nContent-Length: 0\r\n\r\n")
@@ -69,25 +68,7 @@ def upstream():
 def gateway(request, upstream, certs, tmp_path_factory):
     """One nestgate for the module: plain HTTP/1.1 and TLS (h2) listeners, `/admin/`
     allowed only to 10.0.0.0/8, everything else forwarded to `upstream`."""
-    folder = tmp_path_factory.mktemp("smuggle")
-    path = folder / "nestgate.toml"
-    path.write_text(proxy_toml(upstream.url, listeners=f"""
-        [[listen]]
-        address = "127.0.0.1:0"
-        [[listen.certificate]]
-        cert = "{certs["local"][0]}"
-        key = "{certs["local"][1]}"
-        """, routes=f"""
-        [[site.route]]
-        prefix = "/admin/"
-        type = "proxy"
-        upstream = "{upstream.url}"
-        allow = ["10.0.0.0/8"]
-        """))
-    # tests/conftest.py's Server, module-wide (the `start_server` fixture is per test).
-    shared = request.config.pluginmanager.get_plugin(
-        str(Path(__file__).resolve().parents[1] / "conftest.py"))
-    server = shared.Server(path)
+    server = guarded_gateway(request, tmp_path_factory, upstream, certs, "/admin/")
     yield server
     server.stop()
 

@@ -18,11 +18,10 @@ connection by an innocent request, which must be the only one the upstream reads
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from h2raw import DataFrame, HeadersFrame, RawH2
-from rawupstream import UNASKED_AFTER_S, RawUpstream, proxy_toml
+from rawupstream import UNASKED_AFTER_S, RawUpstream, guarded_gateway
 
 PROTOCOL_ERROR = 0x1
 MEANT = b"/public/x"
@@ -162,26 +161,8 @@ def gateway(request, upstream, certs, tmp_path_factory):
     """One nestgate: a TLS listener (ALPN h2) and a plain one taking h2c by prior
     knowledge, everything forwarded to `upstream`, `/admin2/` allowed only to
     10.0.0.0/8 (so never to these loopback clients)."""
-    folder = tmp_path_factory.mktemp("h2smuggle")
-    path = folder / "nestgate.toml"
-    path.write_text(proxy_toml(upstream.url, listeners=f"""
-        http2_cleartext = true
-
-        [[listen]]
-        address = "127.0.0.1:0"
-        [[listen.certificate]]
-        cert = "{certs["local"][0]}"
-        key = "{certs["local"][1]}"
-        """, routes=f"""
-        [[site.route]]
-        prefix = "/admin2/"
-        type = "proxy"
-        upstream = "{upstream.url}"
-        allow = ["10.0.0.0/8"]
-        """))
-    shared = request.config.pluginmanager.get_plugin(
-        str(Path(__file__).resolve().parents[1] / "conftest.py"))
-    server = shared.Server(path)
+    server = guarded_gateway(request, tmp_path_factory, upstream, certs, "/admin2/",
+                             cleartext=True)
     yield server
     server.stop()
 

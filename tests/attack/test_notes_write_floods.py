@@ -11,26 +11,15 @@ import http.client
 import json
 import time
 
+from conftest import NOTES_SITE
+
 TOKEN = "t0ken-for-attacks"
 WRITES = 4                          # on new connections, so both workers take some
 RSS_GROWTH_BOUND_KIB = 16 * 1024    # per worker; the accepted notes grew each by ~100 MB
 DEADLINE_S = 60
 
-CONFIG = """
-[server]
-workers = 2
-
-[[listen]]
-address = "127.0.0.1:0"
-
-[[site]]
-hosts = ["*"]
-base_url = "http://127.0.0.1"
-
-[site.notes]
-dir = "{notes}"
-token = "{token}"
-"""
+# conftest's two-worker notes site, with the write API's token.
+CONFIG = NOTES_SITE + 'token = "{token}"\n'
 
 
 def write(port: int, slug: str, note: dict) -> tuple[int, dict]:
