@@ -196,6 +196,7 @@ class Site:
     templates: str = ""                     # a directory whose templates replace the built-in ones
     base_url: str = ""                      # absolute address of the site, for the Atom feed
     error_pages: tuple[tuple[int, bytes], ...] = ()   # (status, HTML) replacing built-in pages
+    key: str = "site"                       # how `check` names it: site[first host]
 
 
 @dataclass(frozen=True)
@@ -372,7 +373,9 @@ class _Section:
             self.fail(name, "a path to a readable directory", value)
         return str(path)
 
-    def tables(self, name: str) -> list[_Section]:
+    def tables(self, name: str, labels=None) -> list[_Section]:
+        """The [[name]] tables, each keyed `name[i]`, or `name[label]` with `labels`
+        (a function from the raw tables to one label each)."""
         self.seen.add(name)
         raw = self.data.get(name, [])
         if isinstance(raw, dict):
@@ -380,7 +383,9 @@ class _Section:
         if not isinstance(raw, list):
             self.fail(name, "an array of tables", raw)
             return []
-        return [self.child(item, f"{self.key(name)}[{i}]") for i, item in enumerate(raw)]
+        names = labels(raw) if labels else range(len(raw))
+        return [self.child(item, f"{self.key(name)}[{label}]")
+                for label, item in zip(names, raw)]
 
     def table(self, name: str) -> _Section:
         self.seen.add(name)
@@ -619,6 +624,27 @@ def _proxies_root(routes) -> bool:
     return any(r.type == "proxy" and r.prefix == "/" for r in routes)
 
 
+def _host_pattern(h: str) -> bool:
+    """A host name, a "*.example.com" wildcard or "*"."""
+    return h == "*" or bool(h) and " " not in h and "/" not in h and h.count("*") <= 1 \
+        and ("*" not in h or h.startswith("*."))
+
+
+def site_labels(raw: list) -> list[str]:
+    """A site is named by its first host (`site[photos.example.com]`, `site[*]` for the
+    catch-all), which a reader finds in the file faster than a count of [[site]] tables;
+    by its position (`site[2]`) when it has no readable host or shares its first host
+    with another site."""
+    firsts = []
+    for item in raw:
+        hosts = item.get("hosts", ["*"]) if isinstance(item, dict) else None
+        first = hosts[0] if isinstance(hosts, list) and hosts else None
+        firsts.append(first.lower() if isinstance(first, str) and _host_pattern(first)
+                      else None)
+    return [first if first is not None and firsts.count(first) == 1 else str(index)
+            for index, first in enumerate(firsts)]
+
+
 def _read_site(s: _Section, index: int) -> Site:
     # Shorthands (nestgate.shorthands) were expanded already: here only checked.
     s.str("proxy"), s.str("static")
@@ -628,8 +654,7 @@ def _read_site(s: _Section, index: int) -> Site:
         # An empty list would make a site no request can reach, silently.
         s.fail("hosts", "at least one host name (\"*\" for every Host)", [])
     for h in hosts:
-        if h != "*" and (not h or " " in h or "/" in h or h.count("*") > 1
-                         or ("*" in h and not h.startswith("*."))):
+        if not _host_pattern(h):
             s.fail("hosts", "host names, \"*.example.com\" wildcards or \"*\"", h)
     routes = tuple(r for r in (_read_route(t) for t in s.tables("route")) if r)
     site = Site(name=s.str("name", f"site{index}"), hosts=tuple(h.lower() for h in hosts),
@@ -641,7 +666,8 @@ def _read_site(s: _Section, index: int) -> Site:
                 base_url=s.str("base_url").rstrip("/"),
                 access=read_access(s), protected=s.bool("protected", False),
                 rate_limit=read_rate_limit(s), policy=read_policy(s),
-                error_pages=_read_error_pages(s.table("error_pages")))
+                error_pages=_read_error_pages(s.table("error_pages")),
+                key=s.where)
     if not site.protected:
         where = [("", site.policy)] + [(f"route[{i}].", r.policy)
                                        for i, r in enumerate(site.routes)]
@@ -793,7 +819,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     limits = _read_limits(top.table("limits"))
     log = _read_log(top.table("log"))
     listeners = tuple(_read_listener(t) for t in top.tables("listen"))
-    sites = tuple(_read_site(t, i) for i, t in enumerate(top.tables("site")))
+    sites = tuple(_read_site(t, i) for i, t in enumerate(top.tables("site", site_labels)))
     client_ip = top.table("client_ip")
     trusted = client_ip.get("trusted_proxies", (), _cidr_list, "")
     client_ip.check_unknown()
@@ -871,14 +897,14 @@ def _managed_names(listeners, sites, acme, file: str, problems: list[str]):
 def _user_keyed_limits(sites, file: str) -> list[str]:
     """`key = "user"` counts signed-in users: only a protected site has them."""
     problems = []
-    for index, site in enumerate(sites):
+    for site in sites:
         if site.protected:
             continue
         where = [("", site.rate_limit)] + [(f".route[{i}]", r.rate_limit)
                                            for i, r in enumerate(site.routes)]
         for suffix, limit in where:
             if limit is not None and limit.key == "user":
-                problems.append(f"{file}: site[{index}]{suffix}.rate_limit.key: expected "
+                problems.append(f"{file}: {site.key}{suffix}.rate_limit.key: expected "
                                 f"\"ip\" on a site without protected = true (only signed-"
                                 f"in visitors have a user), got 'user'")
     return problems
@@ -935,21 +961,21 @@ def _clashing_hosts(sites, file: str) -> list[str]:
     problems, claimed = [], {}
     for i, site in enumerate(sites):
         for host in sorted({h for h in site.hosts if site.hosts.count(h) > 1}):
-            problems.append(f"{file}: site[{i}].hosts: expected each host once, "
+            problems.append(f"{file}: {site.key}.hosts: expected each host once, "
                             f"got {host!r} twice")
         for host in dict.fromkeys(site.hosts):
             first = claimed.setdefault(host, i)
             if first != i:
-                problems.append(f"{file}: site[{i}].hosts: expected hosts no other site "
-                                f"claims, got {host!r} (site[{first}].hosts claims it too)")
+                problems.append(f"{file}: {site.key}.hosts: expected hosts no other site "
+                                f"claims, got {host!r} ({sites[first].key}.hosts claims it too)")
     return problems
 
 
-def site_claims(site: Site, index: int, server: ServerConfig) -> list[tuple[str, str, str, str]]:
+def site_claims(site: Site, server: ServerConfig) -> list[tuple[str, str, str, str]]:
     """Every route the site's table gets at load, in the order nestgate.site adds
     them: (kind "path" or "prefix", its path or prefix, the config key that puts it
     there, what it is when the site adds it by itself)."""
-    key = f"site[{index}]"
+    key = site.key
     claims = []
     if site.health:
         claims.append(("path", server.health_path, "server.health_path", "the health check"))
@@ -982,9 +1008,9 @@ def _clashing_routes(sites, server: ServerConfig, file: str) -> list[str]:
     home and notes pages, the notes API, the sign-in pages. Paths differing only in
     the names of their {segments} are the same path."""
     problems = []
-    for i, site in enumerate(sites):
+    for site in sites:
         held: dict[tuple[str, str], tuple[str, str]] = {}
-        for kind, value, key, what in site_claims(site, i, server):
+        for kind, value, key, what in site_claims(site, server):
             first = held.setdefault((kind, path_shape(value)), (key, what))
             if first != (key, what):
                 other = first[0] + (f" ({first[1]})" if first[1] else "")
@@ -1002,16 +1028,16 @@ def config_warnings(config: Config) -> list[str]:
     `serve` print these without refusing the config."""
     out = [f"{config.source}: {warning}" for warning in acme_warnings(config.acme)]
     out += _store_open_to_others(config)
-    for i, site in enumerate(config.sites):
-        out += _plain_sign_in(config, i, site)
-        out += _policy_names(config, i, site)
-        out += _entered_without_sign_in(config, i, site)
-        out += _open_to_all(config.source, f"site[{i}]", site.access)
+    for site in config.sites:
+        out += _plain_sign_in(config, site)
+        out += _policy_names(config, site)
+        out += _entered_without_sign_in(config, site)
+        out += _open_to_all(config.source, site.key, site.access)
         for j, route in enumerate(site.routes):
-            out += _open_to_all(config.source, f"site[{i}].route[{j}]", route.access)
-            out += _system_root(config.source, f"site[{i}].route[{j}]", route)
+            out += _open_to_all(config.source, f"{site.key}.route[{j}]", route.access)
+            out += _system_root(config.source, f"{site.key}.route[{j}]", route)
         if site.notes and not site.base_url:
-            out.append(f"{config.source}: site[{i}].base_url: the Atom feed at "
+            out.append(f"{config.source}: {site.key}.base_url: the Atom feed at "
                        f"{site.notes.path}/feed.xml needs it for absolute links (feed "
                        "readers cannot follow relative ones); set it, e.g. "
                        "\"https://example.com\"")
@@ -1078,7 +1104,7 @@ def _system_root(file: str, where: str, route) -> list[str]:
             "only what the site publishes"]
 
 
-def _plain_sign_in(config: Config, index: int, site: Site) -> list[str]:
+def _plain_sign_in(config: Config, site: Site) -> list[str]:
     """A protected site that browsers reach only over plain HTTP, with a Secure session
     cookie: the browser drops the cookie and sign-in fails on every try."""
     auth = config.auth
@@ -1091,25 +1117,25 @@ def _plain_sign_in(config: Config, index: int, site: Site) -> list[str]:
              if h not in _LOOPBACK_NAMES and not h.endswith(".localhost")]
     if not plain:
         return []
-    return [f"{config.source}: site[{index}] ({site.name}): protected, but reachable only "
+    return [f"{config.source}: {site.key}: protected, but reachable only "
             f"over plain HTTP as {', '.join(repr(h) for h in plain)}: browsers drop the "
             "session cookie there (auth.cookie_secure = true) and sign-in fails; add an "
             "HTTPS listener (with a redirect_https one on port 80), or sign in through a "
             "*.localhost name on this machine only"]
 
 
-def _policy_names(config: Config, index: int, site: Site) -> list[str]:
+def _policy_names(config: Config, site: Site) -> list[str]:
     if config.auth is None:
         return []
     from nestgate.auth.policy import policy_warnings
-    where = [(f"{config.source}: site[{index}]", site.policy)] + [
-        (f"{config.source}: site[{index}].route[{j}]", r.policy)
+    where = [(f"{config.source}: {site.key}", site.policy)] + [
+        (f"{config.source}: {site.key}.route[{j}]", r.policy)
         for j, r in enumerate(site.routes)]
     return [w for key, policy in where if policy is not None
             for w in policy_warnings(key, policy, config.auth.users)]
 
 
-def _entered_without_sign_in(config: Config, index: int, site: Site) -> list[str]:
+def _entered_without_sign_in(config: Config, site: Site) -> list[str]:
     """Where a protected site lets someone in without signing in: clients on local
     networks (exempt_local), and the dynamic allow-list (`nestgate allow` entries, and
     every address a user signed in from when ip_grant is on), which also skip the
@@ -1121,7 +1147,7 @@ def _entered_without_sign_in(config: Config, index: int, site: Site) -> list[str
         (f".route[{j}]", r.access, r.policy or site.policy)
         for j, r in enumerate(site.routes) if r.access is not None]
     for suffix, access, policy in where:
-        key = f"{config.source}: site[{index}]{suffix} ({site.name})"
+        key = f"{config.source}: {site.key}{suffix}"
         if access is not None and access.exempt_local:
             out.append(f"{key}: protected, but exempt_local = true lets every client on a "
                        "local network (loopback, private, link-local, CGNAT addresses) in "

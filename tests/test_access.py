@@ -23,8 +23,8 @@ def test_invalid_entries_rejected_at_load_with_their_names():
                                 "route": [{"path": "/", "type": "return",
                                            "deny": ["nope"]}]}]})
     text = "\n".join(info.value.problems)
-    assert "site[0].allow" in text and "'10.0.0.0/33'" in text
-    assert "site[0].route[0].deny" in text and "'nope'" in text
+    assert "site[*].allow" in text and "'10.0.0.0/33'" in text
+    assert "site[*].route[0].deny" in text and "'nope'" in text
 
 
 def test_allow_deny_and_local_exemption(start_server):

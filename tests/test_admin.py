@@ -348,10 +348,10 @@ def test_ctl_reads_the_address_and_token_from_the_config(tmp_path):
         # A broken file is refused before the server is asked (ctl reads it for the
         # address and token): the same problems, exit 2; the server is not touched.
         result = ctl("reload", "--config", str(config), env=env)
-        assert result.returncode == 2 and "site[0].route[0].bogus: unknown key" in result.stderr
+        assert result.returncode == 2 and "site[*].route[0].bogus: unknown key" in result.stderr
         result = ctl("reload", "--address", f"127.0.0.1:{server.admin_port()}", "--token",
                      TOKEN, env=env)
-        assert result.returncode == 1 and "site[0].route[0].bogus: unknown key" in result.stderr
+        assert result.returncode == 1 and "site[*].route[0].bogus: unknown key" in result.stderr
         config.write_text(config.read_text().replace("\nbogus = 1", ""))
         result = ctl("reload", "--config", str(config), env=env)
         assert (result.returncode, result.stdout) == (0, "reloaded: generation 2 serving\n")
@@ -523,7 +523,7 @@ def test_validate_lists_the_problems_check_would(start_server):
     status, answer = post_raw(admin, "/v1/config/validate", good.replace(
         b'name = "main"', b'name = "main"\nallow = ["0.0.0.0/0"]'))
     assert status == 200 and [(w["file"], w["key"]) for w in answer["warnings"]] == \
-        [("<body>", "site[0].allow")]
+        [("<body>", "site[*].allow")]
     assert "'0.0.0.0/0' holds every address" in answer["warnings"][0]["message"]
     status, answer = post_raw(admin, "/v1/config/validate",
                               good.replace(b"workers = 2", b"workers = -1\nbogus = 1"))
@@ -552,7 +552,7 @@ def test_reload_through_the_api_waits_for_the_new_workers_and_names_the_changes(
                                   .replace('name = "blog"', 'name = "blog"\nbogus = 1'))
     status, answer = post_raw(admin, "/v1/config/reload")
     assert status == 422 and answer["error"]["code"] == "reload_refused"
-    assert [p["key"] for p in answer["error"]["details"]["problems"]] == ["site[1].bogus"]
+    assert [p["key"] for p in answer["error"]["details"]["problems"]] == ["site[blog.localhost].bogus"]
     assert host_get(server.port(), "blog.localhost") == (200, b"blog")   # still serving
 
 
@@ -1381,7 +1381,7 @@ upstream = "{up.url}"
     good.write_text(config)
     bad.write_text(config + "\nbogus = 1\n")
     result = ctl("validate", str(good), *where)
-    assert result.stdout.startswith("ok\n") and "warning: <body>: site[0].base_url" \
+    assert result.stdout.startswith("ok\n") and "warning: <body>: site[*].base_url" \
         in result.stdout                       # check's warnings come along
     result = ctl("validate", str(bad), *where)
     assert result.returncode == 1 and "bogus: unknown key" in result.stderr

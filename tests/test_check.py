@@ -42,8 +42,8 @@ def run_check(config, cwd=None) -> subprocess.CompletedProcess:
 def test_two_sites_with_the_same_host_are_named():
     problems = problems_of({"site": [{"hosts": ["a.example", "b.example"]},
                                      {"hosts": ["B.example"]}]})
-    assert problems == ["site.toml: site[1].hosts: expected hosts no other site claims, got "
-                        "'b.example' (site[0].hosts claims it too)"]
+    assert problems == ["site.toml: site[b.example].hosts: expected hosts no other site claims, "
+                        "got 'b.example' (site[a.example].hosts claims it too)"]
 
 
 def test_two_catch_all_sites_are_refused():
@@ -54,7 +54,7 @@ def test_two_catch_all_sites_are_refused():
 
 def test_a_host_listed_twice_in_one_site_is_refused():
     problems = problems_of({"site": [{"hosts": ["a.example", "a.example"]}]})
-    assert problems == ["site.toml: site[0].hosts: expected each host once, got 'a.example' twice"]
+    assert problems == ["site.toml: site[a.example].hosts: expected each host once, got 'a.example' twice"]
 
 
 def test_two_routes_on_the_same_path_or_prefix_are_named():
@@ -62,12 +62,12 @@ def test_two_routes_on_the_same_path_or_prefix_are_named():
         ret(path="/x"), ret(prefix="/p/"), ret(path="/x"), ret(prefix="/p/"),
         ret(path="/n/{slug}"), ret(path="/n/{name}"), ret(prefix="/x")]}]})
     assert problems == [
-        "site.toml: site[0].route[2].path: expected a path no other route of the site has, "
-        "got '/x' (site[0].route[0].path has it too)",
-        "site.toml: site[0].route[3].prefix: expected a prefix no other route of the site "
-        "has, got '/p/' (site[0].route[1].prefix has it too)",
-        "site.toml: site[0].route[5].path: expected a path no other route of the site has, "
-        "got '/n/{name}' (site[0].route[4].path has it too)"]
+        "site.toml: site[*].route[2].path: expected a path no other route of the site has, "
+        "got '/x' (site[*].route[0].path has it too)",
+        "site.toml: site[*].route[3].prefix: expected a prefix no other route of the site "
+        "has, got '/p/' (site[*].route[1].prefix has it too)",
+        "site.toml: site[*].route[5].path: expected a path no other route of the site has, "
+        "got '/n/{name}' (site[*].route[4].path has it too)"]
 
 
 def test_a_route_on_a_path_the_site_adds_by_itself_is_named(tmp_path):
@@ -79,20 +79,20 @@ def test_a_route_on_a_path_the_site_adds_by_itself_is_named(tmp_path):
                             ret(path="/notes/feed.xml"), ret(path="/api/v1/notes/{id}"),
                             ret(path="/__auth__/login"), ret(path="/notes/{name}")]}]})
     assert problems == [
-        "site.toml: site[0].route[0].path: expected a path no other route of the site has, "
+        "site.toml: site[*].route[0].path: expected a path no other route of the site has, "
         "got '/api/v1/health' (server.health_path (the health check) has it too)",
-        "site.toml: site[0].home.path: expected a path no other route of the site has, "
-        "got '/' (site[0].route[1].path has it too)",
-        "site.toml: site[0].notes.path: expected a path no other route of the site has, "
-        "got '/notes/feed.xml' (site[0].route[2].path has it too)",
-        "site.toml: site[0].notes.path: expected a path no other route of the site has, "
-        "got '/notes/{slug}' (site[0].route[5].path has it too)",
-        "site.toml: site[0].notes.api_path: expected a path no other route of the site has, "
-        "got '/notes' (site[0].notes.path (the notes list) has it too)",
-        "site.toml: site[0].notes.api_path: expected a path no other route of the site has, "
-        "got '/notes/{slug}' (site[0].route[5].path has it too)",
-        "site.toml: site[0].protected: expected a path no other route of the site has, "
-        "got '/__auth__/login' (site[0].route[4].path has it too)"]
+        "site.toml: site[*].home.path: expected a path no other route of the site has, "
+        "got '/' (site[*].route[1].path has it too)",
+        "site.toml: site[*].notes.path: expected a path no other route of the site has, "
+        "got '/notes/feed.xml' (site[*].route[2].path has it too)",
+        "site.toml: site[*].notes.path: expected a path no other route of the site has, "
+        "got '/notes/{slug}' (site[*].route[5].path has it too)",
+        "site.toml: site[*].notes.api_path: expected a path no other route of the site has, "
+        "got '/notes' (site[*].notes.path (the notes list) has it too)",
+        "site.toml: site[*].notes.api_path: expected a path no other route of the site has, "
+        "got '/notes/{slug}' (site[*].route[5].path has it too)",
+        "site.toml: site[*].protected: expected a path no other route of the site has, "
+        "got '/__auth__/login' (site[*].route[4].path has it too)"]
 
 
 def test_a_site_without_the_health_check_may_route_its_path():
@@ -118,9 +118,9 @@ def test_check_names_both_routes_on_one_path(tmp_path):
     """))
     out = run_check(config)
     assert out.returncode == 2, out.stderr
-    assert f"{config}: site[0].notes.path: expected a path no other route of the site has, " \
-        "got '/notes' (site[0].route[0].path has it too)" in out.stderr
-    assert f"{config}: site[0].notes.api_path: expected a path no other route of the site " \
+    assert f"{config}: site[*].notes.path: expected a path no other route of the site has, " \
+        "got '/notes' (site[*].route[0].path has it too)" in out.stderr
+    assert f"{config}: site[*].notes.api_path: expected a path no other route of the site " \
         "has, got '/status' (server.health_path (the health check) has it too)" in out.stderr
 
 
@@ -158,7 +158,7 @@ def protected(hosts: list[str], **extra) -> dict:
 def test_sign_in_over_plain_http_on_a_real_name_is_warned_about():
     config = parse_config(protected(["private.localhost", "private.test"]), "gw.toml")
     [warning] = config_warnings(config)
-    assert warning.startswith("gw.toml: site[0] (private): protected, but reachable only over "
+    assert warning.startswith("gw.toml: site[private.localhost]: protected, but reachable only over "
                               "plain HTTP as 'private.test'")
     assert "cookie_secure" in warning and "redirect_https" in warning
 
@@ -177,7 +177,7 @@ def test_no_warning_where_the_cookie_comes_back(data):
 def test_notes_without_base_url_are_warned_about(tmp_path):
     data = {**LISTEN, "site": [{"notes": {"dir": str(tmp_path)}}]}
     [warning] = config_warnings(parse_config(data, "s.toml"))
-    assert warning.startswith("s.toml: site[0].base_url: the Atom feed at /notes/feed.xml")
+    assert warning.startswith("s.toml: site[*].base_url: the Atom feed at /notes/feed.xml")
     data["site"][0]["base_url"] = "https://example.com"
     assert config_warnings(parse_config(data, "s.toml")) == []
 
@@ -189,7 +189,7 @@ def test_a_static_root_on_a_system_folder_is_warned_about(tmp_path):
             {"prefix": "/", "type": "static", "root": root}]}]}, "s.toml"))
     for root in ("/", "/etc", "/home", "/var", "/etc/../usr"):
         [warning] = warnings(root)
-        assert warning.startswith("s.toml: site[0].route[0].root: '/") and \
+        assert warning.startswith("s.toml: site[*].route[0].root: '/") and \
             "serves the whole of a system folder" in warning, root
     assert warnings(str(tmp_path)) == [] and warnings("/usr/share") == []
 
@@ -201,7 +201,7 @@ def test_an_allow_entry_holding_every_address_is_warned_about(entry):
     assert config_warnings(parse_config(data, "s.toml")) == [
         f"s.toml: {where}.allow: {entry!r} holds every address, so the list lets anyone in; "
         "remove the allow list to mean that, or name the networks meant"
-        for where in ("site[0]", "site[0].route[0]")]
+        for where in ("site[*]", "site[*].route[0]")]
     data["site"][0]["allow"] = ["0.0.0.0/1", "128.0.0.0/1", "::/1"]   # wide, not all
     data["site"][0]["route"] = [ret(path="/a")]
     assert config_warnings(parse_config(data, "s.toml")) == []
@@ -213,8 +213,8 @@ def test_check_warns_about_an_open_root_and_allow_list_and_still_passes(tmp_path
                       '[[site.route]]\nprefix = "/"\ntype = "static"\nroot = "/"\n')
     out = run_check(config)
     assert out.returncode == 0, out.stderr
-    assert "site[0].allow: '::/0' holds every address" in out.stderr
-    assert "site[0].route[0].root: '/' serves the whole of a system folder" in out.stderr
+    assert "site[*].allow: '::/0' holds every address" in out.stderr
+    assert "site[*].route[0].root: '/' serves the whole of a system folder" in out.stderr
     assert out.stdout.strip().endswith("2 warnings above)")
 
 
@@ -246,7 +246,7 @@ def test_check_prints_warnings_and_still_passes(tmp_path):
 def test_serve_prints_the_warnings_at_start(start_server):
     server = start_server(PLAIN_SIGN_IN)
     line = server.wait_for("warning:")
-    assert "site[0] (site0): protected, but reachable only over plain HTTP" in line
+    assert "site[private.localhost]: protected, but reachable only over plain HTTP" in line
 
 
 # ---------------------------------------------------------------- shipped configs

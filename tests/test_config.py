@@ -170,7 +170,7 @@ def test_check_lists_an_unreadable_body_file(tmp_path, body_file):
                     f'path = "/missing"\ntype = "return"\nbody_file = "{body_file}"\n')
     result = run_check("--config", str(path))
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert ("nestgate.toml: site[0].route[0].body_file: expected a path to a readable file"
+    assert ("nestgate.toml: site[*].route[0].body_file: expected a path to a readable file"
             in result.stderr)
 
 
@@ -310,13 +310,13 @@ def test_a_proxy_route_names_the_upgrades_it_passes(keys, upgrade):
 ])
 def test_proxy_upgrade_problems_name_the_key(keys, problem):
     [found] = problems_of(proxy_route(**keys))
-    assert found.startswith("site.toml: site[0].route[0].") and problem in found, found
+    assert found.startswith("site.toml: site[app.test].route[0].") and problem in found, found
 
 
 def test_an_unknown_key_near_a_known_one_says_which_was_meant():
     problems = problems_of({"site": [{"hosts": ["a.test"], "protcted": True}],
                             "limits": {"max_bodyy": "1MiB", "zzz": 1}})
-    assert "site.toml: site[0].protcted: unknown key (did you mean 'protected'?)" in problems
+    assert "site.toml: site[a.test].protcted: unknown key (did you mean 'protected'?)" in problems
     assert "site.toml: limits.max_bodyy: unknown key (did you mean 'max_body'?)" in problems
     assert "site.toml: limits.zzz: unknown key" in problems       # nothing near it
 
@@ -352,7 +352,7 @@ def test_relative_state_paths_resolve_in_the_state_folder(tmp_path, monkeypatch)
 def test_a_route_of_an_unknown_type_is_one_problem_with_a_suggestion():
     problems = problems_of({"listen": [{"address": "127.0.0.1:0"}], "site": [{"route": [
         {"prefix": "/", "type": "proxi", "upstream": "http://127.0.0.1:9"}]}]})
-    assert problems == ["site.toml: site[0].route[0].type: expected one of 'return', "
+    assert problems == ["site.toml: site[*].route[0].type: expected one of 'return', "
                         "'redirect', 'static', 'proxy' (did you mean 'proxy'?), got 'proxi'"]
 
 
@@ -421,7 +421,7 @@ def test_shorthands_use_the_listeners_there_are_and_keep_the_rules(tmp_path):
                       "route": [{"prefix": "/", "type": "return", "body": "x"}]}]}
     problems = problems_of(data)
     # A route of its own on "/" beside the shorthand's: the usual refusal names both.
-    assert any("site[0].route[1].prefix: expected a prefix no other route" in p
+    assert any("site[a.example].route[1].prefix: expected a prefix no other route" in p
                for p in problems), problems
     del data["site"][0]["route"]
     config = parse_config(data, "site.toml", tmp_path)
@@ -429,7 +429,7 @@ def test_shorthands_use_the_listeners_there_are_and_keep_the_rules(tmp_path):
         == [("127.0.0.1", 8080, []), ("192.168.1.2", 443, ["internal"])]
     assert problems_of({"listen": [{"address": "127.0.0.1:0"}],
                         "site": [{"https": "letsencrypt"}]}) == [
-        "site.toml: site[0].https: expected one of '', 'acme', 'internal', got 'letsencrypt'"]
+        "site.toml: site[*].https: expected one of '', 'acme', 'internal', got 'letsencrypt'"]
 
 
 def test_the_embedded_defaults_state_goes_to_the_users_state_folder(tmp_path, monkeypatch):

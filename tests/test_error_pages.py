@@ -132,8 +132,8 @@ def test_check_names_a_bad_error_page(tmp_path):
     result = subprocess.run([sys.executable, "-m", "nestgate", "check", "--config", str(config)],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
-    assert "site[0].error_pages.200: expected an error status, 400 to 599" in result.stderr
-    assert "site[0].error_pages.502: expected a path to a readable file, got 'gone.html'" \
+    assert "site[*].error_pages.200: expected an error status, 400 to 599" in result.stderr
+    assert "site[*].error_pages.502: expected a path to a readable file, got 'gone.html'" \
         in result.stderr
 
 

@@ -431,17 +431,17 @@ def test_policy_keys_are_checked(tmp_path):
     with pytest.raises(ConfigError) as info:
         read_config(main)
     text = "\n".join(info.value.problems)
-    assert "site[0].policy: expected one of 'one_factor', 'two_factor', 'bypass', 'deny'" \
+    assert "site[a.test].policy: expected one of 'one_factor', 'two_factor', 'bypass', 'deny'" \
         in text
-    assert "site[1].policy: expected protected = true on the site" in text
-    assert "site[2].allow_users: expected no user or group lists with policy = \"bypass\"" \
+    assert "site[b.test].policy: expected protected = true on the site" in text
+    assert "site[c.test].allow_users: expected no user or group lists with policy = \"bypass\"" \
         in text
     main.write_text(base + '[[site]]\nhosts = ["a.test"]\nprotected = true\n'
                     'allow_users = ["ann", "anne"]\nallow_groups = ["family", "admins"]\n')
     warnings = config_warnings(read_config(main))
-    assert any("site[0].allow_users: no configured user is called 'anne'" in w
+    assert any("site[a.test].allow_users: no configured user is called 'anne'" in w
                for w in warnings)
-    assert any("site[0].allow_groups: no configured user is in the group 'admins'" in w
+    assert any("site[a.test].allow_groups: no configured user is in the group 'admins'" in w
                for w in warnings)
 
 
@@ -578,10 +578,10 @@ allow_dynamic = false
                          env=_env(), cwd=tmp_path, timeout=30)
     assert out.returncode == 0, out.stderr
     warnings = [l for l in out.stderr.splitlines() if "warning:" in l]
-    assert any("site[0] (family): protected, but exempt_local = true" in w for w in warnings)
-    assert any("site[0] (family): protected, but [auth] ip_grant" in w for w in warnings)
-    assert any("site[0].route[0] (family): protected with a user policy, but entries of "
+    assert any("site[home.test]: protected, but exempt_local = true" in w for w in warnings)
+    assert any("site[home.test]: protected, but [auth] ip_grant" in w for w in warnings)
+    assert any("site[home.test].route[0]: protected with a user policy, but entries of "
                "the dynamic allow-list" in w for w in warnings)
-    assert any("site[0].route[0] (family): protected, but [auth] ip_grant" in w
+    assert any("site[home.test].route[0]: protected, but [auth] ip_grant" in w
                for w in warnings)
-    assert not any("(closed)" in w for w in warnings), warnings
+    assert not any("site[closed.test]" in w for w in warnings), warnings

@@ -108,8 +108,8 @@ def test_ipv6_clients_share_a_limit_per_prefix():
 
 
 @pytest.mark.parametrize("value, expected", [
-    ('"10/s"', "site[0].rate_limit: expected a table such as"),
-    ('{ burst = 5 }', "site[0].rate_limit: expected a rate, such as"),
+    ('"10/s"', "site[*].rate_limit: expected a table such as"),
+    ('{ burst = 5 }', "site[*].rate_limit: expected a rate, such as"),
     ('{ rate = "10/h" }', 'a rate above 0 per "s" or "m"'),
     ('{ rate = "0/s" }', 'a rate above 0 per "s" or "m"'),
     ('{ rate = "10/s", burst = 0 }', "burst: an integer 1..1000000"),

@@ -154,13 +154,13 @@ def test_site_config_problems_are_reported(tmp_path):
     with pytest.raises(ConfigError) as err:
         parse_config(data)
     text = str(err.value)
-    for expected in ("site[0].notes.dir: expected a path to a readable directory",
-                     "site[0].notes.cors_origins: expected origins",
-                     "site[0].notes.colour: unknown key",
-                     "site[0].home.path: expected a path starting with /",
-                     "site[0].home.links[0].name: expected a link with both name and url",
-                     "site[0].security.csp: expected a header value on one line",
-                     "site[0].base_url: expected an absolute http(s) address"):
+    for expected in ("site[*].notes.dir: expected a path to a readable directory",
+                     "site[*].notes.cors_origins: expected origins",
+                     "site[*].notes.colour: unknown key",
+                     "site[*].home.path: expected a path starting with /",
+                     "site[*].home.links[0].name: expected a link with both name and url",
+                     "site[*].security.csp: expected a header value on one line",
+                     "site[*].base_url: expected an absolute http(s) address"):
         assert expected in text, expected
 
 

@@ -270,7 +270,7 @@ def test_missing_root_is_a_config_error(tmp_path):
         parse_config({"listen": [{"address": "127.0.0.1:0"}],
                       "site": [{"route": [{"prefix": "/", "type": "static",
                                            "root": str(tmp_path / "nope")}]}]})
-    assert "site[0].route[0].root: expected a path to a readable directory" in str(err.value)
+    assert "site[*].route[0].root: expected a path to a readable directory" in str(err.value)
 
 
 def test_warm_answers_from_the_parser_callback_match_the_task_path(start_server, root):
