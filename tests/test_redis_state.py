@@ -114,7 +114,7 @@ def test_allow_entries_reach_both_instances_and_expire(two, tmp_path):
     for instance in (a, b):
         assert status(instance.port(), "/hello", host="lan.test") == 403
     out = subprocess.run([sys.executable, "-m", "nestgate", "allow", "add", "127.0.0.1",
-                          "--for", "3s", "--comment", "test", "--config", str(config)],
+                          "--for", "8s", "--comment", "test", "--config", str(config)],
                          capture_output=True, text=True, env=_env(), timeout=30)
     assert out.returncode == 0, out.stderr
     assert REDIS_PASSWORD not in out.stdout + out.stderr
@@ -124,9 +124,10 @@ def test_allow_entries_reach_both_instances_and_expire(two, tmp_path):
     listed = subprocess.run([sys.executable, "-m", "nestgate", "allow", "list", "--config",
                              str(config)], capture_output=True, text=True, env=_env(), timeout=30)
     assert "127.0.0.1" in listed.stdout and "test" in listed.stdout
+    # 8 s: long enough for `allow list` (a Python start) to see the entry on a busy machine.
     for instance in (a, b):                                   # the entry's time runs out
         assert poll(lambda instance=instance: status(instance.port(), "/hello", host="lan.test"),
-                    lambda s: s == 403, timeout=6) == 403
+                    lambda s: s == 403, timeout=12) == 403
 
 
 def test_while_redis_does_not_answer_private_sites_say_503_and_recover(two):
@@ -145,7 +146,7 @@ def test_while_redis_does_not_answer_private_sites_say_503_and_recover(two):
             assert resp.status == 503 and b"target" not in body
             assert b"try again soon" in body
             # A visitor without a session is not let in either.
-            assert status(instance.port(), "/secret") in (401, 503)
+            assert status(instance.port(), "/secret") == 401
         # Sites without sign-in go on as before.
         assert status(a.port(), "/hello", host="lan.test") == 403
     finally:
@@ -358,7 +359,7 @@ token = "notes-token-for-the-tests-000"
     conn.request("PUT", "/api/v1/notes/second", json.dumps({"title": "Second", "body": "Hi."}),
                  {"Authorization": "Bearer notes-token-for-the-tests-000",
                   "Content-Type": "application/json"})
-    assert conn.getresponse().status in (200, 201)
+    assert conn.getresponse().status == 201
     conn.close()
     message = listener.get_message(timeout=5)
     assert json.loads(message["data"])["site"] == "blog"

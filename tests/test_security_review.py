@@ -74,7 +74,7 @@ def test_slug_with_a_trailing_newline_is_refused(notes_server):
     assert not SLUG.match("abc\n")
     server, folder = notes_server
     port = server.port()
-    assert _call(port, "PUT", "/api/v1/notes/abc%0A", {"title": "t", "body": "b"})[0] in (404, 422)
+    assert _call(port, "PUT", "/api/v1/notes/abc%0A", {"title": "t", "body": "b"})[0] == 422
     assert _call(port, "POST", "/api/v1/notes",
                  {"slug": "xyz\n", "title": "t", "body": "b"})[0] == 422
     assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == ["first.md"]
@@ -260,7 +260,8 @@ protected = true
                  headers={"Content-Type": "application/x-www-form-urlencoded"})
     resp = conn.getresponse()
     resp.read()
-    assert resp.status in (400, 403)
+    # Past 20 fields the form is not read at all, so it has no CSRF token: refused as such.
+    assert resp.status == 403
     assert all("Traceback" not in line for line in server.lines)
 
 
