@@ -14,7 +14,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from conftest import _env
+from conftest import _env, poll
 from conftest import RATE_LIMIT_SITE, _load, get_from, poll, scrape
 
 from nestgate.errorpages import DEFAULT_PAGES
@@ -233,9 +233,15 @@ def test_connections_per_client_are_limited_across_workers(start_server):
         assert _answer(other).startswith(b"HTTP/1.1 200")
         other.close()
         held.pop().close()
-        time.sleep(0.3)
-        again = _open(port)
-        assert _answer(again).startswith(b"HTTP/1.1 200")
+
+        def fresh():                     # answered once the worker has counted the close
+            sock = _open(port)
+            answer = _answer(sock)
+            if not answer.startswith(b"HTTP/1.1 200"):
+                sock.close()
+            return sock, answer
+        again, answer = poll(fresh, lambda got: got[1].startswith(b"HTTP/1.1 200"), timeout=5)
+        assert answer.startswith(b"HTTP/1.1 200")
         held.append(again)
     finally:
         for sock in held:
