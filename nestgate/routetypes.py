@@ -19,6 +19,9 @@ from nestgate.proxy.options import proxy_options
 class RouteType:
     read: Callable[[Any], Any]                  # config section -> options
     build: Callable[[Any, Any, Any], Any]       # (route, site config, config) -> handler
+    # What `build` imports: the supervisor imports it before forking the workers, so that
+    # the workers share those pages instead of each importing its own copy.
+    modules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,8 +124,9 @@ def _build_proxy(route, site_config, config):
 
 
 ROUTE_TYPES: dict[str, RouteType] = {
-    "return": RouteType(_read_return, _build_return),
-    "redirect": RouteType(_read_redirect, _build_redirect),
-    "static": RouteType(_read_static, _build_static),
-    "proxy": RouteType(proxy_options, _build_proxy),
+    "return": RouteType(_read_return, _build_return, ("nestgate.compress",)),
+    "redirect": RouteType(_read_redirect, _build_redirect, ("nestgate.handlers.redirect",)),
+    "static": RouteType(_read_static, _build_static, ("nestgate.handlers.static",)),
+    "proxy": RouteType(proxy_options, _build_proxy,
+                       ("nestgate.auth.identity", "nestgate.proxy.handler")),
 }

@@ -52,6 +52,20 @@ ASSETS_PREFIX = "/__nestgate__/"
 ASSETS_DIR = Path(__file__).parent / "default" / "public"
 
 
+# What add_site_pages imports (see RouteType.modules).
+SITE_PAGES_MODULES = ("nestgate.handlers.static", "nestgate.notes.api", "nestgate.notes.pages")
+
+
+def handler_modules(config) -> set[str]:
+    """The modules the workers' router for `config` imports when it is built."""
+    from nestgate.routetypes import ROUTE_TYPES
+    names = {name for site in config.sites for route in site.routes
+             for name in ROUTE_TYPES[route.type].modules}
+    if any(site.home or site.notes for site in config.sites):
+        names.update(SITE_PAGES_MODULES)
+    return names
+
+
 def add_site_pages(site: SiteRoutes, site_config, config, not_found, broadcast=None) -> None:
     """The home page, the notes pages and the notes API ([site.home], [site.notes]),
     and the built-in pages' assets under ASSETS_PREFIX."""

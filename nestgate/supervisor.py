@@ -17,6 +17,7 @@ generation keeps serving while the new one retries.)
 from __future__ import annotations
 
 import errno
+import gc
 import importlib
 import os
 import select
@@ -45,6 +46,17 @@ HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.
 
 def say(message: str) -> None:
     print(f"nestgate: {message}", file=sys.stderr, flush=True)
+
+
+def share_before_fork(modules=()) -> None:
+    """Let the forked processes share the supervisor's memory instead of copying it.
+    The modules the workers would import after the fork (their handlers, templates,
+    Markdown) are imported here once; and every object there is moved out of the
+    garbage collector's reach (`gc.freeze`), whose passes would otherwise write to
+    each object's header in every child and so copy the page it lies on."""
+    for name in modules:
+        importlib.import_module(name)
+    gc.freeze()
 
 
 @dataclass
@@ -172,9 +184,11 @@ class Supervisor:
         return gen
 
     def fork(self, gen: Generation, slot: Slot) -> None:
+        from nestgate.site import handler_modules
         from nestgate.worker import run_worker
         if slot.figures < 0:
             slot.figures = self.admin.table.claim()
+        share_before_fork(handler_modules(gen.config))
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
         try:
             pid = os.fork()
@@ -400,6 +414,7 @@ class Supervisor:
         return self.exit_code
 
     def _fork_admin(self) -> None:
+        share_before_fork()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
         try:
             self.admin.fork(self.ready_w, self._close_in_admin)

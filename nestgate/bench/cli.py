@@ -50,6 +50,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-non2xx", action="store_true",
                    help="do not fail on unexpected statuses (REQUIRE_ZERO_NON2XX=0 does the same)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--idle-memory", action="store_true",
+                   help="only measure nestgate's idle memory (PSS of the embedded default's "
+                        "process tree, --runs starts, default 3) and exit")
     return p
 
 
@@ -85,6 +88,9 @@ def preflight(chosen: list[scenarios.Scenario], opts: Options) -> None:
 def main(argv: list[str]) -> int:
     p = parser()
     args = p.parse_args(argv)
+    if args.idle_memory:
+        from . import idlemem
+        return idlemem.main(args.runs or 3)
     if args.list:
         width = max(len(s.name) for s in scenarios.SCENARIOS) + 2
         for s in scenarios.SCENARIOS:
