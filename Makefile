@@ -20,7 +20,7 @@ serve: $(STAMP)
 # package for the metrics, redis-server and HAProxy for scale-out, Pebble as the ACME CA,
 # BIND for DNS-01, PowerDNS with its SQLite backend as a DNS provider's API, certutil
 # for Chromium's trust store, curl as a verifying client, python3-venv for the
-# documented install under /opt).
+# documented install under /opt, valgrind for the bench's instruction counts).
 # Installed only when missing and only when running as root.
 debian-deps:
 	@missing=""; \
@@ -39,6 +39,7 @@ debian-deps:
 	  missing="$$missing pdns-backend-sqlite3"; \
 	command -v certutil >/dev/null || missing="$$missing libnss3-tools"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
+	command -v callgrind_control >/dev/null || missing="$$missing valgrind"; \
 	/usr/bin/python3 -c "import ensurepip" 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \

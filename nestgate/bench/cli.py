@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import BenchError, SkipScenario, envinfo, scenarios, summary, tools
+from . import BenchError, SkipScenario, callgrind, envinfo, scenarios, summary, tools
 from .peers import PEERS, Nestgate
 from .runner import Options, ScenarioFailed, run_scenario
 
@@ -50,6 +50,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-non2xx", action="store_true",
                    help="do not fail on unexpected statuses (REQUIRE_ZERO_NON2XX=0 does the same)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--instructions", action="store_true",
+                   help="run nestgate alone under valgrind's callgrind and report the "
+                        "instructions each request costs (steady on a busy machine; about "
+                        "50x slower, so use a few short runs)")
     p.add_argument("--idle-memory", action="store_true",
                    help="only measure nestgate's idle memory (PSS of the embedded default's "
                         "process tree, --runs starts, default 3) and exit")
@@ -58,7 +62,9 @@ def parser() -> argparse.ArgumentParser:
 
 def options(args: argparse.Namespace, argv: list[str]) -> Options:
     base = QUICK if args.quick else STANDARD
-    peers = tuple(p.strip() for p in args.peers.split(",") if p.strip())
+    # Under callgrind nestgate alone: the count compares nestgate with itself.
+    peers = () if args.instructions else \
+        tuple(p.strip() for p in args.peers.split(",") if p.strip())
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise ValueError(f"unknown peer {', '.join(unknown)}; known: {', '.join(PEERS)}")
@@ -69,7 +75,7 @@ def options(args: argparse.Namespace, argv: list[str]) -> Options:
                    warmup_s=args.warmup or base["warmup_s"], threads=args.threads,
                    workers=args.workers, connections=args.connections, peers=peers,
                    require_zero_non2xx=require, count_status=args.count_status,
-                   sweep=args.sweep, progress=not args.quiet,
+                   sweep=args.sweep, progress=not args.quiet, instructions=args.instructions,
                    command="nestgate bench " + shlex.join(argv))
 
 
@@ -79,6 +85,8 @@ def preflight(chosen: list[scenarios.Scenario], opts: Options) -> None:
     if "nginx" in opts.peers or any(s.route.kind == "proxy" for s in chosen):
         needed.add("nginx")
     missing = [t for t in sorted(needed) if not tools.which(t)]
+    if opts.instructions and callgrind.missing():
+        raise BenchError(f"--instructions: {callgrind.missing()}")
     if missing:
         raise BenchError("missing tools: " + ", ".join(
             f"{t} (Debian package {tools.DEBIAN_PACKAGES[t]})" for t in missing)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import BenchError, SkipScenario, content, tools
+from . import BenchError, SkipScenario, callgrind, content, tools
 from .scenarios import Route
 
 READY_TIMEOUT_S = 15.0
@@ -41,6 +41,7 @@ class Site:
     state: str = ""                     # behind sign-in: "sqlite" or "redis" sessions
     policy: bool = False                # behind sign-in: only the bench user's group
     state_url: str = ""                 # the Redis server's, for "redis"
+    wrapper: tuple[str, ...] = ()       # a command the server runs under (callgrind)
     # Bytes nestgate answered for a path, which peers replay (health length, note pages).
     captured: dict[str, tuple[bytes, str]] = field(default_factory=dict)
 
@@ -115,9 +116,10 @@ def fetch(scheme: str, port: int, path: str, host: str = "", timeout_s: float = 
         conn.close()
 
 
-def wait_ready(server: ServerProcess, scheme: str, port: int, path: str, host: str = "") -> None:
+def wait_ready(server: ServerProcess, scheme: str, port: int, path: str, host: str = "",
+               timeout_s: float = READY_TIMEOUT_S) -> None:
     """Poll with a deadline until the server answers any HTTP response on `path`."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
         if server.exited() is not None:
@@ -129,7 +131,7 @@ def wait_ready(server: ServerProcess, scheme: str, port: int, path: str, host: s
         except (OSError, http.client.HTTPException) as exc:
             last = str(exc)
             time.sleep(0.05)
-    raise BenchError(f"{server.name} not ready on port {port} after {READY_TIMEOUT_S:.0f}s "
+    raise BenchError(f"{server.name} not ready on port {port} after {timeout_s:.0f}s "
                      f"({last}):\n{server.stderr_tail()}")
 
 
@@ -167,7 +169,8 @@ class Peer:
                                     self.env(site))
         self.server.start(self.workdir)
         try:
-            wait_ready(self.server, site.scheme, site.port, ready_path, ready_host)
+            wait_ready(self.server, site.scheme, site.port, ready_path, ready_host,
+                       callgrind.READY_TIMEOUT_S if site.wrapper else READY_TIMEOUT_S)
         except BaseException:
             self.stop()
             raise
@@ -201,7 +204,7 @@ class Nestgate(Peer):
         return (out.stdout or out.stderr).strip().splitlines()[0] if out.returncode == 0 else "?"
 
     def argv(self, config: Path, site: Site) -> list[str]:
-        return [sys.executable, "-m", "nestgate", "serve", "--config", str(config),
+        return [*site.wrapper, sys.executable, "-m", "nestgate", "serve", "--config", str(config),
                 "--workers", str(site.workers)]
 
     def env(self, site: Site) -> dict:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import BenchError, SkipScenario, content, drivers, procstat, pyclient, summary
+from . import BenchError, SkipScenario, callgrind, content, drivers, procstat, pyclient, summary
 from .peers import PEERS, NOTES_TOKEN, Nestgate, NginxBackend, Peer, Site, fetch
 from .scenarios import Route, Scenario
 
@@ -47,6 +47,7 @@ class Options:
     count_status: bool = False
     sweep: bool = False
     sweep_runs: int = 3
+    instructions: bool = False          # nestgate under callgrind (see callgrind.py)
     progress: bool = True
     command: str = ""
     stamp: str = field(default_factory=lambda: time.strftime("%Y%m%d_%H%M%S"))
@@ -131,7 +132,9 @@ def _sites(scenario: Scenario, opts: Options, workdir: Path, names: list[str],
                            backend_port=backend_port, captured=captured,
                            rate_limit=scenario.rate_limit, state=scenario.state,
                            policy=scenario.policy,
-                           state_url=state_url)
+                           state_url=state_url,
+                           wrapper=tuple(callgrind.wrapper(workdir))
+                           if opts.instructions and name == "nestgate" else ())
     if backend_port:
         sites["backend"] = Site(root, backend_port, 1, Route("static", "/"), captured=captured)
     return sites
@@ -263,9 +266,12 @@ def _drive_once(scenario: Scenario, opts: Options, site: Site, duration_s: int, 
     return drivers.run(scenario.driver, _load(scenario, opts, site, duration_s, connections), raw)
 
 
-def measure(peer: Peer, run_fn) -> tuple[drivers.RunResult, dict]:
-    """Run `run_fn` and read the server's process tree around it."""
+def measure(peer: Peer, run_fn, counted: Path | None = None) -> tuple[drivers.RunResult, dict]:
+    """Run `run_fn` and read the server's process tree around it; with `counted` (the
+    folder of its callgrind dumps), the instructions it executed as well."""
     _alive(peer)
+    pids = [st.pid for st in procstat.tree(peer.pid)] if counted else []
+    callgrind.zero(pids)
     cpu_before = procstat.cpu_seconds(peer.pid)
     with procstat.RssSampler(peer.pid) as rss:
         try:
@@ -274,7 +280,10 @@ def measure(peer: Peer, run_fn) -> tuple[drivers.RunResult, dict]:
             _alive(peer)    # a server that died explains the driver's error better
             raise
     cpu_s = procstat.cpu_seconds(peer.pid) - cpu_before
-    return result, metrics(result, cpu_s, rss.average_bytes, rss.peak_bytes)
+    values = metrics(result, cpu_s, rss.average_bytes, rss.peak_bytes)
+    if counted and result.requests:
+        values["instructions_per_request"] = callgrind.dumped(pids, counted) / result.requests
+    return result, values
 
 
 def _alive(peer: Peer) -> None:
@@ -321,18 +330,22 @@ def _drive(scenario: Scenario, opts: Options, peers: list[Peer], sites: dict[str
         raw = outdir / f"{peer.name}_warmup.txt"
         progress.step(f"{peer.name} warm-up {opts.warmup_s}s")
         result, values = measure(peer, lambda: _drive_once(scenario, opts, sites[peer.name],
-                                                           opts.warmup_s, raw))
+                                                           opts.warmup_s, raw),
+                                 callgrind.dump_folder(sites[peer.name].wrapper))
         runs.append(_record("warmup", peer.name, 0, raw, result, values, scenario))
     for n in range(1, opts.runs + 1):
         for peer in peers:
             raw = outdir / f"{peer.name}_run{n}.txt"
             progress.step(f"{peer.name} run {n}/{opts.runs}")
             result, values = measure(peer, lambda: _drive_once(scenario, opts, sites[peer.name],
-                                                               opts.duration_s, raw))
+                                                               opts.duration_s, raw),
+                                     callgrind.dump_folder(sites[peer.name].wrapper))
             runs.append(_record("run", peer.name, n, raw, result, values, scenario))
             progress.say(f"  {peer.name}: {result.rps:,.0f} req/s, "
                          f"{_f(values['cpu_us_per_request'])} us CPU/request, "
-                         f"P99 {_f(values['latency_p99_ms'])} ms")
+                         f"P99 {_f(values['latency_p99_ms'])} ms"
+                         + (f", {values['instructions_per_request']:,.0f} instructions/request"
+                            if values.get("instructions_per_request") else ""))
     if sweep:
         runs += _sweep(scenario, opts, peers, sites, outdir, progress)
     for peer in peers:

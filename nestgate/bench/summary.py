@@ -14,6 +14,7 @@ SUBJECT = "nestgate"
 METRICS = (
     ("requests_per_s", "requests/s", "", False),
     ("cpu_us_per_request", "server CPU per request", "us", True),
+    ("instructions_per_request", "instructions per request (callgrind)", "", True),
     ("cpu_cores", "server CPU cores used", "", True),
     ("requests_per_s_per_core", "requests/s per server core", "", False),
     ("latency_p50_ms", "latency P50", "ms", True),
