@@ -270,8 +270,10 @@ def measure(peer: Peer, run_fn, counted: Path | None = None) -> tuple[drivers.Ru
     """Run `run_fn` and read the server's process tree around it; with `counted` (the
     folder of its callgrind dumps), the instructions it executed as well."""
     _alive(peer)
-    pids = [st.pid for st in procstat.tree(peer.pid)] if counted else []
+    pids = callgrind.workers(procstat.tree(peer.pid)) if counted else []
+    idle = callgrind.idle_rate(pids, counted) if pids else 0.0
     callgrind.zero(pids)
+    started = time.monotonic()
     cpu_before = procstat.cpu_seconds(peer.pid)
     with procstat.RssSampler(peer.pid) as rss:
         try:
@@ -281,8 +283,10 @@ def measure(peer: Peer, run_fn, counted: Path | None = None) -> tuple[drivers.Ru
             raise
     cpu_s = procstat.cpu_seconds(peer.pid) - cpu_before
     values = metrics(result, cpu_s, rss.average_bytes, rss.peak_bytes)
-    if counted and result.requests:
-        values["instructions_per_request"] = callgrind.dumped(pids, counted) / result.requests
+    if pids and result.requests:
+        spent = callgrind.dumped(pids, counted) - idle * (time.monotonic() - started)
+        values["instructions_per_request"] = spent / result.requests
+        values["instructions_idle_per_s"] = idle
     return result, values
 
 
