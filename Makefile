@@ -15,12 +15,13 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(PY) -m nestgate serve
 
-# Debian tools the tests and benchmarks drive (nginx as a peer and upstream, Caddy as a
-# peer, wrk, h2load, headless Chromium for the pages, promtool from the prometheus
-# package for the metrics, redis-server and HAProxy for scale-out, Pebble as the ACME CA,
-# BIND for DNS-01, PowerDNS with its SQLite backend as a DNS provider's API, certutil
-# for Chromium's trust store, curl as a verifying client, python3-venv for the
-# documented install under /opt, valgrind for the bench's instruction counts).
+# Debian tools the tests and benchmarks drive (nginx as a peer and upstream, and with its
+# grpc module as an h2c client, Caddy as a peer, wrk, h2load, headless Chromium for the
+# pages, promtool from the prometheus package for the metrics, redis-server and HAProxy
+# for scale-out, Pebble as the ACME CA, BIND for DNS-01, PowerDNS with its SQLite backend
+# as a DNS provider's API, certutil for Chromium's trust store, curl as a verifying
+# client, Go to build tests/goclient (Go's net/http as an HTTP/2 client), python3-venv
+# for the documented install under /opt, valgrind for the bench's instruction counts).
 # Installed only when missing and only when running as root.
 debian-deps:
 	@missing=""; \
@@ -40,6 +41,7 @@ debian-deps:
 	command -v certutil >/dev/null || missing="$$missing libnss3-tools"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	command -v callgrind_control >/dev/null || missing="$$missing valgrind"; \
+	command -v go >/dev/null || missing="$$missing golang-go"; \
 	/usr/bin/python3 -c "import ensurepip" 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \

@@ -1,17 +1,21 @@
 """Real HTTP/2 clients against a real server: curl, httpx, h2load and headless Chromium
-load a home page, a note and a proxied page over h2, and the request log says HTTP/2.
+load a home page, a note and a proxied page over h2, and the request log says HTTP/2;
+they, Go's net/http client and nginx (its grpc module, h2c to nestgate) lose no request
+across reloads.
 
 Each client speaks with its own HTTP/2 stack (nghttp2 in curl and h2load, the h2
-library under httpx, Chromium's own), so the server's engine meets the settings,
-header compression and flow control of each.
+library under httpx, Chromium's own, Go's, nginx's), so the server's engine meets the
+settings, header compression, flow control and GOAWAY handling of each.
 """
 
 from __future__ import annotations
 
 import http.server
 import json
+import os
 import shutil
 import signal
+import socket
 import subprocess
 import ssl
 import threading
@@ -21,6 +25,8 @@ import httpx
 import pytest
 
 from browser import Browser
+from conftest import REPO, free_port
+from nestgate.http2 import DRAIN_BUSY_GRACE
 
 HOME = b"<!doctype html><title>Home</title><h1>Welcome home</h1>\n"
 NOTE = "---\ntitle: Hello\ndate: 2026-05-01\n---\n\nA note read over **HTTP/2**.\n"
@@ -55,8 +61,8 @@ class _App(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def site(start_server, certs, tmp_path):
-    """A TLS listener with h2, a home page, a note and a proxied service; the request
-    log (JSON lines, loopback included) in a file."""
+    """A TLS listener with h2 and a plain one taking h2c, a home page, a note and a
+    proxied service; the request log (JSON lines, loopback included) in a file."""
     root, notes = tmp_path / "www", tmp_path / "notes"
     root.mkdir()
     notes.mkdir()
@@ -77,6 +83,10 @@ flush_interval = "100ms"
 
 [limits]
 max_body = "1MiB"
+
+[[listen]]
+address = "127.0.0.1:0"
+http2_cleartext = true
 
 [[listen]]
 address = "127.0.0.1:0"
@@ -199,12 +209,19 @@ def test_chromium_loads_pages_over_h2(site):
 
 
 def _reloads(server, count: int) -> None:
-    """`count` graceful reloads one after another, each waited for."""
+    """`count` graceful reloads one after another, each waited for, then the end of every
+    previous generation: a client that never pauses keeps its connection to an old
+    worker up to DRAIN_BUSY_GRACE, and only then meets the GOAWAY."""
+    start = len(server.lines)
     for _ in range(count):
         mark = len(server.lines)
         server.signal(signal.SIGHUP)
         server.wait_for("reloaded", start=mark)
         time.sleep(0.3)
+    deadline = time.monotonic() + DRAIN_BUSY_GRACE + 10
+    while sum("previous workers finished" in line for line in server.lines[start:]) < count:
+        assert time.monotonic() < deadline, "\n".join(server.lines[start:])
+        time.sleep(0.1)
 
 
 def _during_reloads(server, load, clients: int = 3, reloads: int = 3) -> tuple[int, list]:
@@ -314,3 +331,127 @@ def test_chromium_loses_no_request_across_reloads(site):
     finally:
         browser.close()
     assert failures == [] and answered > 50 and protocol == "h2", (answered, failures[:5])
+
+
+@pytest.fixture(scope="module")
+def goclient(tmp_path_factory):
+    """tests/goclient built with Debian's Go (standard library only), its build cache in
+    a folder of the test run's: no network, no writable home needed."""
+    go = shutil.which("go")
+    assert go, "Go is missing: make debian-deps installs golang-go"
+    folder = tmp_path_factory.mktemp("goclient")
+    env = {**os.environ, "GOCACHE": str(folder / "cache"), "GOPATH": str(folder / "path"),
+           "GOPROXY": "off", "GOFLAGS": ""}
+    run = subprocess.run([go, "build", "-o", str(folder / "goclient"), "main.go"],
+                         cwd=REPO / "tests" / "goclient", env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return folder / "goclient"
+
+
+def test_go_loses_no_request_across_reloads(site, certs, goclient):
+    """Go's net/http client, four goroutines multiplexed on one h2 connection, through
+    reloads: every request answered 200 over HTTP/2, on a new connection after each
+    GOAWAY."""
+    url = f"https://127.0.0.1:{site.port('https')}/app/page"
+    client = subprocess.Popen(
+        [str(goclient), "-url", url, "-ca", certs["ca"], "-want", "proxied page",
+         "-workers", "4", "-max", "60s"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        _reloads(site, 3)
+        time.sleep(0.5)
+    finally:
+        out, err = client.communicate(input="", timeout=30)   # stdin closed: it stops
+    assert client.returncode == 0, err
+    tally = json.loads(out)
+    assert tally["failed"] == 0 and tally["ok"] > 100, tally
+    assert tally["connections"] > 1, tally       # a GOAWAY moved it to a new connection
+
+
+def _nginx_grpc_conf(prefix, port: int, upstream_port: int) -> str:
+    """nginx on `port` handing every request to nestgate's h2c listener with its grpc
+    module (nginx 1.22 has no HTTP/2 proxy_pass), over kept-alive h2 connections."""
+    temp = " ".join(f"{key} {prefix / 'temp'};" for key in (
+        "client_body_temp_path", "proxy_temp_path", "fastcgi_temp_path", "uwsgi_temp_path",
+        "scgi_temp_path"))
+    # As root, nginx would switch its worker to `nobody`, who cannot enter pytest's folders.
+    user = "user root;" if os.geteuid() == 0 else ""
+    return f"""{user}
+worker_processes 1;
+pid {prefix / 'nginx.pid'};
+error_log {prefix / 'error.log'} warn;
+events {{ worker_connections 256; }}
+http {{
+  access_log off;
+  {temp}
+  upstream nestgate {{ server 127.0.0.1:{upstream_port}; keepalive 8; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{ grpc_pass grpc://nestgate; }}
+  }}
+}}
+"""
+
+
+@pytest.fixture
+def nginx_front(site, tmp_path):
+    """nginx in front of the site's h2c listener; yields (its port, its error log)."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    assert os.access(nginx, os.X_OK), "nginx is missing: make debian-deps installs it"
+    prefix = tmp_path / "nginx"
+    (prefix / "temp").mkdir(parents=True)
+    port = free_port()
+    conf = prefix / "nginx.conf"
+    conf.write_text(_nginx_grpc_conf(prefix, port, site.port("http")))
+    error_log = prefix / "error.log"
+    proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(prefix), "-e", str(error_log),
+                             "-g", "daemon off;"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, \
+                    proc.stderr.read().decode() if proc.poll() is not None else "nginx never listened"
+                time.sleep(0.05)
+        yield port, error_log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_nginx_grpc_module_loses_no_request_across_reloads(site, nginx_front):
+    """nginx's grpc module speaks h2 (prior knowledge) to nestgate over connections it
+    keeps alive and reuses one stream at a time; clients reach nginx over HTTP/1.1.
+    Through reloads every request is answered 200, and each reached nestgate over h2."""
+    port, error_log = nginx_front
+
+    def load(stop):
+        answered, failures = 0, []
+        with httpx.Client(timeout=20, base_url=f"http://127.0.0.1:{port}") as client:
+            while not stop.is_set():
+                try:
+                    reply = client.get("/app/page")
+                    if reply.status_code == 200 and b"proxied page" in reply.content:
+                        answered += 1
+                    else:
+                        failures.append((reply.status_code, reply.text[:200]))
+                except httpx.HTTPError as exc:
+                    failures.append(repr(exc))
+        return answered, failures
+
+    answered, failures = _during_reloads(site, load)
+    errors = error_log.read_text() if error_log.exists() else ""
+    assert failures == [] and answered > 100, \
+        f"{answered} answered, {len(failures)} failed: {failures[:3]}\nnginx's log:\n{errors[-2000:]}"
+    records = _records(site.log, wanted=answered)
+    assert {r["protocol"] for r in records if r["path"] == "/app/page"} == {"HTTP/2"}
