@@ -42,10 +42,15 @@ streams on their way, and a client that has just read an answer often sends the 
 request at once: so the quiet must last QUIET_GRACE, and then a PING confirms it (its
 ACK comes after every stream the client sent before it). Still none open then (curl and
 Chromium between their requests, httpx between its own), the GOAWAY goes out; a stream
-that came meanwhile is served and the next quiet moment is confirmed again. Past DRAIN_BUSY_GRACE, or once
-`keepalive_requests` streams were opened, the connection picks the last stream it serves
-and holds (neither starts nor resets) any the client opens above it; when every stream
-served is answered, the GOAWAY goes out right behind the final frame of the last answer.
+that came meanwhile is served and the next quiet moment is confirmed again. A client that
+has opened each stream (three at least, none two in one read) only once the one before was
+answered, as a proxy's pooled connection does, may send its next request the moment it has
+read an answer, and nginx's grpc module fails (502), rather than retries, a request that
+crosses a GOAWAY: such a client gets the GOAWAY in the same write as the next answer.
+Past DRAIN_BUSY_GRACE, or once `keepalive_requests` streams were opened, the connection
+picks the last stream it serves and holds (neither starts nor resets) any the client
+opens above it; when every stream served is answered, the GOAWAY goes out right behind
+the final frame of the last answer.
 It is one GOAWAY(NO_ERROR) naming the last stream served, and nothing follows it but the
 close, DRAIN_IDLE_GRACE later unless the client closes first: the h2 library (under
 httpx) takes no frame after a GOAWAY, not even a PING or the answer to a stream in
@@ -579,6 +584,9 @@ class HTTP2Connection:
         self._quiet_wait = 0.0
         self._quiet_for = 0.0            # seconds stopping with no stream open or opened
         self._quiet_mark = 0             # the highest stream id when that began
+        self._multiplexed = False        # the client has had two streams open at once
+        self._alone = 0                  # streams opened alone in their read, none open
+        self._answer_ended = False       # an answer ended since the last _idle
         self._opened = 0               # streams accepted, for keepalive_requests
         self.bytes_in = 0              # HTTP/2 bytes read and written, frames and all
         self.bytes_out = 0
@@ -742,6 +750,7 @@ class HTTP2Connection:
     def _handle(self, events) -> None:
         # The engine refuses streams past MAX_CONCURRENT_STREAMS itself (REFUSED_STREAM,
         # that stream only, RFC 9113 5.1.2) and answers what the protocol answers.
+        opened = self._opened
         for event in events:
             kind = type(event)
             if kind is engine.RequestReceived:
@@ -774,9 +783,11 @@ class HTTP2Connection:
                     return
                 self._draining = True            # answer what it asked, then close
                 self._client_left = True
-        self.flush()
+        if self._opened - opened > 1:
+            self._multiplexed = True     # streams sent together, however fast answered
         if self._draining or self._last_stream != _NO_GOAWAY:
-            self._idle()
+            self._idle()                 # before the flush: a GOAWAY rides with the answers
+        self.flush()
 
     def _stream_gone(self, stream_id: int, by_client: bool) -> bool:
         """A stream was reset (by the client, or by the engine for a stream error):
@@ -818,6 +829,10 @@ class HTTP2Connection:
         if stream_id > self._last_stream:
             return                 # held: the GOAWAY will tell the client to retry it
         self._opened += 1
+        if self._streams or self._sending:
+            self._multiplexed = True
+        else:
+            self._alone += 1
         if self._opened >= self.limits.keepalive_requests and self._last_stream == _NO_GOAWAY:
             self._last_stream = stream_id
         method = raw_target = authority = b""
@@ -918,6 +933,7 @@ class HTTP2Connection:
         out at once."""
         tally.count(response.status)
         at_once, sent = self._send_ready(stream_id, response, head_only)
+        self._answer_ended = at_once
         if self.logging:
             self.ctx.access_log.record(self.client, method, host, path, response.status,
                                        sent, t0, headers, label, "HTTP/2")
@@ -946,6 +962,7 @@ class HTTP2Connection:
             pass                           # the stream or the connection ended under us
         finally:
             self._sending.discard(stream_id)
+        self._answer_ended = True
         self._idle()
 
     def _data(self, event) -> None:
@@ -999,6 +1016,7 @@ class HTTP2Connection:
             req.sent = self._send_ready(stream_id, response, req.head_only)[1]
             self._flush_soon()
         record(req, req.logged)
+        self._answer_ended = True
         self._idle()
 
     def send_headers(self, stream_id: int, headers, end_stream: bool = False) -> None:
@@ -1102,6 +1120,7 @@ class HTTP2Connection:
             for waiter in self._sent_waiters.pop(stream_id, ()):
                 if not waiter.done():
                     waiter.set_result(None)
+        self._answer_ended = True
         self._idle()
 
     async def wait_sent(self, stream_id: int) -> None:
@@ -1168,13 +1187,26 @@ class HTTP2Connection:
     def _idle(self, confirmed: bool = False) -> None:
         """Ending gracefully (see the module's text): once every stream served is
         answered and, while new ones are still served, a PING confirmed none is on its
-        way, the GOAWAY and the close."""
+        way or the client is one that waits for each answer before its next request,
+        the GOAWAY and the close."""
+        answered, self._answer_ended = self._answer_ended, False
         if self._streams or self._sending or self._goaway_sent or self._quiet_ping or (
                 self._last_stream == _NO_GOAWAY and not self._draining):
             return
-        if self._last_stream == _NO_GOAWAY and not confirmed and not self._client_left:
+        if self._last_stream == _NO_GOAWAY and not confirmed and not self._client_left \
+                and not (answered and self._one_at_a_time):
             return          # the tick waits for QUIET_GRACE, then asks with a PING
         self.close_gracefully()
+
+    @property
+    def _one_at_a_time(self) -> bool:
+        """The client has opened each stream only once the one before was answered, as
+        a proxy's pooled connection does (nginx's grpc module): its next request may
+        leave the moment it has read an answer, so a GOAWAY must share that answer's
+        write, or it crosses the request, which such a client fails rather than retries.
+        Two streams prove little: curl opens the first of a parallel batch alone and
+        the rest right after it, and an answer made at once leaves no stream open."""
+        return not self._multiplexed and self._alone >= 3
 
     def _watch_quiet(self, elapsed: float) -> None:
         """Stopping and serving on: after QUIET_GRACE with no stream open nor opened,
@@ -1293,4 +1325,5 @@ class HTTP2Connection:
         if self._draining:
             return
         self._draining = True
+        self._answer_ended = False       # an answer of before the stop: nothing to ride on
         self._idle()

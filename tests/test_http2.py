@@ -235,6 +235,45 @@ def test_a_graceful_stop_serves_until_no_stream_is_open_then_one_goaway(make_pum
     assert transport.closed
 
 
+def _recording_writes(pump) -> list[bytes]:
+    """Each write the connection makes to its transport, apart."""
+    writes, write = [], pump.transport.write
+    pump.transport.write = lambda data: (writes.append(bytes(data)), write(data))
+    return writes
+
+
+def test_a_client_that_waits_for_each_answer_gets_the_goaway_with_its_next_answer(make_pump):
+    """A client that opens each stream only once the one before was answered (a proxy's
+    pooled connection: nginx's grpc module) sends its next request as soon as it has
+    read an answer. Stopping, the GOAWAY goes out in the same write as the next answer,
+    so it cannot cross a request, which such a client fails rather than retries."""
+    pump = make_pump()
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")        # stream 1
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")        # stream 3
+    pump.server.finish_and_close()
+    assert _written(pump) == []          # answered before the stop: nothing to ride on
+    writes = _recording_writes(pump)
+    pump.server.data_received(_request(pump.client, 5, b"/hello"))
+    pump.wire.run(5)
+    last = frames(writes[-1])
+    assert any(f.stream_id == 5 and "END_STREAM" in f.flags for f in last)
+    assert _goaways(last) == [5]
+
+
+def test_two_streams_alone_do_not_make_a_client_one_that_waits(make_pump):
+    """curl opens the first stream of a parallel batch alone and the others right after,
+    and an answer made at once leaves no stream open when the next comes: stopping
+    then, the next answer goes out without a GOAWAY (the quiet and the PING decide), so
+    the rest of the batch is served, not held."""
+    pump = make_pump()
+    assert pump.exchange(b"GET", b"/hello") == (200, b"hello\n")        # stream 1
+    pump.server.finish_and_close()
+    pump.server.data_received(_request(pump.client, 3, b"/hello"))
+    answer = _written(pump)
+    assert any(f.stream_id == 3 and "END_STREAM" in f.flags for f in answer)
+    assert _goaways(answer) == []
+
+
 def test_a_quiet_connection_whose_client_never_answers_the_ping_still_ends(make_pump):
     pump = make_pump()
     server = pump.server
