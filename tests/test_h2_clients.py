@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import ssl
 import threading
@@ -26,6 +25,7 @@ import pytest
 
 from browser import Browser
 from conftest import REPO, free_port
+from nestgate.bench.ports import is_listening
 from nestgate.http2 import DRAIN_BUSY_GRACE
 
 HOME = b"<!doctype html><title>Home</title><h1>Welcome home</h1>\n"
@@ -411,14 +411,10 @@ def nginx_front(site, tmp_path):
                             stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, \
-                    proc.stderr.read().decode() if proc.poll() is not None else "nginx never listened"
-                time.sleep(0.05)
+        while not is_listening(port):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "nginx never listened"
+            time.sleep(0.05)
         yield port, error_log
     finally:
         proc.terminate()
