@@ -173,6 +173,7 @@ class Gateway(Service):
         self.config = config
         self.state = None
         self.signin = None
+        self.provider = None                    # nestgate.auth.oidc.endpoints.OpenIDProvider
         self.dynamic = NoDynamic()
         if config.auth is not None:
             from nestgate.auth.store import SharedState
@@ -181,6 +182,9 @@ class Gateway(Service):
             if any(site.protected for site in config.sites):
                 from nestgate.auth.portal import SignIn
                 self.signin = SignIn(config.auth, self.state)
+                if config.auth.provider is not None:
+                    from nestgate.auth.oidc.endpoints import OpenIDProvider
+                    self.provider = OpenIDProvider(config.auth, self.signin)
         self._policies: dict[int, Policy] = {}
         self.to_https = https_redirect(config)
         self._verdicts_of: dict = {}            # UserPolicy -> user name -> verdict
@@ -196,6 +200,8 @@ class Gateway(Service):
     def stop(self) -> None:
         if self.state is not None:
             self.state.stop()
+        if self.provider is not None:
+            self.provider.stop()
 
     def tick(self, now: float) -> None:
         self.state.tick(now)                 # (ticked only when it has a state)
@@ -284,6 +290,8 @@ class Gateway(Service):
             from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH
             site.add_exact(LOGIN_PATH, self.signin.login, "auth-login", sign_in=False)
             site.add_exact(LOGOUT_PATH, self.signin.logout, "auth-logout", sign_in=False)
+            if self.provider is not None and self.provider.server.cfg.host in site_config.hosts:
+                self.provider.add_routes(site)
 
 
 def https_redirect(config):

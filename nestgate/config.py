@@ -845,6 +845,9 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     if any(site.protected for site in sites) and (auth is None or not auth.users):
         problems.append(f"{file}: auth: expected an [auth] table with at least one "
                         "[[auth.user]] when a site is protected")
+    if auth is not None and auth.provider is not None:
+        from nestgate.auth.oidc.config import provider_problems
+        problems += provider_problems(auth.provider, sites, file)
     if admin.enabled:
         problems += _admin_clashes(admin, listeners, file)
     problems += _user_keyed_limits(sites, file)

@@ -8,6 +8,7 @@ import tomllib
 from dataclasses import dataclass
 
 from nestgate.auth.identity import IdentityHeaders, read_identity_headers
+from nestgate.auth.oidc.config import ProviderConfig, read_provider
 from nestgate.auth.totp import secret_problem
 
 # The sign-in portal's pages on every protected site (nestgate.auth.portal); `check`
@@ -65,6 +66,7 @@ class AuthConfig:
     title: str = "Sign in"                  # shown on the sign-in page
     users_file: str = ""                    # more [[user]] tables, re-read on reload
     identity_headers: IdentityHeaders = IdentityHeaders()
+    provider: ProviderConfig | None = None  # nestgate as an OpenID provider (issuer, clients)
 
     @property
     def account_delays(self) -> tuple[int, float, float]:
@@ -108,6 +110,7 @@ def read_auth(s) -> AuthConfig | None:
         title=s.str("title", d.title),
         users_file=str((s.base / users_file).resolve()) if users_file else "",
         identity_headers=read_identity_headers(s),
+        provider=read_provider(s),
     )
     if not cfg.cookie_name or not all(c.isalnum() or c in "_-" for c in cfg.cookie_name):
         s.fail("cookie_name", "letters, digits, _ and -", cfg.cookie_name)
