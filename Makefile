@@ -21,7 +21,8 @@ serve: $(STAMP)
 # for scale-out, Pebble as the ACME CA, BIND for DNS-01, PowerDNS with its SQLite backend
 # as a DNS provider's API, certutil for Chromium's trust store, curl as a verifying
 # client, Go to build tests/goclient (Go's net/http as an HTTP/2 client), python3-venv
-# for the documented install under /opt, valgrind for the bench's instruction counts).
+# for the documented install under /opt, valgrind for the bench's instruction counts,
+# Apache with mod_auth_openidc as a relying party of nestgate's OpenID provider).
 # Installed only when missing and only when running as root.
 debian-deps:
 	@missing=""; \
@@ -42,6 +43,9 @@ debian-deps:
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	command -v callgrind_control >/dev/null || missing="$$missing valgrind"; \
 	command -v go >/dev/null || missing="$$missing golang-go"; \
+	command -v apache2 >/dev/null || test -x /usr/sbin/apache2 || missing="$$missing apache2"; \
+	test -e /usr/lib/apache2/modules/mod_auth_openidc.so || \
+	  missing="$$missing libapache2-mod-auth-openidc"; \
 	/usr/bin/python3 -c "import ensurepip" 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
