@@ -5,6 +5,7 @@ party's moves (sign in, authorize, redeem the code) made with httpx and Authlib.
 from __future__ import annotations
 
 import re
+import ssl
 import textwrap
 from urllib.parse import parse_qs, urlsplit
 
@@ -98,8 +99,9 @@ class RelyingParty:
 
     def __init__(self, issuer: str, ca_file: str) -> None:
         self.issuer = issuer
-        self.browser = httpx.Client(base_url=issuer, verify=ca_file, timeout=10)
-        self.backend = httpx.Client(verify=ca_file, timeout=10)
+        trust = ssl.create_default_context(cafile=ca_file)
+        self.browser = httpx.Client(base_url=issuer, verify=trust, timeout=10)
+        self.backend = httpx.Client(verify=trust, timeout=10)
         self.metadata = self.backend.get(issuer + "/.well-known/openid-configuration").json()
 
     def close(self) -> None:
