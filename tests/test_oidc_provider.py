@@ -315,7 +315,7 @@ def test_two_instances_share_codes_grants_and_keys_through_redis(tmp_path, certs
         import redis as redis_client
         keys = redis_client.Redis.from_url(redis.url).keys("nestgate:oidc-*")
         assert any(k.startswith(b"nestgate:oidc-key:") for k in keys)
-        assert any(k.startswith(b"nestgate:oidc-grant:") for k in keys)
+        assert any(k.startswith(b"nestgate:oidc-code:") for k in keys)
         a.close()
     finally:
         for server in servers:
