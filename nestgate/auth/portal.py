@@ -126,6 +126,7 @@ class SignIn:
         self._asking: dict[bytes, asyncio.Future] = {}   # hash -> the store check under way
         self._with_code = any(u.totp for u in cfg.users)
         self._refusals: dict[tuple[str, str], Refusal] = {}
+        self.page_headers = _PAGE_HEADERS
         self.challenge = Challenge(self)
         self.login = LoginPage(self)
         self.logout = Logout(self)
@@ -267,6 +268,16 @@ class SignIn:
         return self.cookie(request, CSRF_COOKIE, nonce, max_age, path="/__auth__/",
                            samesite="Strict")
 
+    def allow_form_redirects(self, origins) -> None:
+        """Let the forms' answers redirect to `origins` too: browsers hold a form's
+        redirects to its page's CSP form-action, and signing in to an OpenID client
+        (nestgate.auth.oidc) ends at the client's redirect URI."""
+        extra = " ".join(sorted(set(origins)))
+        self.page_headers = [
+            (name, value.replace(b"form-action 'self'", b"form-action 'self' " + extra.encode())
+             if name == b"content-security-policy" else value)
+            for name, value in _PAGE_HEADERS]
+
     # ------------------------------------------------------ the pages
     async def page(self, request, status: int, next_url: str, message: str = "") -> None:
         """The sign-in form, naming the site being entered (the Host asked for)."""
@@ -293,7 +304,7 @@ class SignIn:
                          fields: str, button: str) -> None:
         nonce, token = await self.csrf_pair()
         body = _render_page(self.cfg.title, heading, action, token, fields, button)
-        await request.send(status, [*_PAGE_HEADERS, self._csrf_cookie(request, nonce, 3600)],
+        await request.send(status, [*self.page_headers, self._csrf_cookie(request, nonce, 3600)],
                            body)
 
     async def leave(self, request, location: str, session: str, max_age: int) -> None:

@@ -50,6 +50,8 @@ class OpenIDProvider:
         self.auth = auth
         self.server = Provider(auth, auth.store)
         self.signin = signin                   # nestgate.auth.portal.SignIn
+        signin.allow_form_redirects(_origin(uri) for client in auth.provider.clients
+                                    for uri in client.redirect_uris)
         self._executor: ThreadPoolExecutor | None = None
         self._errors = store_errors()
         self.discovery = json.dumps(self.server.metadata).encode()
@@ -255,6 +257,11 @@ class Authorize(_Endpoint):
                   '<button type="submit" name="decision" value="deny">Deny</button>')
         await self.provider.signin._form_page(request, 200, AUTHORIZE_PATH,
                                               f"Sign in to {client.name}", fields, "Allow")
+
+
+def _origin(uri: str) -> str:
+    parts = urlsplit(uri)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def _query_text(query: dict[str, list[str]]) -> str:
