@@ -158,18 +158,29 @@ def test_apache_signs_its_users_in_through_nestgate_in_chromium(apache_and_provi
         assert browser.evaluate("location.pathname") == "/private/index.shtml"
     finally:
         browser.close()
-    # What Apache asked for is a grant nestgate holds for the user and this client.
-    grants = _admin_json(provider, "/v1/oidc/grants")
-    assert any(g["client_id"] == "apache" and g["user"] == "ann" for g in grants["grants"])
+    # The admin API lists the client (never its secret's hash) and the grant Apache
+    # holds, and ends it.
+    clients = _admin(provider, "GET", "/v1/oidc/clients")[1]["clients"]
+    assert [c["client_id"] for c in clients] == ["apache"]
+    assert "argon2" not in json.dumps(clients) and clients[0]["allowed_groups"] == ["family"]
+    grants = _admin(provider, "GET", "/v1/oidc/grants")[1]["grants"]
+    grant, = [g for g in grants if g["client_id"] == "apache" and g["user"] == "ann"]
+    assert grant["scope"] == "openid profile email groups"
+    assert _admin(provider, "DELETE", f"/v1/oidc/grants/{grant['id']}")[0] == 204
+    assert _admin(provider, "DELETE", f"/v1/oidc/grants/{grant['id']}")[0] == 404
+    assert _admin(provider, "GET", "/v1/oidc/grants")[1]["grants"] == []
 
 
-def _admin_json(server, path: str):
+def _admin(server, method: str, path: str):
+    import http.client
     from conftest import admin_headers
     port = server.admin_port()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
-                                     headers=admin_headers(port))
-    with urllib.request.urlopen(request, timeout=5) as resp:
-        return json.loads(resp.read())
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request(method, path, headers=admin_headers(port))
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    return resp.status, json.loads(body) if body else None
 
 
 def _log(folder) -> str:

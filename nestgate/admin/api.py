@@ -4,6 +4,7 @@
     GET /v1/ready    200 when the current generation's workers all listen, else 503
     GET /metrics     the Prometheus text exposition (nestgate.admin.metrics)
     /v1/allow, /v1/sessions   the shared store's state (nestgate.admin.stateapi)
+    /v1/oidc/*       the OpenID provider's clients and grants (nestgate.admin.oidcapi)
     GET /v1/users    the serving config's users and groups (never a hash or a secret)
     GET /docs/json   the OpenAPI 3.1 document of all of these (nestgate.admin.openapi)
     /v1/config       the config, its validation and reload (nestgate.admin.configapi)
@@ -297,6 +298,12 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     site.add_exact("/v1/sessions", sessions)
     site.add_exact("/v1/sessions/{id}", sessions)
     site.add_exact("/v1/users/{user}/sessions", sessions)
+    from nestgate.admin.oidcapi import Grants, client_listing
+    clients = client_listing(config)
+    site.add_exact("/v1/oidc/clients", Endpoint(lambda: (200, {"clients": clients})))
+    grants = Grants(store_path, state.audit, error, reply)
+    site.add_exact("/v1/oidc/grants", grants)
+    site.add_exact("/v1/oidc/grants/{id}", grants)
     operations = Operations(state, error, reply)
     for path in ("/v1/notes/purge", "/v1/notes/reread", "/v1/upstreams",
                  "/v1/upstreams/drain", "/v1/upstreams/undrain"):

@@ -68,6 +68,14 @@ _ALLOW_ENTRY = _obj({"id": _INT, "cidr": _STR, "expires": _NUM, "comment": _STR}
 _SESSION = _obj({"id": _STR, "user": _STR, "client": _STR, "created": _NUM,
                  "last_seen": _NUM, "expires": _NUM},
                 ("id", "user", "client", "created", "last_seen", "expires"))
+_CLIENT = _obj({"client_id": _STR, "name": _STR, "public": {"type": "boolean"},
+                "redirect_uris": {"type": "array", "items": _STR},
+                "scopes": {"type": "array", "items": _STR},
+                "allowed_groups": {"type": "array", "items": _STR}, "consent": _STR},
+               ("client_id", "public", "redirect_uris", "scopes", "consent"))
+_GRANT = _obj({"id": _STR, "client_id": _STR, "user": _STR, "scope": _STR, "created": _NUM,
+               "auth_time": _NUM, "access_expires": _NUM, "refresh_expires": _NUM},
+              ("id", "client_id", "user", "scope"))
 _USER = _obj({"name": _STR, "groups": {"type": "array", "items": _STR},
               "display_name": _STR, "email": _STR, "second_factor": _BOOL},
              ("name", "groups", "display_name", "email", "second_factor"))
@@ -173,6 +181,15 @@ PATHS = {
     "/v1/users/{user}/sessions": {"delete": _op("Revoke all of a user's sessions", {
         "200": _json(_obj({"revoked": _INT}, ("revoked",)), "revoked"), "409": _ERROR,
         "503": _ERROR}, parameters=("user",))},
+    "/v1/oidc/clients": {"get": _op("The OpenID provider's clients (never a secret's hash)", {
+        "200": _json(_obj({"clients": {"type": "array", "items": _CLIENT}}, ("clients",)),
+                     "the clients")})},
+    "/v1/oidc/grants": {"get": _op("The OpenID provider's live grants", {
+        "200": _json(_obj({"grants": {"type": "array", "items": _GRANT}}, ("grants",)),
+                     "the grants"), "409": _ERROR, "503": _ERROR})},
+    "/v1/oidc/grants/{id}": {"delete": _op("End one grant (its access and refresh tokens)", {
+        "204": {"description": "revoked"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
+        parameters=("id",))},
     "/": {"get": _op("The status page (HTML) for a browser; with a token, it sends a "
                      "browser without the page's cookie to /login", {
         "200": {"description": "the page", "content": {"text/html": {"schema": _STR}}},
