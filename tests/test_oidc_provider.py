@@ -13,7 +13,7 @@ import pytest
 from joserfc import jwt
 from joserfc.jwk import KeySet
 
-from conftest import Server, free_port
+from conftest import HASH, Server, free_port
 from oidcprovider import (APP_CALLBACK, CLIENT_SECRET, CLIENTS, RelyingParty, provider_toml,
                           start_provider)
 from redisserver import RedisServer
@@ -321,3 +321,61 @@ def test_two_instances_share_codes_grants_and_keys_through_redis(tmp_path, certs
         for server in servers:
             server.stop()
         redis.stop()
+
+
+def _problems(auth: dict, site: dict | None = None) -> list[str]:
+    from nestgate.config import ConfigError, parse_config
+    data = {"listen": [{"address": "127.0.0.1:0"}],
+            "site": [site or {"hosts": ["auth.example.com"], "protected": True}],
+            "auth": {"store": ":memory:", "user": [{"name": "ann", "password": HASH}], **auth}}
+    try:
+        parse_config(data, "nestgate.toml")
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
+def test_provider_config_problems_name_file_key_and_expectation():
+    good = {"client_id": "grafana", "client_secret_hash": HASH,
+            "redirect_uris": ["https://grafana.example.com/login/generic_oauth"]}
+    assert _problems({"issuer": "https://auth.example.com", "client": [good]}) == []
+    cases = [
+        ({"client": [good]}, "auth.issuer: expected an issuer URL"),
+        ({"issuer": "http://auth.example.com"}, "auth.issuer: expected an https:// URL"),
+        ({"issuer": "https://auth.example.com/sso"}, "auth.issuer: expected an https:// URL"),
+        ({"issuer": "https://nowhere.example.com"}, "auth.issuer: expected the host of a"),
+        ({"issuer": "https://auth.example.com",
+          "client": [{**good, "client_secret_hash": ""}]},
+         "auth.client[0].client_secret_hash: expected a client_secret_hash"),
+        ({"issuer": "https://auth.example.com", "client": [{**good, "public": True}]},
+         "auth.client[0].client_secret_hash: expected a client_secret_hash"),
+        ({"issuer": "https://auth.example.com",
+          "client": [{**good, "client_secret_hash": "plain"}]}, "expected an argon2 hash"),
+        ({"issuer": "https://auth.example.com",
+          "client": [{**good, "redirect_uris": ["https://x.example/cb#frag"]}]},
+         "auth.client[0].redirect_uris: expected absolute http(s):// URIs"),
+        ({"issuer": "https://auth.example.com", "client": [{**good, "redirect_uris": []}]},
+         "auth.client[0].redirect_uris: expected at least one"),
+        ({"issuer": "https://auth.example.com", "client": [{**good, "scopes": ["email"]}]},
+         "auth.client[0].scopes: expected a list holding \"openid\""),
+        ({"issuer": "https://auth.example.com", "client": [{**good, "scopes": ["openid", "x"]}]},
+         "auth.client[0].scopes: expected scopes among"),
+        ({"issuer": "https://auth.example.com", "client": [{**good, "consent": "never"}]},
+         "auth.client[0].consent: expected one of 'explicit', 'implicit'"),
+        ({"issuer": "https://auth.example.com", "client": [good, good]},
+         "auth.client: expected each client_id once"),
+        ({"issuer": "https://auth.example.com", "client": [{**good, "secret": "x"}]},
+         "auth.client[0].secret: unknown key"),
+    ]
+    for auth, expected in cases:
+        problems = _problems(auth)
+        assert any(expected in p and p.startswith("nestgate.toml: ") for p in problems), \
+            (auth, problems)
+    unprotected = _problems({"issuer": "https://auth.example.com"},
+                            {"hosts": ["auth.example.com"]})
+    assert any("expected a site with protected = true" in p for p in unprotected)
+    taken = _problems({"issuer": "https://auth.example.com"},
+                      {"hosts": ["auth.example.com"], "protected": True,
+                       "route": [{"path": "/.well-known/openid-configuration",
+                                  "type": "return", "body": "x"}]})
+    assert any("the OpenID provider's" in p for p in taken), taken

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import math
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlsplit
 
@@ -35,7 +36,8 @@ from nestgate.auth.store import StoreUnavailable, store_errors, token_hash
 
 MAX_FORM = 16 * 1024
 MAX_FIELDS = 50
-THREADS = 2           # argon2 checks of client secrets at once, per worker
+SECRET_THREADS = 2    # argon2 checks of client secrets at once, per worker
+OTHER_THREADS = 1     # authorize, userinfo, keys: never queued behind those checks
 
 _WHAT_SCOPES_GIVE = (("profile", "your user name and display name"),
                      ("email", "your email address"), ("groups", "the groups you are in"),
@@ -52,7 +54,7 @@ class OpenIDProvider:
         self.signin = signin                   # nestgate.auth.portal.SignIn
         signin.allow_form_redirects(_origin(uri) for client in auth.provider.clients
                                     for uri in client.redirect_uris)
-        self._executor: ThreadPoolExecutor | None = None
+        self._pools: dict[bool, ThreadPoolExecutor] = {}
         self._errors = store_errors()
         self.discovery = json.dumps(self.server.metadata).encode()
 
@@ -64,18 +66,36 @@ class OpenIDProvider:
                               (USERINFO_PATH, UserInfo(self)), (REVOKE_PATH, Revoke(self))):
             site.add_exact(path, handler, "oidc-" + path.rsplit("/", 1)[1], sign_in=False)
 
-    async def call(self, fn, *args):
-        """`fn(*args)` on the provider's threads; 503 when the store cannot be used."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(THREADS, thread_name_prefix="nestgate-oidc")
+    async def call(self, fn, *args, secrets: bool = False):
+        """`fn(*args)` on the provider's threads (those that check client secrets when
+        `secrets`); 503 when the store cannot be used."""
+        pool = self._pools.get(secrets)
+        if pool is None:
+            pool = self._pools[secrets] = ThreadPoolExecutor(
+                SECRET_THREADS if secrets else OTHER_THREADS,
+                thread_name_prefix="nestgate-oidc")
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
         except self._errors as exc:
             raise StoreUnavailable(str(exc)) from None
 
+    async def authenticated(self, request, fn, req):
+        """`fn(req)` for an endpoint where the client authenticates. A client address
+        gets `[auth] max_failures` failed authentications per `failure_window` (the
+        sign-in's numbers, counted apart from sign-in failures), then 429: each guess
+        at a secret costs an argon2 check."""
+        key, auth = "oidc-client:" + request.client, self.auth
+        state = self.signin.state
+        if await state.run("failures", key, auth.failure_window) >= auth.max_failures:
+            return _TOO_MANY(auth.failure_window)
+        result = await self.call(fn, req, secrets=True)
+        if result[0] == 401:
+            await state.run("add_failure", key)
+        return result
+
     def stop(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
+        for pool in self._pools.values():
+            pool.shutdown(wait=False)
 
     async def session(self, request) -> tuple | None:
         """(user, when they signed in) of the request's live session, for a user the
@@ -123,6 +143,15 @@ async def _read_form(request) -> dict[str, list[str]] | None:
 _BAD_REQUEST = (400, [("Content-Type", "application/json"), ("Cache-Control", "no-store")],
                 json.dumps({"error": "invalid_request",
                             "error_description": "A malformed or oversized request."}).encode())
+
+
+def _TOO_MANY(window: float):
+    return (429, [("Content-Type", "application/json"), ("Cache-Control", "no-store"),
+                  ("Retry-After", "%d" % math.ceil(window))],
+            json.dumps({"error": "invalid_client", "error_description":
+                        "Too many failed client authentications; try again later."}).encode())
+
+
 _NOT_ALLOWED = (405, [("Allow", "POST"), ("Content-Type", "application/json")],
                 json.dumps({"error": "invalid_request",
                             "error_description": "Use POST."}).encode())
@@ -145,10 +174,17 @@ class Discovery(_Endpoint):
 
 
 class Jwks(_Endpoint):
+    """The keys of this period are the worker's own copy: the store is asked when the
+    period turns."""
+
     async def handle(self, request) -> None:
-        result = await self.provider.call(self.provider.server.jwks)
-        status, headers, body = result
-        await _answer(request, (status, headers + [("Access-Control-Allow-Origin", "*")], body))
+        server = self.provider.server
+        body = server.keys.published()
+        if body is None:
+            body = (await self.provider.call(server.jwks))[2]
+        await request.send(200, [(b"content-type", b"application/json"),
+                                 (b"access-control-allow-origin", b"*"),
+                                 (b"cache-control", b"public, max-age=600")], body)
 
 
 class _FormEndpoint(_Endpoint):
@@ -164,7 +200,7 @@ class _FormEndpoint(_Endpoint):
             return
         provider = self.provider
         req = provider.provider_request(request, {}, form)
-        await _answer(request, await provider.call(self.respond, req))
+        await _answer(request, await provider.authenticated(request, self.respond, req))
 
     def respond(self, req):
         raise NotImplementedError

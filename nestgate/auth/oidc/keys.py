@@ -41,6 +41,7 @@ class SigningKeys:
         self.rotation = rotation
         self._period: int | None = None
         self._keys: dict[int, RSAKey] = {}
+        self._published = b""                 # the JWKS of `_period`, as served
 
     def _load(self, state) -> int:
         period = period_of(time.time(), self.rotation)
@@ -52,6 +53,7 @@ class SigningKeys:
                     found[p] = state.signing_key(p, new_key_json(p))
             self._keys = {p: RSAKey.import_key(json.loads(v)) for p, v in found.items()}
             state.drop_keys_before(period - 1)
+            self._published = json.dumps(self._jwks()).encode()
             self._period = period
         return period
 
@@ -61,4 +63,13 @@ class SigningKeys:
 
     def jwks(self, state) -> dict:
         self._load(state)
+        return self._jwks()
+
+    def _jwks(self) -> dict:
         return {"keys": [self._keys[p].as_dict(private=False) for p in sorted(self._keys)]}
+
+    def published(self) -> bytes | None:
+        """The JWKS as served, when this period's keys are loaded (no store needed)."""
+        if self._period != period_of(time.time(), self.rotation):
+            return None
+        return self._published
