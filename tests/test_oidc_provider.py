@@ -379,3 +379,22 @@ def test_provider_config_problems_name_file_key_and_expectation():
                        "route": [{"path": "/.well-known/openid-configuration",
                                   "type": "return", "body": "x"}]})
     assert any("the OpenID provider's" in p for p in taken), taken
+
+
+def test_expired_codes_and_grants_leave_the_store(tmp_path):
+    from nestgate.auth.oidc import state as provider_state_module
+    from nestgate.auth.store import Store
+    state = provider_state_module.provider_state(Store(str(tmp_path / "state.db")))
+    now = time.time()
+    state.save_code(b"a" * 32, {"client_id": "app"}, now - 1)     # already expired
+    grant = {"id": "g1", "client_id": "app", "user": "ann", "scope": "openid",
+             "created": now - 10, "auth_time": now - 10, "access_expires": now - 1,
+             "refresh_expires": 0.0}
+    state.save_grant(grant, b"b" * 32, None)
+    assert state.take_code(b"a" * 32) is None and state.live_grants() == []
+    rows = lambda table: state.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    assert rows("oidc_codes") == 1 and rows("oidc_grants") == 1
+    state._purged = time.monotonic() - provider_state_module.PURGE_EVERY
+    state.save_code(b"c" * 32, {"client_id": "app"}, now + 60)    # a write purges
+    assert rows("oidc_codes") == 1 and rows("oidc_grants") == 0
+    assert state.take_code(b"c" * 32) == {"client_id": "app"}

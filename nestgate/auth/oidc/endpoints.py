@@ -259,11 +259,10 @@ class Authorize(_Endpoint):
         user = None
         if session is not None:
             user, req.auth_time = session
-        checked = await provider.call(_consent_grant, provider.server, req, user)
-        if not isinstance(checked, tuple) or len(checked) != 2:
-            await _answer(request, checked)          # a refusal
+        grant, client, refusal = await provider.call(_consent_grant, provider.server, req, user)
+        if refusal is not None:
+            await _answer(request, refusal)
             return
-        grant, client = checked
         if user is None:
             # Sign in on this site, then back to this very request.
             target = AUTHORIZE_PATH + "?" + request.query.decode("latin-1") \
@@ -306,9 +305,10 @@ def _query_text(query: dict[str, list[str]]) -> str:
 
 
 def _consent_grant(server: Provider, req, user):
-    """(grant, client) for a valid request, else the refusal (status, headers, body)."""
+    """(grant, client, None) for a valid request, else (None, None, the refusal as
+    (status, headers, body))."""
     try:
         grant = server.get_consent_grant(req, end_user=UserModel(user) if user else None)
     except OAuth2Error as error:
-        return server.error(req, error)
-    return grant, req.client
+        return None, None, server.error(req, error)
+    return grant, req.client, None

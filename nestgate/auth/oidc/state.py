@@ -24,6 +24,7 @@ import time
 
 # A used code is remembered this long, so that a replay ends the grant it gave.
 USED_CODE_MEMORY = 600.0
+PURGE_EVERY = 60.0   # seconds: a handle that writes removes what expired at most this often
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS oidc_keys (period INTEGER PRIMARY KEY, jwk TEXT NOT NULL);
@@ -55,7 +56,22 @@ def new_grant_id() -> str:
     return secrets.token_hex(8)
 
 
-class SQLiteProviderState:
+class _Purging:
+    """Expired codes and grants go when a handle writes, at most every PURGE_EVERY:
+    no timer of its own, and a provider nobody uses keeps nothing new."""
+
+    _purged = 0.0
+
+    def _now_and_then(self) -> None:
+        if time.monotonic() - self._purged >= PURGE_EVERY:
+            self._purged = time.monotonic()
+            self.purge()
+
+    def purge(self) -> None:
+        raise NotImplementedError
+
+
+class SQLiteProviderState(_Purging):
     def __init__(self, store) -> None:
         self.db = store.db
         # Made here rather than by the store's migration: a store made before the
@@ -81,6 +97,7 @@ class SQLiteProviderState:
 
     # ------------------------------------------------------ codes
     def save_code(self, hashed: bytes, data: dict, expires: float) -> None:
+        self._now_and_then()
         self.db.execute("INSERT INTO oidc_codes (code_hash, data, expires) VALUES (?, ?, ?)",
                         (hashed, json.dumps(data), expires))
 
@@ -168,7 +185,7 @@ return ''
 """
 
 
-class RedisProviderState:
+class RedisProviderState(_Purging):
     """Keys under the store's prefix:
 
         oidc-key:<period>        a signing key (JWK JSON), SET NX
@@ -199,6 +216,7 @@ class RedisProviderState:
                 self.db.delete(name)
 
     def save_code(self, hashed: bytes, data: dict, expires: float) -> None:
+        self._now_and_then()
         name = self.key("oidc-code", hashed.hex())
         with self.db.pipeline() as pipe:
             pipe.hset(name, mapping={"data": json.dumps(data), "expires": expires, "used": 0,
