@@ -212,6 +212,10 @@ class AdminState:
         (so a users file re-read at a reload shows at once)."""
         return 200, {"users": self.report.get("users", [])}
 
+    def oidc_clients(self):
+        """The OpenID provider's clients of the config the workers serve."""
+        return 200, {"clients": self.report.get("oidc_clients", [])}
+
     def status(self):
         report = self.report
         now = CLOCK.wall
@@ -298,9 +302,8 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     site.add_exact("/v1/sessions", sessions)
     site.add_exact("/v1/sessions/{id}", sessions)
     site.add_exact("/v1/users/{user}/sessions", sessions)
-    from nestgate.admin.oidcapi import Grants, client_listing
-    clients = client_listing(config)
-    site.add_exact("/v1/oidc/clients", Endpoint(lambda: (200, {"clients": clients})))
+    from nestgate.admin.oidcapi import Grants
+    site.add_exact("/v1/oidc/clients", Endpoint(state.oidc_clients))
     grants = Grants(store_path, state.audit, error, reply)
     site.add_exact("/v1/oidc/grants", grants)
     site.add_exact("/v1/oidc/grants/{id}", grants)

@@ -41,6 +41,7 @@ class AdminKeeper:
         self.config_hash = ""
         self.certificates: list[dict] = []      # of the serving config (nestgate.certinfo)
         self.users: list[dict] = []             # of the serving config, without secrets
+        self.oidc_clients: list[dict] = []      # the same: the OpenID provider's clients
         self._last_report = b""
         # Workers gone since the last report, with the last answer counts they
         # published: the admin process adds them to its totals (nestgate/admin/answers.py).
@@ -56,6 +57,7 @@ class AdminKeeper:
         self.config_hash = _file_hash(config.source)
         self.certificates = certificate_expiry(config)
         self.users = user_listing(config)
+        self.oidc_clients = client_listing(config)
         admin = config.admin
         if not admin.enabled:
             return
@@ -85,6 +87,7 @@ class AdminKeeper:
         self.config_hash = _file_hash(config.source)
         self.certificates = certificate_expiry(config)
         self.users = user_listing(config)
+        self.oidc_clients = client_listing(config)
         if self.sock is None:
             return
         if (config.admin.host, config.admin.port, config.admin.enabled) != \
@@ -195,6 +198,7 @@ class AdminKeeper:
             "reload_counts": self.reload_counts,
             "certificates": self.certificates,
             "users": self.users,
+            "oidc_clients": self.oidc_clients,
         }
         data = json.dumps(state, separators=(",", ":")).encode()
         now = time.monotonic()
@@ -222,6 +226,14 @@ class AdminKeeper:
             return                       # the admin process is busy or restarting
         del self.departed[:taken]
         self._last_report, self._last_sent = data, now
+
+
+def client_listing(config) -> list[dict]:
+    """The OpenID provider's clients as the admin API lists them (`Client.listing`:
+    never a secret's hash)."""
+    auth = config.auth
+    provider = auth.provider if auth is not None else None
+    return [c.listing() for c in provider.clients] if provider is not None else []
 
 
 def user_listing(config) -> list[dict]:

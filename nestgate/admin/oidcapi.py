@@ -11,11 +11,6 @@ from __future__ import annotations
 from nestgate.admin.stateapi import StoreEndpoint
 
 
-def client_listing(config) -> list[dict]:
-    provider = config.auth.provider if config.auth is not None else None
-    return [c.listing() for c in provider.clients] if provider is not None else []
-
-
 class Grants(StoreEndpoint):
     """A grant is shown by its id (random, not derived from any token)."""
 
