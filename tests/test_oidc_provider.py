@@ -398,3 +398,25 @@ def test_expired_codes_and_grants_leave_the_store(tmp_path):
     state.save_code(b"c" * 32, {"client_id": "app"}, now + 60)    # a write purges
     assert rows("oidc_codes") == 1 and rows("oidc_grants") == 0
     assert state.take_code(b"c" * 32) == {"client_id": "app"}
+
+
+def test_malformed_requests_are_rfc_6749_errors_not_failures(rp, provider):
+    server = provider[0]
+    rp.sign_in("ann")
+    path = urlsplit(rp.metadata["authorization_endpoint"]).path
+    many = "&".join(f"f{i}=x" for i in range(60))
+    _error(rp.browser.get(f"{path}?{many}"), 400, "invalid_request")
+    odd = rp.browser.get(f"{path}?response_type=code&client_id=app&state=%ff%fe"
+                         f"&redirect_uri={APP_CALLBACK}&scope=openid")
+    assert odd.status_code in (302, 400)                 # answered, whatever the bytes
+    token = rp.metadata["token_endpoint"]
+    _error(rp.backend.post(token, content=b"grant_type=authorization_code&code=%ff" + b"&x=1" * 60,
+                           headers={"Content-Type": "application/x-www-form-urlencoded"},
+                           auth=("app", CLIENT_SECRET)), 400, "invalid_request")
+    _error(rp.backend.post(token, content=b"x" * 20_000, auth=("app", CLIENT_SECRET)), 400,
+           "invalid_request")
+    # The same client, authorizing twice with one parameter given twice.
+    _error(rp.browser.get(f"{path}?response_type=code&client_id=app&client_id=other"
+                          f"&redirect_uri={APP_CALLBACK}&scope=openid&state=st-123"), 400,
+           "invalid_request")
+    assert not any("Traceback" in line for line in server.lines)

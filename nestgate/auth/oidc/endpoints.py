@@ -23,7 +23,7 @@ import html
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from authlib.oauth2 import OAuth2Error
 from authlib.oauth2.rfc6749 import scope_to_list
@@ -87,7 +87,7 @@ class OpenIDProvider:
         key, auth = "oidc-client:" + request.client, self.auth
         state = self.signin.state
         if await state.run("failures", key, auth.failure_window) >= auth.max_failures:
-            return _TOO_MANY(auth.failure_window)
+            return _too_many(auth.failure_window)
         result = await self.call(fn, req, secrets=True)
         if result[0] == 401:
             await state.run("add_failure", key)
@@ -137,7 +137,7 @@ async def _read_form(request) -> dict[str, list[str]] | None:
             if size > MAX_FORM:
                 return None
             parts.append(chunk)
-    return _parse(b"".join(parts).decode("utf-8", "surrogateescape"))
+    return _parse(b"".join(parts).decode("utf-8", "replace"))
 
 
 _BAD_REQUEST = (400, [("Content-Type", "application/json"), ("Cache-Control", "no-store")],
@@ -145,7 +145,7 @@ _BAD_REQUEST = (400, [("Content-Type", "application/json"), ("Cache-Control", "n
                             "error_description": "A malformed or oversized request."}).encode())
 
 
-def _TOO_MANY(window: float):
+def _too_many(window: float):
     return (429, [("Content-Type", "application/json"), ("Cache-Control", "no-store"),
                   ("Retry-After", "%d" % math.ceil(window))],
             json.dumps({"error": "invalid_client", "error_description":
@@ -230,7 +230,7 @@ class Authorize(_Endpoint):
 
     async def handle(self, request) -> None:
         if request.method in (b"GET", b"HEAD"):
-            await self.authorize(request, _parse(request.query.decode("utf-8", "surrogateescape")),
+            await self.authorize(request, _parse(request.query.decode("utf-8", "replace")),
                                  None)
             return
         if request.method != b"POST":
@@ -300,7 +300,6 @@ def _origin(uri: str) -> str:
 
 
 def _query_text(query: dict[str, list[str]]) -> str:
-    from urllib.parse import urlencode
     return urlencode([(k, v) for k, vs in query.items() for v in vs])
 
 
