@@ -168,6 +168,8 @@ def test_apache_signs_its_users_in_through_nestgate_in_chromium(apache_and_provi
     assert grant["scope"] == "openid profile email groups"
     assert _admin(provider, "DELETE", f"/v1/oidc/grants/{grant['id']}")[0] == 204
     assert _admin(provider, "DELETE", f"/v1/oidc/grants/{grant['id']}")[0] == 404
+    for not_an_id in ("zz", "%C3%BE" * 8, grant["id"].upper()):
+        assert _admin(provider, "DELETE", f"/v1/oidc/grants/{not_an_id}")[0] == 404
     assert _admin(provider, "GET", "/v1/oidc/grants")[1]["grants"] == []
 
 

@@ -9,6 +9,7 @@ secret's hash) and the grants it holds in the shared store.
 from __future__ import annotations
 
 from nestgate.admin.stateapi import StoreEndpoint
+from nestgate.auth.oidc.state import is_grant_id
 
 
 class Grants(StoreEndpoint):
@@ -24,6 +25,9 @@ class Grants(StoreEndpoint):
             return "GET, HEAD"
         if grant_id is not None and method != b"DELETE":
             return "DELETE"
+        if grant_id is not None and not is_grant_id(grant_id):
+            await self.not_found(request, "grant")    # not even the store is asked
+            return ""
         store = self.store()
         try:
             state = provider_state(store)

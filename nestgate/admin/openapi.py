@@ -106,6 +106,14 @@ def _op(summary: str, responses: dict, *, open_: bool = False, body: dict | None
     return op
 
 
+def _with_pattern(op: dict, name: str, pattern: str) -> dict:
+    """`op` whose path parameter `name` has the given form (any other is a 404)."""
+    for parameter in op["parameters"]:
+        if parameter["name"] == name:
+            parameter["schema"] = {"type": "string", "pattern": pattern}
+    return op
+
+
 PATHS = {
     "/v1/health": {"get": _op("Liveness: the admin process answers", {
         "200": _json(_obj({"status": {"const": "ok"}}, ("status",)), "alive")}, open_=True,
@@ -187,9 +195,10 @@ PATHS = {
     "/v1/oidc/grants": {"get": _op("The OpenID provider's live grants", {
         "200": _json(_obj({"grants": {"type": "array", "items": _GRANT}}, ("grants",)),
                      "the grants"), "409": _ERROR, "503": _ERROR})},
-    "/v1/oidc/grants/{id}": {"delete": _op("End one grant (its access and refresh tokens)", {
-        "204": {"description": "revoked"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
-        parameters=("id",))},
+    "/v1/oidc/grants/{id}": {"delete": _with_pattern(_op(
+        "End one grant (its access and refresh tokens)", {
+            "204": {"description": "revoked"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
+        parameters=("id",)), "id", "^[0-9a-f]{16}$")},
     "/": {"get": _op("The status page (HTML) for a browser; with a token, it sends a "
                      "browser without the page's cookie to /login", {
         "200": {"description": "the page", "content": {"text/html": {"schema": _STR}}},

@@ -52,8 +52,15 @@ def provider_state(store):
     return SQLiteProviderState(store)
 
 
+GRANT_ID_HEX = 16
+
+
 def new_grant_id() -> str:
-    return secrets.token_hex(8)
+    return secrets.token_hex(GRANT_ID_HEX // 2)
+
+
+def is_grant_id(value: str) -> bool:
+    return len(value) == GRANT_ID_HEX and all(c in "0123456789abcdef" for c in value)
 
 
 class _Purging:
