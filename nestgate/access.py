@@ -106,7 +106,8 @@ class Gate:
         self.inner = inner
         self.policy = policy
         self.auth = auth              # nestgate.auth.portal.SignIn, or None
-        self.answers = answers        # user name -> the handler that answers that user
+        # session key (policy.session_key: user and factors) -> the handler answering it
+        self.answers = answers
         self.dynamic = dynamic
         self.errors = errors          # the site's ErrorPages: its 403
         self.to_https = to_https      # the redirect of plain-HTTP requests, or None
@@ -174,17 +175,20 @@ class Gateway(Service):
         self.state = None
         self.signin = None
         self.provider = None                    # nestgate.auth.oidc.endpoints.OpenIDProvider
+        self.passkeys = None                    # nestgate.auth.passkeys, with the sign-in
         self.dynamic = NoDynamic()
         if config.auth is not None:
             from nestgate.auth.store import SharedState
             self.state = SharedState(config.auth.store)
             self.dynamic = self.state.dynamic
             if any(site.protected for site in config.sites):
+                from nestgate.auth.passkeys import Passkeys
                 from nestgate.auth.portal import SignIn
                 self.signin = SignIn(config.auth, self.state)
                 if config.auth.provider is not None:
                     from nestgate.auth.oidc.endpoints import OpenIDProvider
                     self.provider = OpenIDProvider(config.auth, self.signin)
+                self.passkeys = Passkeys(self.signin)
         self._policies: dict[int, Policy] = {}
         self.to_https = https_redirect(config)
         self._verdicts_of: dict = {}            # UserPolicy -> user name -> verdict
@@ -235,16 +239,20 @@ class Gateway(Service):
         (told who the user is, where it forwards) or the page saying why not. Routes
         added while serving (notes pages) pay for this too, so the users' verdicts
         and header lines are worked out once per policy and user."""
-        from nestgate.auth.policy import ALLOWED
+        from nestgate.auth.policy import ALLOWED, session_user
         out = {}
         lines_of = self._identity_lines()
-        for user, verdict in self._verdicts(policy).items():
+        told: dict[str, object] = {}            # user -> the route told who they are
+        for key, verdict in self._verdicts(policy).items():
+            user = session_user(key)            # keys: a user's sessions of 2 and 1 factors
             if verdict != ALLOWED:
-                out[user] = self.signin.refusal(user, verdict)
+                out[key] = self.signin.refusal(user, verdict)
                 continue
-            lines = lines_of[user]
-            out[user] = handler.with_identity(lines) \
-                if lines and isinstance(handler, TellsIdentity) else handler
+            if user not in told:
+                lines = lines_of[user]
+                told[user] = handler.with_identity(lines) \
+                    if lines and isinstance(handler, TellsIdentity) else handler
+            out[key] = told[user]
         return out
 
     def _verdicts(self, policy) -> dict[str, str]:
@@ -285,13 +293,18 @@ class Gateway(Service):
                     self.to_https)
 
     def add_portal(self, site, site_config) -> None:
-        """The sign-in and sign-out pages of a protected site, behind its access list."""
+        """The sign-in, sign-out and account pages of a protected site (and the passkey
+        ceremony's), behind its access list. The account page checks the session itself:
+        a user whom the site's policy refuses (one factor where two are needed) must
+        still reach it to add a passkey."""
         if site_config.protected:
             from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH
             site.add_exact(LOGIN_PATH, self.signin.login, "auth-login", sign_in=False)
             site.add_exact(LOGOUT_PATH, self.signin.logout, "auth-logout", sign_in=False)
             if self.provider is not None and self.provider.server.cfg.host in site_config.hosts:
                 self.provider.add_routes(site)
+            for path, handler, label in self.passkeys.routes():
+                site.add_exact(path, handler, label, sign_in=False)
 
 
 def https_redirect(config):

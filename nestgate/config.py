@@ -25,7 +25,7 @@ from nestgate.tls import certificate_problem
 from nestgate.access import _cidr_list, read_access
 from nestgate.ratelimit import read_rate_limit
 from nestgate.admin.config import AdminConfig, read_admin, with_generated_token
-from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH, read_auth
+from nestgate.auth.config import PORTAL_PATHS, read_auth
 from nestgate.auth.policy import read_policy
 from nestgate.routetypes import ROUTE_TYPES
 from nestgate.private import open_to_others
@@ -999,8 +999,8 @@ def site_claims(site: Site, server: ServerConfig) -> list[tuple[str, str, str, s
                    ("path", api, api_key, "the notes API"),
                    ("path", api + "/{slug}", api_key, "the notes API")]
     if site.protected:
-        claims += [("path", LOGIN_PATH, f"{key}.protected", "the sign-in page"),
-                   ("path", LOGOUT_PATH, f"{key}.protected", "the sign-out page")]
+        claims += [("path", path, f"{key}.protected", what)
+                   for path, what in PORTAL_PATHS.items()]
     return claims
 
 

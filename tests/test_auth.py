@@ -99,7 +99,7 @@ def _checked_ago(store, seconds: float):
 
 def test_a_session_in_use_is_checked_again_before_its_check_runs_out():
     async def scenario():
-        store = _SessionStore(("ann", time.time() + 3600))
+        store = _SessionStore(("ann", time.time() + 3600, "password totp"))
         signin, headers = _checked_ago(store, 0.5)
         assert signin.admit(GATE, headers, "192.0.2.7") is ROUTE
         await asyncio.sleep(0.01)

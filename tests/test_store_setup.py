@@ -124,8 +124,10 @@ def test_a_store_from_an_older_version_gains_the_new_columns(tmp_path):
     store = Store(path)
     try:
         assert store.ready()
-        assert store.live_sessions() == [(b"\x01", "ops", 1.0, 4102444800.0, "10.0.0.1", 0.0)]
-        assert store.session(b"\x01") == ("ops", 4102444800.0)        # seen: written now
+        # A session of the older version counts as signed in with a password only.
+        assert store.live_sessions() == [(b"\x01", "ops", 1.0, 4102444800.0, "10.0.0.1", 0.0,
+                                          "password")]
+        assert store.session(b"\x01") == ("ops", 4102444800.0, "password")   # seen: written now
         assert store.live_sessions()[0][5] > 1_000_000_000
     finally:
         store.close()

@@ -66,8 +66,9 @@ _STATUS = _obj({
 _ALLOW_ENTRY = _obj({"id": _INT, "cidr": _STR, "expires": _NUM, "comment": _STR},
                     ("id", "cidr", "expires", "comment"))
 _SESSION = _obj({"id": _STR, "user": _STR, "client": _STR, "created": _NUM,
-                 "last_seen": _NUM, "expires": _NUM},
-                ("id", "user", "client", "created", "last_seen", "expires"))
+                 "last_seen": _NUM, "expires": _NUM,
+                 "factors": {"type": "array", "items": _STR}},
+                ("id", "user", "client", "created", "last_seen", "expires", "factors"))
 _CLIENT = _obj({"client_id": _STR, "name": _STR, "public": {"type": "boolean"},
                 "redirect_uris": {"type": "array", "items": _STR},
                 "scopes": {"type": "array", "items": _STR},

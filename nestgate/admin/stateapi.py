@@ -162,8 +162,8 @@ class Sessions(StoreEndpoint):
             await self.reply(request, 200, {"sessions": [
                 {"id": hashed.hex()[:SESSION_ID_HEX], "user": user, "client": ip,
                  "created": round(created, 3), "last_seen": round(seen, 3),
-                 "expires": round(expires, 3)}
-                for hashed, user, created, expires, ip, seen in rows]})
+                 "expires": round(expires, 3), "factors": factors.split()}
+                for hashed, user, created, expires, ip, seen, factors in rows]})
         else:
             return "GET, HEAD"
         return ""

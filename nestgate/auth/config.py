@@ -15,6 +15,15 @@ from nestgate.auth.totp import secret_problem
 # refuses a configured route on either.
 LOGIN_PATH = "/__auth__/login"
 LOGOUT_PATH = "/__auth__/logout"
+# The signed-in user's own page (passkeys, recovery codes) and the WebAuthn ceremony:
+# its options, the sign-in with a passkey, the page's script (nestgate.auth.passkeys).
+ACCOUNT_PATH = "/__auth__/account"
+PASSKEY_OPTIONS = "/__auth__/passkey/options"
+PASSKEY_PATH = "/__auth__/passkey"
+PASSKEY_SCRIPT = "/__auth__/passkey.js"
+PORTAL_PATHS = {LOGIN_PATH: "the sign-in page", LOGOUT_PATH: "the sign-out page",
+                ACCOUNT_PATH: "the account page", PASSKEY_OPTIONS: "the passkey options",
+                PASSKEY_PATH: "the passkey sign-in", PASSKEY_SCRIPT: "the passkey script"}
 
 
 def _can_hold(folder: str) -> bool:

@@ -5,12 +5,19 @@
 the site's three). The network rules (`allow`/`deny` CIDRs, `exempt_local`, the dynamic
 allow-list) are decided before, by nestgate.access.
 
-`decide` is the one decision: (policy, user) -> the verdict. `verdicts` runs it for
-every configured user when the config is loaded, so a request costs one dict lookup on
-the session's user name, never a parse or a walk through groups. Sign-in asks every
-user who has a second factor for it, so a session always carries every factor its
-user has: `one_factor` (the default) admits any allowed user, `two_factor` only those
-who have a second factor.
+`decide` is the one decision: (policy, user, factors) -> the verdict. `verdicts` runs
+it for every configured user, signed in with one factor and with two, when the config
+is loaded, so a request costs one dict lookup on the session's key (`session_key`: the
+user name for a session of two factors, the name and ONE_FACTOR for one), never a
+parse or a walk through groups.
+
+A session records what its user signed in with (words of FACTORS): a password with a
+TOTP code, a passkey or a recovery code is two factors, and so is a passkey alone
+when the authenticator verified the user (PIN or biometric: "passkey uv"); a password
+alone, or a passkey that did not verify the user, is one. Sign-in asks every user who
+has a TOTP secret for a second factor, so only users without one have one-factor
+sessions. `one_factor` (the default) admits any allowed user, `two_factor` only a
+session of two factors.
 """
 
 from __future__ import annotations
@@ -22,7 +29,27 @@ POLICY_KEYS = ("policy", "allow_users", "allow_groups")
 
 ALLOWED = ""
 NOT_ALLOWED = "not_allowed"              # not among allow_users / allow_groups
-NO_SECOND_FACTOR = "no_second_factor"    # two_factor, and the user has no second factor
+NO_SECOND_FACTOR = "no_second_factor"    # two_factor, and the session has one factor
+
+# What a session was signed in with (space-separated in the store's `factors`).
+PASSWORD, TOTP, PASSKEY, VERIFIED, RECOVERY = "password", "totp", "passkey", "uv", "recovery"
+# Appended to the user name for a session of one factor: no user name holds a space.
+ONE_FACTOR = " 1"
+
+
+def two_factors(factors: str) -> bool:
+    """A session signed in with `factors` counts as two factors."""
+    return len(factors.split()) >= 2
+
+
+def session_key(user: str, factors: str) -> str:
+    """What the gate's answers are looked up by, for a session of `user`."""
+    return user if two_factors(factors) else user + ONE_FACTOR
+
+
+def session_user(key: str) -> str:
+    """The user name in a `session_key`."""
+    return key[:-len(ONE_FACTOR)] if key.endswith(ONE_FACTOR) else key
 
 
 @dataclass(frozen=True)
@@ -55,22 +82,28 @@ def read_policy(s) -> UserPolicy | None:
     return policy
 
 
-def decide(policy: UserPolicy, user) -> str:
+def decide(policy: UserPolicy, user, two: bool = True) -> str:
     """ALLOWED, NOT_ALLOWED or NO_SECOND_FACTOR for a configured `user`
-    (nestgate.auth.config.User) under a signing-in `policy`."""
+    (nestgate.auth.config.User) signed in with two factors (`two`) or one, under a
+    signing-in `policy`."""
     if policy.policy == "deny":
         return NOT_ALLOWED
     if (policy.allow_users or policy.allow_groups) and user.name not in policy.allow_users \
             and not any(group in policy.allow_groups for group in user.groups):
         return NOT_ALLOWED
-    if policy.policy == "two_factor" and not user.second_factor:
+    if policy.policy == "two_factor" and not two:
         return NO_SECOND_FACTOR
     return ALLOWED
 
 
 def verdicts(policy: UserPolicy, users) -> dict[str, str]:
-    """Every configured user's verdict, by name."""
-    return {user.name: decide(policy, user) for user in users}
+    """Every configured user's verdict, by `session_key`: signed in with two factors
+    and with one."""
+    out = {}
+    for user in users:
+        out[user.name] = decide(policy, user, True)
+        out[user.name + ONE_FACTOR] = decide(policy, user, False)
+    return out
 
 
 def policy_warnings(where: str, policy: UserPolicy, users) -> list[str]:

@@ -28,6 +28,13 @@ each, doubling up to `account_delay_max`. The account's delay does not hold back
 address it signed in from before, nor a request carrying its own live session: an
 outsider can slow the owner down only where the owner has never signed in.
 
+Factors: a session records what it was signed in with (nestgate.auth.policy), and the
+gate looks its answers up by user and factors, so `two_factor` admits a password with
+a TOTP code, a passkey or a recovery code, or a passkey that verified the user, and
+never a password alone. The code field takes a TOTP code or a recovery code
+(nestgate.auth.recovery); a passkey (nestgate.auth.passkeys) signs in alone or stands
+in for the code after the password.
+
 TOTP: a code is accepted once. The step it belongs to must be later than the last
 step the user signed in with, checked and recorded in one statement of the shared
 store, so a code seen over a shoulder or in a proxy log is worth nothing, on any
@@ -46,10 +53,11 @@ import secrets
 import time
 from urllib.parse import parse_qs, quote
 
-from nestgate.auth import totp
-from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH
+from nestgate.auth import recovery, totp
+from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH, PASSKEY_SCRIPT
 from nestgate.auth.passwords import verify_password
-from nestgate.auth.policy import NO_SECOND_FACTOR, NOT_ALLOWED
+from nestgate.auth.policy import (NO_SECOND_FACTOR, NOT_ALLOWED, PASSWORD, RECOVERY, TOTP,
+                                  session_key, session_user)
 from nestgate.auth.store import token_hash
 from nestgate.clock import CLOCK
 from nestgate.dispatch import resolve
@@ -70,8 +78,8 @@ _PAGE_HEADERS = [
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"no-referrer"),
     (b"content-security-policy",
-     b"default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
-     b"frame-ancestors 'none'"),
+     b"default-src 'none'; style-src 'unsafe-inline'; script-src 'self'; "
+     b"connect-src 'self'; form-action 'self'; frame-ancestors 'none'"),
 ]
 
 
@@ -117,14 +125,14 @@ class SignIn:
     def __init__(self, cfg, state) -> None:
         self.cfg = cfg
         self.state = state                  # nestgate.auth.store.SharedState
-        self._sessions: dict[bytes, tuple[str, float, float]] = {}   # hash -> user, exp, checked
+        # hash -> session key (policy.session_key: user and factors), expires, checked
+        self._sessions: dict[bytes, tuple[str, float, float]] = {}
         # Cookie header values as received -> the session token's hash (b"" for none):
         # a browser sends the same value on every request, so the usual request costs
         # one lookup instead of splitting the header and hashing the token.
         self._hashed_by_cookie: dict[bytes, bytes] = {}
         self._marker = cfg.cookie_name.encode() + b"="
         self._asking: dict[bytes, asyncio.Future] = {}   # hash -> the store check under way
-        self._with_code = any(u.totp for u in cfg.users)
         self._refusals: dict[tuple[str, str], Refusal] = {}
         self.page_headers = _PAGE_HEADERS
         self.challenge = Challenge(self)
@@ -175,10 +183,10 @@ class SignIn:
         allowance, and the gate behind the limit still checks the session itself."""
         hashed = self._session_hash(headers)
         hit = self._sessions.get(hashed) if hashed else None
-        return hit[0] if hit is not None and hit[1] > CLOCK.wall else None
+        return session_user(hit[0]) if hit is not None and hit[1] > CLOCK.wall else None
 
     def _checked_user(self, hashed: bytes) -> str | None:
-        """The session's user when the store said the session was live less than
+        """The session's key (user and factors) when the store said the session was live less than
         RECHECK ago, else None. Once that was REFRESH_AFTER ago, the store is asked
         again without anyone waiting."""
         hit = self._sessions.get(hashed)
@@ -194,9 +202,23 @@ class SignIn:
     async def cookie_user(self, request) -> str | None:
         """The user whose live session the request's cookie carries, if any."""
         token = cookies(request.headers).get(self.cfg.cookie_name)
-        return await self.session_user(token_hash(token)) if token else None
+        key = await self.session_user(token_hash(token)) if token else None
+        return None if key is None else session_user(key)
+
+    async def cookie_session(self, request) -> tuple[bytes, str, str] | None:
+        """(token hash, user, factors) of the live session the request's cookie
+        carries, asked of the store (for the pages that change a user's factors)."""
+        token = cookies(request.headers).get(self.cfg.cookie_name)
+        if not token:
+            return None
+        hashed = token_hash(token)
+        found = await self.state.run("session", hashed)
+        if found is None or self.cfg.user(found[0]) is None:
+            return None
+        return hashed, found[0], found[2]
 
     async def session_user(self, hashed: bytes) -> str | None:
+        """The session's key (policy.session_key), None when it is not live."""
         # One store question per session at a time: the requests of a session that
         # arrive while it is being checked wait for that answer (a page's many
         # connections find the check due together after a pause of RECHECK or more).
@@ -224,8 +246,9 @@ class SignIn:
             return None
         if len(self._sessions) >= _CACHE_LIMIT:
             self._sessions.clear()
-        self._sessions[hashed] = (found[0], found[1], time.monotonic())
-        return found[0]
+        key = session_key(found[0], found[2])
+        self._sessions[hashed] = (key, found[1], time.monotonic())
+        return key
 
     # ------------------------------------------------------ cookies and tokens
     def cookie(self, request, name: str, value: str, max_age: int, path: str = "/",
@@ -281,8 +304,9 @@ class SignIn:
     # ------------------------------------------------------ the pages
     async def page(self, request, status: int, next_url: str, message: str = "") -> None:
         """The sign-in form, naming the site being entered (the Host asked for)."""
-        fields = _entering(request) + _login_fields(next_url, message, self._with_code)
-        await self._form_page(request, status, LOGIN_PATH, self.cfg.title, fields, "Sign in")
+        fields = _entering(request) + _login_fields(next_url, message)
+        await self._form_page(request, status, LOGIN_PATH, self.cfg.title, fields, "Sign in",
+                              _PASSKEY_BUTTON)
 
     async def refusal_page(self, request, user: str, reason: str) -> None:
         """403: who is signed in, why they may not enter, and the sign-out form that
@@ -301,9 +325,10 @@ class SignIn:
                               "Sign out")
 
     async def _form_page(self, request, status: int, action: str, heading: str,
-                         fields: str, button: str) -> None:
+                         fields: str, button: str, after: str = "") -> None:
+        """A page of one form; `after` (HTML) follows its submit button."""
         nonce, token = await self.csrf_pair()
-        body = _render_page(self.cfg.title, heading, action, token, fields, button)
+        body = _render_page(self.cfg.title, heading, action, token, fields, button, after)
         await request.send(status, [*self.page_headers, self._csrf_cookie(request, nonce, 3600)],
                            body)
 
@@ -451,31 +476,45 @@ class LoginPage(_FormPath):
         ok = await loop.run_in_executor(None, verify_password,
                                         user.password if user else None,
                                         form.get("password", ""))
-        if ok and user.totp:
-            ok = await self._fresh_code(user, form.get("code", ""))
+        factors = PASSWORD
+        code = form.get("code", "").strip()
+        if ok and (user.totp or code):
+            second = await self._second_factor(user, code)
+            ok = second is not None
+            factors = f"{PASSWORD} {second}"
         if not ok:
             TALLY.event("signin_failure")
             await signin.page(request, 401, next_url, "Wrong user, password or code.")
             return
         TALLY.event("signin_success")
-        await self._signed_in(request, user.name, client, next_url)
+        await self.signed_in(request, user.name, client, next_url, factors)
 
-    async def _fresh_code(self, user, code: str) -> bool:
-        """The code is right and no sign-in used its step or a later one (a replay is
-        told apart from a wrong code nowhere: same answer, same count)."""
-        step = totp.matching_step(user.totp, code)
-        return step is not None and await self.signin.state.run("use_totp_step",
-                                                                user.name, step)
+    async def _second_factor(self, user, code: str) -> str | None:
+        """TOTP or RECOVERY when `code` is a fresh TOTP code or one of the user's
+        unused recovery codes (used up now), else None. A replay is told apart from a
+        wrong code nowhere: same answer, same count."""
+        state = self.signin.state
+        if user.totp:
+            step = totp.matching_step(user.totp, code)
+            if step is not None:
+                return TOTP if await state.run("use_totp_step", user.name, step) else None
+        typed = recovery.normal(code)
+        if typed and await state.run("use_recovery_code", user.name,
+                                     recovery.code_hash(user.name, typed)):
+            return RECOVERY
+        return None
 
-    async def _signed_in(self, request, user: str, client: str, next_url: str) -> None:
+    async def signed_in(self, request, user: str, client: str, next_url: str,
+                        factors: str) -> None:
+        """A new session of `user`, signed in with `factors`; 303 to `next_url`."""
         signin = self.signin
         cfg, state = signin.cfg, signin.state
         token = secrets.token_urlsafe(32)
         hashed = token_hash(token)
         expires = time.time() + cfg.session_ttl
-        await state.run("create_session", hashed, user, expires, client)
+        await state.run("create_session", hashed, user, expires, client, factors)
         await state.run("signed_in", user, client)
-        signin._sessions[hashed] = (user, expires, time.monotonic())
+        signin._sessions[hashed] = (session_key(user, factors), expires, time.monotonic())
         if cfg.ip_grant > 0 and client:
             await state.run("add_allow", client, cfg.ip_grant, f"signed in: {user}")
             await state.refresh(force=True)
@@ -537,8 +576,11 @@ def _entering(request) -> str:
 
 _REASONS = {
     NOT_ALLOWED: "This account may not enter <b>{site}</b>.",
-    NO_SECOND_FACTOR: "<b>{site}</b> needs a second factor (a one-time code) and this "
-                      "account has none: ask whoever runs this server to add one.",
+    NO_SECOND_FACTOR: "<b>{site}</b> needs a second factor and this session was signed in "
+                      "with a password only: sign in with a passkey (or a password and a "
+                      "one-time or recovery code). A passkey can be added on the "
+                      "<a href=\"/__auth__/account\">account page</a>; without one, ask "
+                      "whoever runs this server to add a second factor.",
 }
 
 
@@ -560,10 +602,18 @@ async def _read_form(request) -> dict[str, str] | None:
 _LOGOUT_FIELDS = "<p>End the session of this browser.</p>"
 
 
-def _login_fields(next_url: str, message: str, with_code: bool) -> str:
+# After the sign-in form's button: a passkey signs in alone (the fields left empty) or,
+# with the user and password filled in, stands in for the code (nestgate.auth.passkeys).
+_PASSKEY_BUTTON = (
+    '<p class="or"><button type="button" id="passkey-signin" hidden>Sign in with a passkey'
+    '</button><small id="passkey-note" class="err" role="alert"></small></p>'
+    f'<script src="{PASSKEY_SCRIPT}" defer></script>')
+
+
+def _login_fields(next_url: str, message: str) -> str:
     esc = html.escape
-    code = ('<label>Code <input name="code" inputmode="numeric" autocomplete="one-time-code" '
-            'pattern="[0-9 ]*"></label>') if with_code else ""
+    code = ('<label>Code <small>(one-time or recovery code, when the account has them)'
+            '</small><input name="code" autocomplete="one-time-code"></label>')
     note = f'<p class="err" role="alert">{esc(message)}</p>' if message else ""
     return f"""{note}<input type="hidden" name="next" value="{esc(next_url)}">
 <label>User <input name="user" autocomplete="username" required autofocus></label>
@@ -572,12 +622,12 @@ def _login_fields(next_url: str, message: str, with_code: bool) -> str:
 
 
 def _render_page(title: str, heading: str, action: str, csrf: str, fields: str,
-                 button: str) -> bytes:
-    """A page holding one form; `fields` is HTML, already escaped."""
+                 button: str, after: str = "") -> bytes:
+    """A page holding one form; `fields` and `after` are HTML, already escaped."""
     esc = html.escape
     return _page_html(title, f"""<form method="post" action="{action}"><h1>{esc(heading)}</h1>
 <input type="hidden" name="csrf" value="{esc(csrf)}">
-{fields}<button type="submit">{esc(button)}</button></form>""")
+{fields}<button type="submit">{esc(button)}</button>{after}</form>""")
 
 
 def _page_html(title: str, card: str) -> bytes:

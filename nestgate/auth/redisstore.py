@@ -6,7 +6,8 @@ TOTP replay guard, the dynamic allow-list), so `SharedState`, the admin API and
 Keys (all under the configured prefix, `nestgate:` by default):
 
     secret                  the CSRF key, made once (SET NX)
-    session:<hash hex>      hash: user, created, expires, ip, last_seen; expires with it
+    session:<hash hex>      hash: user, created, expires, ip, last_seen, factors; expires
+                            with it
     sessions                sorted set of session hashes by expiry (listing, purging)
     user-sessions:<user>    set of a user's session hashes (revoke all of a user)
     failures:<ip>           sorted set of failed sign-ins by time; expires after the window
@@ -17,9 +18,15 @@ Keys (all under the configured prefix, `nestgate:` by default):
     allow                   sorted set of entry ids by expiry
     allow-id                the last entry id given
     allow-version           bumped on every change to the allow entries (workers poll it)
+    passkey:<id hex>        hash: user, name, public_key, sign_count, created, last_used
+    passkeys                set of every passkey's id hex (the admin listing)
+    user-passkeys:<user>    set of a user's passkey ids
+    ceremony:<id hex>       hash: challenge, purpose, user, bound; expires with the ceremony
+    recovery:<user>         set of the hashes of a user's unused recovery codes
 
 The checks that must not race between instances (a sign-in attempt counted before the
-next is judged, a TOTP step used once) are Lua scripts, which Redis runs atomically.
+next is judged, a TOTP step used once, a passkey's counter only going up) are Lua
+scripts, which Redis runs atomically.
 Session tokens are never stored, only their SHA-256, as in the SQLite store.
 """
 
@@ -78,6 +85,18 @@ return 1
 """
 
 
+# KEYS: passkey:<id hex>; ARGV: new sign count, now. 1 when the passkey exists and the
+# count went up (or stays 0 on an authenticator without a counter), else 0.
+_USE_PASSKEY = """
+local count = redis.call('HGET', KEYS[1], 'sign_count')
+if not count then return 0 end
+local new = tonumber(ARGV[1])
+if not (tonumber(count) < new or (new == 0 and tonumber(count) == 0)) then return 0 end
+redis.call('HSET', KEYS[1], 'sign_count', ARGV[1], 'last_used', ARGV[2])
+return 1
+"""
+
+
 def is_redis(locator: str) -> bool:
     return locator.startswith(("redis://", "rediss://", "unix://"))
 
@@ -112,6 +131,7 @@ class RedisStore:
                                        health_check_interval=30)
         self._take_sign_in = self.db.register_script(_TAKE_SIGN_IN)
         self._use_totp_step = self.db.register_script(_USE_TOTP_STEP)
+        self._use_passkey = self.db.register_script(_USE_PASSKEY)
 
     def key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
@@ -131,28 +151,30 @@ class RedisStore:
         return self.db.get(self.key("secret"))
 
     # ------------------------------------------------------ sessions
-    def create_session(self, hashed: bytes, user: str, expires: float, ip: str) -> None:
+    def create_session(self, hashed: bytes, user: str, expires: float, ip: str,
+                       factors: str = "password") -> None:
         now = time.time()
         name = self.key("session", hashed.hex())
         with self.db.pipeline() as pipe:
             pipe.hset(name, mapping={"user": user, "created": now, "expires": expires,
-                                     "ip": ip, "last_seen": now})
+                                     "ip": ip, "last_seen": now, "factors": factors})
             pipe.expireat(name, int(expires) + 1)
             pipe.zadd(self.key("sessions"), {hashed.hex(): expires})
             pipe.sadd(self.key("user-sessions", user), hashed.hex())
             pipe.execute()
 
-    def session(self, hashed: bytes) -> tuple[str, float] | None:
-        """(user, expires) of a live session, seen now (its last_seen is written when
-        older than SEEN_EVERY)."""
+    def session(self, hashed: bytes) -> tuple[str, float, str] | None:
+        """(user, expires, factors) of a live session, seen now (its last_seen is
+        written when older than SEEN_EVERY)."""
         now = time.time()
         name = self.key("session", hashed.hex())
-        user, expires, last_seen = self.db.hmget(name, "user", "expires", "last_seen")
+        user, expires, last_seen, factors = self.db.hmget(name, "user", "expires",
+                                                          "last_seen", "factors")
         if user is None or float(expires) <= now:
             return None
         if now - float(last_seen or 0) >= SEEN_EVERY:
             self.db.hset(name, "last_seen", now)
-        return user.decode(), float(expires)
+        return user.decode(), float(expires), (factors or b"password").decode()
 
     def delete_session(self, hashed: bytes) -> None:
         name = self.key("session", hashed.hex())
@@ -164,15 +186,16 @@ class RedisStore:
                 pipe.srem(self.key("user-sessions", user.decode()), hashed.hex())
             pipe.execute()
 
-    def live_sessions(self) -> list[tuple[bytes, str, float, float, str, float]]:
+    def live_sessions(self) -> list[tuple[bytes, str, float, float, str, float, str]]:
         ids = self.db.zrangebyscore(self.key("sessions"), f"({time.time()}", "+inf")
         with self.db.pipeline() as pipe:
             for hex_id in ids:
                 pipe.hmget(self.key("session", hex_id.decode()),
-                           "user", "created", "expires", "ip", "last_seen")
+                           "user", "created", "expires", "ip", "last_seen", "factors")
             rows = pipe.execute()
         found = [(bytes.fromhex(hex_id.decode()), row[0].decode(), float(row[1]),
-                  float(row[2]), row[3].decode(), float(row[4]))
+                  float(row[2]), row[3].decode(), float(row[4]),
+                  (row[5] or b"password").decode())
                  for hex_id, row in zip(ids, rows) if row[0] is not None]
         return sorted(found, key=lambda r: r[2])
 
@@ -247,6 +270,93 @@ class RedisStore:
     # ------------------------------------------------------ TOTP replay
     def use_totp_step(self, user: str, step: int) -> bool:
         return bool(self._use_totp_step(keys=[self.key("totp", user)], args=[step]))
+
+    # ------------------------------------------------------ passkeys (WebAuthn)
+    def add_passkey(self, user: str, cred_id: bytes, name: str, public_key: bytes,
+                    sign_count: int) -> None:
+        with self.db.pipeline() as pipe:
+            pipe.hset(self.key("passkey", cred_id.hex()), mapping={
+                "user": user, "name": name, "public_key": public_key,
+                "sign_count": sign_count, "created": time.time(), "last_used": 0})
+            pipe.sadd(self.key("passkeys"), cred_id.hex())
+            pipe.sadd(self.key("user-passkeys", user), cred_id.hex())
+            pipe.execute()
+
+    def passkeys(self, user: str = "") -> list[tuple[bytes, str, str, int, float, float]]:
+        ids = self.db.smembers(self.key("user-passkeys", user) if user else self.key("passkeys"))
+        with self.db.pipeline() as pipe:
+            for hex_id in ids:
+                pipe.hmget(self.key("passkey", hex_id.decode()),
+                           "user", "name", "sign_count", "created", "last_used")
+            rows = pipe.execute()
+        found = [(bytes.fromhex(hex_id.decode()), row[0].decode(), row[1].decode(),
+                  int(row[2]), float(row[3]), float(row[4]))
+                 for hex_id, row in zip(ids, rows) if row[0] is not None]
+        return sorted(found, key=lambda r: r[4])
+
+    def passkey(self, cred_id: bytes) -> tuple[str, bytes, int] | None:
+        user, public_key, count = self.db.hmget(self.key("passkey", cred_id.hex()),
+                                                "user", "public_key", "sign_count")
+        return None if user is None else (user.decode(), public_key, int(count))
+
+    def use_passkey(self, cred_id: bytes, sign_count: int) -> bool:
+        return bool(self._use_passkey(keys=[self.key("passkey", cred_id.hex())],
+                                      args=[sign_count, time.time()]))
+
+    def rename_passkey(self, cred_id: bytes, user: str, name: str) -> bool:
+        key = self.key("passkey", cred_id.hex())
+        if self.db.hget(key, "user") != user.encode():
+            return False
+        self.db.hset(key, "name", name)
+        return True
+
+    def remove_passkey(self, cred_id: bytes, user: str = "") -> bool:
+        key = self.key("passkey", cred_id.hex())
+        owner = self.db.hget(key, "user")
+        if owner is None or (user and owner != user.encode()):
+            return False
+        with self.db.pipeline() as pipe:
+            pipe.delete(key)
+            pipe.srem(self.key("passkeys"), cred_id.hex())
+            pipe.srem(self.key("user-passkeys", owner.decode()), cred_id.hex())
+            removed = pipe.execute()[0]
+        return removed > 0
+
+    def start_ceremony(self, ceremony_id: bytes, challenge: bytes, purpose: str, user: str,
+                       bound: bytes, ttl: float) -> None:
+        key = self.key("ceremony", ceremony_id.hex())
+        with self.db.pipeline() as pipe:
+            pipe.hset(key, mapping={"challenge": challenge, "purpose": purpose,
+                                    "user": user, "bound": bound})
+            pipe.pexpire(key, max(1, int(ttl * 1000)))
+            pipe.execute()
+
+    def take_ceremony(self, ceremony_id: bytes) -> tuple[bytes, str, str, bytes] | None:
+        """As `Store.take_ceremony`: read and deleted in one transaction (MULTI), so
+        two instances given the same answer cannot both find it."""
+        key = self.key("ceremony", ceremony_id.hex())
+        with self.db.pipeline() as pipe:            # transactional by default
+            pipe.hmget(key, "challenge", "purpose", "user", "bound")
+            pipe.delete(key)
+            (challenge, purpose, user, bound), deleted = pipe.execute()
+        if not deleted or challenge is None:
+            return None
+        return challenge, purpose.decode(), user.decode(), bound
+
+    # ------------------------------------------------------ recovery codes
+    def set_recovery_codes(self, user: str, hashes: list[bytes]) -> None:
+        key = self.key("recovery", user)
+        with self.db.pipeline() as pipe:
+            pipe.delete(key)
+            if hashes:
+                pipe.sadd(key, *hashes)
+            pipe.execute()
+
+    def use_recovery_code(self, user: str, code_hash: bytes) -> bool:
+        return self.db.srem(self.key("recovery", user), code_hash) > 0
+
+    def recovery_left(self, user: str) -> int:
+        return self.db.scard(self.key("recovery", user))
 
     # ------------------------------------------------------ dynamic allow-list
     def add_allow(self, cidr: str, ttl: float, comment: str = "") -> int:

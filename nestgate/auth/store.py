@@ -1,6 +1,7 @@
-"""The state every worker shares: sessions, failed sign-ins (per address and per
-account), the addresses each user signed in from, the last TOTP step each user signed
-in with, dynamic allow entries.
+"""The state every worker shares: sessions (with the factors they were signed in
+with), failed sign-ins (per address and per account), the addresses each user signed
+in from, the last TOTP step each user signed in with, dynamic allow entries, passkeys
+(WebAuthn credentials), the WebAuthn ceremonies under way, hashed recovery codes.
 
 One SQLite file (WAL, so readers never wait for the writer) opened by each worker.
 The supervisor creates and migrates it once (`prepare_store`) before any worker
@@ -52,10 +53,21 @@ CREATE TABLE IF NOT EXISTS account_failures (
     user TEXT PRIMARY KEY, failures INTEGER NOT NULL, last REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS known_addresses (
     user TEXT NOT NULL, ip TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (user, ip));
+CREATE TABLE IF NOT EXISTS passkeys (
+    id BLOB PRIMARY KEY, user TEXT NOT NULL, name TEXT NOT NULL, public_key BLOB NOT NULL,
+    sign_count INTEGER NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS passkeys_user ON passkeys (user);
+CREATE TABLE IF NOT EXISTS ceremonies (
+    id BLOB PRIMARY KEY, challenge BLOB NOT NULL, purpose TEXT NOT NULL,
+    user TEXT NOT NULL, bound BLOB NOT NULL, expires REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS recovery_codes (
+    user TEXT NOT NULL, code_hash BLOB NOT NULL, PRIMARY KEY (user, code_hash));
 """
 # Columns added after a table was first made: (table, column, definition). `migrate`
 # adds the missing ones to a store made by an older version.
-_ADDED_COLUMNS = (("sessions", "last_seen", "REAL NOT NULL DEFAULT 0"),)
+# A session of an older version counts as signed in with a password only.
+_ADDED_COLUMNS = (("sessions", "last_seen", "REAL NOT NULL DEFAULT 0"),
+                  ("sessions", "factors", "TEXT NOT NULL DEFAULT 'password'"))
 SEEN_EVERY = 60.0            # seconds: a session's last_seen is written at most this often
 ACCOUNT_MEMORY = 24 * 3600.0   # an account's failures are forgotten after a day of none
 KNOWN_FOR = 90 * 24 * 3600.0   # an address a user signed in from stays known this long
@@ -124,32 +136,36 @@ class Store:
         return self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()[0]
 
     # ------------------------------------------------------ sessions
-    def create_session(self, hashed: bytes, user: str, expires: float, ip: str) -> None:
+    def create_session(self, hashed: bytes, user: str, expires: float, ip: str,
+                       factors: str = "password") -> None:
+        """`factors`: what the user signed in with, words separated by spaces
+        (nestgate.auth.factors)."""
         now = time.time()
         self.db.execute("INSERT INTO sessions (token_hash, user, created, expires, ip, "
-                        "last_seen) VALUES (?, ?, ?, ?, ?, ?)",
-                        (hashed, user, now, expires, ip, now))
+                        "last_seen, factors) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (hashed, user, now, expires, ip, now, factors))
 
-    def session(self, hashed: bytes) -> tuple[str, float] | None:
-        """(user, expires) of a live session, which is seen now: its `last_seen` is
-        written when older than SEEN_EVERY (workers ask once per `portal.RECHECK` per
-        session in use, so a busy session costs one write a minute)."""
+    def session(self, hashed: bytes) -> tuple[str, float, str] | None:
+        """(user, expires, factors) of a live session, which is seen now: its
+        `last_seen` is written when older than SEEN_EVERY (workers ask once per
+        `portal.RECHECK` per session in use, so a busy session costs one write a
+        minute)."""
         now = time.time()
-        row = self.db.execute("SELECT user, expires, last_seen FROM sessions "
+        row = self.db.execute("SELECT user, expires, last_seen, factors FROM sessions "
                               "WHERE token_hash = ? AND expires > ?", (hashed, now)).fetchone()
         if row is None:
             return None
         if now - row[2] >= SEEN_EVERY:
             self.db.execute("UPDATE sessions SET last_seen = ? WHERE token_hash = ?",
                             (now, hashed))
-        return row[0], row[1]
+        return row[0], row[1], row[3]
 
     def delete_session(self, hashed: bytes) -> None:
         self.db.execute("DELETE FROM sessions WHERE token_hash = ?", (hashed,))
 
-    def live_sessions(self) -> list[tuple[bytes, str, float, float, str, float]]:
-        return self.db.execute("SELECT token_hash, user, created, expires, ip, last_seen "
-                               "FROM sessions WHERE expires > ? ORDER BY created",
+    def live_sessions(self) -> list[tuple[bytes, str, float, float, str, float, str]]:
+        return self.db.execute("SELECT token_hash, user, created, expires, ip, last_seen, "
+                               "factors FROM sessions WHERE expires > ? ORDER BY created",
                                (time.time(),)).fetchall()
 
     def delete_session_by_id(self, hex_prefix: str) -> bool:
@@ -235,6 +251,80 @@ class Store:
             "DO UPDATE SET step = excluded.step WHERE excluded.step > totp_used.step",
             (user, step)).rowcount > 0
 
+    # ------------------------------------------------------ passkeys (WebAuthn)
+    def add_passkey(self, user: str, cred_id: bytes, name: str, public_key: bytes,
+                    sign_count: int) -> None:
+        self.db.execute("INSERT INTO passkeys (id, user, name, public_key, sign_count, "
+                        "created) VALUES (?, ?, ?, ?, ?, ?)",
+                        (cred_id, user, name, public_key, sign_count, time.time()))
+
+    def passkeys(self, user: str = "") -> list[tuple[bytes, str, str, int, float, float]]:
+        """(id, user, name, sign count, created, last used) of `user`'s passkeys, or of
+        everyone's; never the public key (not a secret, but of no use to a listing)."""
+        where, args = ("WHERE user = ?", (user,)) if user else ("", ())
+        return self.db.execute("SELECT id, user, name, sign_count, created, last_used "
+                               f"FROM passkeys {where} ORDER BY created", args).fetchall()
+
+    def passkey(self, cred_id: bytes) -> tuple[str, bytes, int] | None:
+        """(user, public key, sign count) of a registered credential."""
+        return self.db.execute("SELECT user, public_key, sign_count FROM passkeys "
+                               "WHERE id = ?", (cred_id,)).fetchone()
+
+    def use_passkey(self, cred_id: bytes, sign_count: int) -> bool:
+        """Record a verified use; False, recording nothing, when the credential is gone
+        or its counter is no longer below `sign_count` (two workers given the same
+        assertion, or a cloned authenticator). An authenticator without a counter
+        sends 0 every time: that stays accepted while the stored count is 0."""
+        return self.db.execute(
+            "UPDATE passkeys SET sign_count = ?, last_used = ? WHERE id = ? AND "
+            "(sign_count < ? OR (? = 0 AND sign_count = 0))",
+            (sign_count, time.time(), cred_id, sign_count, sign_count)).rowcount > 0
+
+    def rename_passkey(self, cred_id: bytes, user: str, name: str) -> bool:
+        return self.db.execute("UPDATE passkeys SET name = ? WHERE id = ? AND user = ?",
+                               (name, cred_id, user)).rowcount > 0
+
+    def remove_passkey(self, cred_id: bytes, user: str = "") -> bool:
+        """Revoke a passkey (only if it is `user`'s, when given)."""
+        if user:
+            return self.db.execute("DELETE FROM passkeys WHERE id = ? AND user = ?",
+                                   (cred_id, user)).rowcount > 0
+        return self.db.execute("DELETE FROM passkeys WHERE id = ?", (cred_id,)).rowcount > 0
+
+    def start_ceremony(self, ceremony_id: bytes, challenge: bytes, purpose: str, user: str,
+                       bound: bytes, ttl: float) -> None:
+        """A WebAuthn challenge handed out: good once, for `ttl` seconds, for `purpose`
+        ("register", "passkey" or "second"), the `user` it is for ("" for a passkey
+        sign-in, where the credential names its user) and what it is `bound` to (the
+        session hash that registers)."""
+        self.db.execute("INSERT INTO ceremonies (id, challenge, purpose, user, bound, "
+                        "expires) VALUES (?, ?, ?, ?, ?, ?)",
+                        (ceremony_id, challenge, purpose, user, bound, time.time() + ttl))
+
+    def take_ceremony(self, ceremony_id: bytes) -> tuple[bytes, str, str, bytes] | None:
+        """(challenge, purpose, user, bound) of a live ceremony, which is used up: a
+        second answer to the same challenge finds nothing, on any worker."""
+        row = self.db.execute("DELETE FROM ceremonies WHERE id = ? RETURNING challenge, "
+                              "purpose, user, bound, expires", (ceremony_id,)).fetchall()
+        return row[0][:4] if row and row[0][4] > time.time() else None
+
+    # ------------------------------------------------------ recovery codes
+    def set_recovery_codes(self, user: str, hashes: list[bytes]) -> None:
+        """Replace `user`'s recovery codes (their hashes: nestgate.auth.recovery)."""
+        with self.db:
+            self.db.execute("DELETE FROM recovery_codes WHERE user = ?", (user,))
+            self.db.executemany("INSERT INTO recovery_codes (user, code_hash) VALUES (?, ?)",
+                                [(user, h) for h in hashes])
+
+    def use_recovery_code(self, user: str, code_hash: bytes) -> bool:
+        """Use up one of `user`'s codes: True once, on any worker."""
+        return self.db.execute("DELETE FROM recovery_codes WHERE user = ? AND code_hash = ?",
+                               (user, code_hash)).rowcount > 0
+
+    def recovery_left(self, user: str) -> int:
+        return self.db.execute("SELECT count(*) FROM recovery_codes WHERE user = ?",
+                               (user,)).fetchone()[0]
+
     # ------------------------------------------------------ dynamic allow-list
     def add_allow(self, cidr: str, ttl: float, comment: str = "") -> int:
         Networks([cidr])                                   # ValueError naming a bad entry
@@ -259,6 +349,7 @@ class Store:
             self.db.execute("DELETE FROM account_failures WHERE last <= ?",
                             (now - ACCOUNT_MEMORY,))
             self.db.execute("DELETE FROM known_addresses WHERE at <= ?", (now - KNOWN_FOR,))
+            self.db.execute("DELETE FROM ceremonies WHERE expires <= ?", (now,))
 
 
 def account_delay(failures: int, delays: tuple[int, float, float]) -> float:
