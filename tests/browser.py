@@ -73,6 +73,10 @@ class Browser:
             self._buffer += chunk
         raise TimeoutError(method)
 
+    def command(self, method: str, **params):
+        """A DevTools command to the page (WebAuthn.*, Page.*); its result."""
+        return self._call(method, session=self._session, **params)
+
     def evaluate(self, expression: str):
         """The value of a JavaScript expression in the page (a promise is awaited)."""
         result = self._call("Runtime.evaluate", session=self._session, expression=expression,
