@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import subprocess
+import sys
+import urllib.request
 
 import softauthn
-from conftest import HTML, Browser, protected, settled_step, otp_code
+from conftest import HTML, REPO, Browser, _env, admin_token, otp_code, settled_step
 from softauthn import SoftAuthenticator
 
 # A route that needs two factors, before the site's proxy route.
@@ -181,3 +184,35 @@ def test_the_login_page_offers_a_passkey_and_serves_its_script(gate):
     resp, script = b.request("GET", "/__auth__/passkey.js")
     assert resp.status == 200 and b"navigator.credentials.get" in script
     assert resp.getheader("content-type").startswith("text/javascript")
+
+
+def ctl(port: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nestgate", "ctl", "--address",
+                           f"127.0.0.1:{port}", f"--token={admin_token(port)}", *args],
+                          capture_output=True, text=True, env=_env(), cwd=REPO, timeout=30)
+
+
+def test_admin_api_and_ctl_list_and_revoke_passkeys(gate):
+    server, _up = start(gate)
+    port, admin = server.port(), server.admin_port()
+    owner = Browser(port)
+    owner.sign_in()
+    key = SoftAuthenticator()
+    assert softauthn.register(owner, key, "phone") == 303
+    request = urllib.request.Request(f"http://127.0.0.1:{admin}/v1/passkeys?user=demo",
+                                     headers={"Authorization":
+                                              f"Bearer {admin_token(admin)}"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        listed = json.loads(resp.read())["passkeys"]
+    assert [(p["user"], p["name"], p["sign_count"]) for p in listed] == [("demo", "phone", 0)]
+    assert set(listed[0]) == {"id", "user", "name", "sign_count", "created", "last_used"}
+    assert softauthn.sign_in(Browser(port), key)[0].status == 303
+    shown = ctl(admin, "passkeys")
+    assert shown.returncode == 0 and listed[0]["id"] in shown.stdout and "phone" in shown.stdout
+    assert json.loads(ctl(admin, "passkeys", "--user", "otp", "--json").stdout) == \
+        {"passkeys": []}
+    revoked = ctl(admin, "passkeys", "revoke", listed[0]["id"])
+    assert revoked.returncode == 0, revoked.stderr
+    assert ctl(admin, "passkeys", "revoke", listed[0]["id"]).returncode == 1    # 404
+    resp, body = softauthn.sign_in(Browser(port), key)
+    assert resp.status == 401 and b"no longer) registered" in body

@@ -3,7 +3,7 @@
     GET /v1/health   liveness: 200 while the admin process answers (no token needed)
     GET /v1/ready    200 when the current generation's workers all listen, else 503
     GET /metrics     the Prometheus text exposition (nestgate.admin.metrics)
-    /v1/allow, /v1/sessions   the shared store's state (nestgate.admin.stateapi)
+    /v1/allow, /v1/sessions, /v1/passkeys   the shared store's state (nestgate.admin.stateapi)
     /v1/oidc/*       the OpenID provider's clients and grants (nestgate.admin.oidcapi)
     GET /v1/users    the serving config's users and groups (never a hash or a secret)
     GET /docs/json   the OpenAPI 3.1 document of all of these (nestgate.admin.openapi)
@@ -28,7 +28,7 @@ from nestgate.admin import metrics, openapi
 from nestgate.admin.answers import AnswerCounts
 from nestgate.admin.guessing import Guesses, Held, given_token
 from nestgate.admin.origin import OwnAddress, SameOrigin, ip_loopback
-from nestgate.admin.stateapi import AllowList, Sessions
+from nestgate.admin.stateapi import AllowList, Passkeys, Sessions
 from nestgate.admin.configapi import ConfigAPI
 from nestgate.admin.operations import Operations
 from nestgate.admin.replies import error, method_not_allowed, reply
@@ -307,6 +307,9 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     grants = Grants(store_path, state.audit, error, reply)
     site.add_exact("/v1/oidc/grants", grants)
     site.add_exact("/v1/oidc/grants/{id}", grants)
+    passkeys = Passkeys(store_path, state.audit, error, reply)
+    site.add_exact("/v1/passkeys", passkeys)
+    site.add_exact("/v1/passkeys/{id}", passkeys)
     operations = Operations(state, error, reply)
     for path in ("/v1/notes/purge", "/v1/notes/reread", "/v1/upstreams",
                  "/v1/upstreams/drain", "/v1/upstreams/undrain"):

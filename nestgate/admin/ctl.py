@@ -13,6 +13,8 @@
     nestgate ctl sessions                          the live sign-in sessions
     nestgate ctl revoke ID | --user NAME           end one session, or all of a user's
     nestgate ctl users                             the users and their groups
+    nestgate ctl passkeys [--user NAME]            the registered passkeys
+    nestgate ctl passkeys revoke ID                revoke one
 
 The address and token come from the config (`--config`, as `serve` finds it, with
 NESTGATE_ADMIN and NESTGATE_ADMIN_TOKEN; without a token in it, the one nestgate made in
@@ -37,7 +39,8 @@ PATHS = {"status": "/v1/status", "ready": "/v1/ready", "metrics": "/metrics",
          "revoke": "/v1/sessions", "users": "/v1/users", "validate": "/v1/config/validate",
          "upstreams": "/v1/upstreams", "drain": "/v1/upstreams/drain",
          "undrain": "/v1/upstreams/undrain", "purge": "/v1/notes/purge",
-         "reread": "/v1/notes/reread", "install-cert": "/v1/certificates"}
+         "reread": "/v1/notes/reread", "install-cert": "/v1/certificates",
+         "passkeys": "/v1/passkeys"}
 # Commands that change something and take no arguments: a POST with no body.
 _POSTS = frozenset(("reload", "purge", "reread"))
 
@@ -45,14 +48,16 @@ _POSTS = frozenset(("reload", "purge", "reread"))
 def ctl_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nestgate ctl", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.split("\n")[2:18]))
+                                     epilog="\n".join(__doc__.split("\n")[2:20]))
     parser.add_argument("what", choices=sorted(PATHS))
     parser.add_argument("rest", nargs="*", help="for allow: list, add CIDR, remove ID; "
                         "for revoke: a session id; for validate: a file; for drain and "
-                        "undrain: ROUTE UPSTREAM; for install-cert: NAME")
+                        "undrain: ROUTE UPSTREAM; for install-cert: NAME; for passkeys: "
+                        "revoke ID")
     parser.add_argument("--for", dest="ttl", default="1h", help="allow add: how long")
     parser.add_argument("--comment", default="", help="allow add: a note")
-    parser.add_argument("--user", help="revoke: every session of this user")
+    parser.add_argument("--user", help="revoke: every session of this user; passkeys: "
+                        "this user's")
     parser.add_argument("--cert", help="install-cert: the PEM chain file")
     parser.add_argument("--key", help="install-cert: the PEM key file")
     parser.add_argument("--config", metavar="FILE", help="the server's config file")
@@ -122,6 +127,10 @@ def ctl_main(argv: list[str]) -> int:
                   f"seen {_when(s['last_seen'])}  until {_when(s['expires'])}")
     elif args.what == "revoke":
         print(f"revoked {answer['revoked']}")
+    elif args.what == "passkeys":
+        for p in answer["passkeys"]:
+            print(f"{p['id']}  {p['user']:<16}  {p['name']:<24}  "
+                  f"added {_when(p['created'])}  used {_when(p['last_used'])}")
     elif args.what == "users":
         for u in answer["users"]:
             email = f" <{u['email']}>" if u["email"] else ""
@@ -173,6 +182,13 @@ def _request(args):
             return "DELETE", f"/v1/users/{quote(args.user, safe='')}/sessions", None, ""
         if len(rest) == 1 and not args.user:
             return "DELETE", f"/v1/sessions/{quote(rest[0], safe='')}", None, ""
+        return None
+    if what == "passkeys":
+        if not rest:
+            query = f"?user={quote(args.user, safe='')}" if args.user else ""
+            return "GET", PATHS[what] + query, None, ""
+        if rest[0] == "revoke" and len(rest) == 2:
+            return "DELETE", f"{PATHS[what]}/{quote(rest[1], safe='')}", None, ""
         return None
     if what == "validate":
         return ("POST", PATHS[what], _read_file(rest[0]), "application/toml") \

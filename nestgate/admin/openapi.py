@@ -77,6 +77,9 @@ _CLIENT = _obj({"client_id": _STR, "name": _STR, "public": {"type": "boolean"},
 _GRANT = _obj({"id": _STR, "client_id": _STR, "user": _STR, "scope": _STR, "created": _NUM,
                "auth_time": _NUM, "access_expires": _NUM, "refresh_expires": _NUM},
               ("id", "client_id", "user", "scope"))
+_PASSKEY = _obj({"id": _STR, "user": _STR, "name": _STR, "sign_count": _INT,
+                 "created": _NUM, "last_used": _NUM},
+                ("id", "user", "name", "sign_count", "created", "last_used"))
 _USER = _obj({"name": _STR, "groups": {"type": "array", "items": _STR},
               "display_name": _STR, "email": _STR, "second_factor": _BOOL},
              ("name", "groups", "display_name", "email", "second_factor"))
@@ -200,6 +203,13 @@ PATHS = {
         "End one grant (its access and refresh tokens)", {
             "204": {"description": "revoked"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
         parameters=("id",)), "id", "^[0-9a-f]{16}$")},
+    "/v1/passkeys": {"get": _op("The registered passkeys (?user=NAME: one user's), never "
+                                "their public keys", {
+        "200": _json(_obj({"passkeys": {"type": "array", "items": _PASSKEY}}, ("passkeys",)),
+                     "the passkeys"), "409": _ERROR, "503": _ERROR})},
+    "/v1/passkeys/{id}": {"delete": _op("Revoke one passkey", {
+        "204": {"description": "revoked"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
+        parameters=("id",))},
     "/": {"get": _op("The status page (HTML) for a browser; with a token, it sends a "
                      "browser without the page's cookie to /login", {
         "200": {"description": "the page", "content": {"text/html": {"schema": _STR}}},

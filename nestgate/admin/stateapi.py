@@ -8,6 +8,8 @@ a reload.
     GET    /v1/sessions               the live sign-in sessions (never their secret)
     DELETE /v1/sessions/{id}          revoke one
     DELETE /v1/users/{name}/sessions  revoke all of a user's
+    GET    /v1/passkeys               the registered passkeys (?user=NAME: one user's)
+    DELETE /v1/passkeys/{id}          revoke one (its id: the credential id, base64url)
 """
 
 from __future__ import annotations
@@ -170,6 +172,49 @@ class Sessions(StoreEndpoint):
 
 
 SESSION_ID_HEX = 16
+
+
+class Passkeys(StoreEndpoint):
+    """The users' passkeys: who, what they named it, its counter, when it was added and
+    last used (never its public key). A revoked passkey signs in nowhere from the next
+    attempt: each sign-in asks the store for it."""
+
+    __slots__ = ()
+
+    async def answer(self, request) -> str:
+        method, params = request.method, request.params
+        if "id" in params:
+            if method != b"DELETE":
+                return "DELETE"
+            from nestgate.auth.passkeys import PasskeyError, from_b64url
+            store = self.store()
+            try:
+                removed = store.remove_passkey(from_b64url(params["id"]))
+            except PasskeyError:
+                removed = False
+            finally:
+                store.close()
+            if not removed:
+                await self.not_found(request, "passkey")
+                return ""
+            self.audit(request, "passkeys.revoke", {"id": params["id"]})
+            await self.deleted(request)
+        elif method in (b"GET", b"HEAD"):
+            from urllib.parse import parse_qs
+            from nestgate.auth.passkeys import b64url
+            user = parse_qs(request.query.decode("latin-1")).get("user", [""])[0]
+            store = self.store()
+            try:
+                rows = store.passkeys(user)
+            finally:
+                store.close()
+            await self.reply(request, 200, {"passkeys": [
+                {"id": b64url(cred_id), "user": owner, "name": name, "sign_count": count,
+                 "created": round(created, 3), "last_used": round(used, 3)}
+                for cred_id, owner, name, count, created, used in rows]})
+        else:
+            return "GET, HEAD"
+        return ""
 
 
 def _entry(raw: bytes) -> tuple[str, dict]:
