@@ -119,8 +119,9 @@ class Passkeys:
 
     # ------------------------------------------------------ ceremonies
     async def start(self, request, purpose: str, user: str = "", bound: bytes = b"",
-                    exclude=()) -> tuple[dict, tuple[bytes, bytes]]:
-        """The options of a new ceremony (JSON-ready) and the cookie that names it."""
+                    exclude=()) -> tuple[dict, tuple[bytes, bytes]] | None:
+        """The options of a new ceremony (JSON-ready) and the cookie that names it; None
+        when the store holds as many ceremonies as it may."""
         from webauthn import (generate_authentication_options,
                               generate_registration_options, options_to_json)
         from webauthn.helpers.structs import (AuthenticatorSelectionCriteria,
@@ -144,8 +145,9 @@ class Passkeys:
                 rp_id=rp_id, challenge=challenge, timeout=TIMEOUT_MS,
                 user_verification=UserVerificationRequirement.PREFERRED)
         ceremony = secrets.token_bytes(16)
-        await signin.state.run("start_ceremony", ceremony, challenge, purpose, user, bound,
-                               CEREMONY_TTL)
+        if not await signin.state.run("start_ceremony", ceremony, challenge, purpose, user,
+                                      bound, CEREMONY_TTL):
+            return None
         cookie = signin.cookie(request, CEREMONY_COOKIE, ceremony.hex(),
                                math.ceil(CEREMONY_TTL), path="/__auth__/", samesite="Strict")
         return json.loads(options_to_json(options)), cookie
@@ -250,10 +252,16 @@ class Options(_FormPath):
             if len(mine) >= MAX_PASSKEYS:
                 await _json(request, 409, {"error": f"at most {MAX_PASSKEYS} passkeys"})
                 return
-            options, cookie = await passkeys.start(request, REGISTER, user.name, found[0],
-                                                   [row[0] for row in mine])
+            started = await passkeys.start(request, REGISTER, user.name, found[0],
+                                           [row[0] for row in mine])
         else:
-            options, cookie = await passkeys.start(request, SIGNIN)
+            started = await passkeys.start(request, SIGNIN)
+        if started is None:
+            TALLY.event("signin_refused")
+            await _json(request, 503, {"error": "too many passkey sign-ins under way; try "
+                                       "again in a minute"}, [(b"retry-after", b"60")])
+            return
+        options, cookie = started
         await _json(request, 200, options, [cookie])
 
 

@@ -22,6 +22,7 @@ Keys (all under the configured prefix, `nestgate:` by default):
     passkeys                set of every passkey's id hex (the admin listing)
     user-passkeys:<user>    set of a user's passkey ids
     ceremony:<id hex>       hash: challenge, purpose, user, bound; expires with the ceremony
+    ceremonies              sorted set of ceremony ids by expiry (how many are under way)
     recovery:<user>         set of the hashes of a user's unused recovery codes
 
 The checks that must not race between instances (a sign-in attempt counted before the
@@ -38,7 +39,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from nestgate.auth.store import ACCOUNT_MEMORY, KNOWN_FOR, SEEN_EVERY, address_key
+from nestgate.auth.store import (ACCOUNT_MEMORY, KNOWN_FOR, MAX_CEREMONIES, SEEN_EVERY,
+                                 address_key)
 from nestgate.clientip import Networks
 
 DEFAULT_PREFIX = "nestgate:"
@@ -323,13 +325,22 @@ class RedisStore:
         return removed > 0
 
     def start_ceremony(self, ceremony_id: bytes, challenge: bytes, purpose: str, user: str,
-                       bound: bytes, ttl: float) -> None:
-        key = self.key("ceremony", ceremony_id.hex())
+                       bound: bytes, ttl: float) -> bool:
+        """As `Store.start_ceremony` (the count bounded loosely: two instances may
+        both pass at the bound)."""
+        key, under_way, now = self.key("ceremony", ceremony_id.hex()), self.key("ceremonies"), \
+            time.time()
+        self.db.zremrangebyscore(under_way, "-inf", now)
+        if self.db.zcard(under_way) >= MAX_CEREMONIES:
+            return False
         with self.db.pipeline() as pipe:
             pipe.hset(key, mapping={"challenge": challenge, "purpose": purpose,
                                     "user": user, "bound": bound})
             pipe.pexpire(key, max(1, int(ttl * 1000)))
+            pipe.zadd(under_way, {ceremony_id.hex(): now + ttl})
+            pipe.expire(under_way, int(ttl) + 1)
             pipe.execute()
+        return True
 
     def take_ceremony(self, ceremony_id: bytes) -> tuple[bytes, str, str, bytes] | None:
         """As `Store.take_ceremony`: read and deleted in one transaction (MULTI), so
@@ -338,7 +349,8 @@ class RedisStore:
         with self.db.pipeline() as pipe:            # transactional by default
             pipe.hmget(key, "challenge", "purpose", "user", "bound")
             pipe.delete(key)
-            (challenge, purpose, user, bound), deleted = pipe.execute()
+            pipe.zrem(self.key("ceremonies"), ceremony_id.hex())
+            (challenge, purpose, user, bound), deleted, _ = pipe.execute()
         if not deleted or challenge is None:
             return None
         return challenge, purpose.decode(), user.decode(), bound

@@ -71,6 +71,9 @@ _ADDED_COLUMNS = (("sessions", "last_seen", "REAL NOT NULL DEFAULT 0"),
 SEEN_EVERY = 60.0            # seconds: a session's last_seen is written at most this often
 ACCOUNT_MEMORY = 24 * 3600.0   # an account's failures are forgotten after a day of none
 KNOWN_FOR = 90 * 24 * 3600.0   # an address a user signed in from stays known this long
+# WebAuthn challenges under way at once: anyone may ask for one (a passkey sign-in
+# begins before anyone is known), so their number is bounded, not only their life.
+MAX_CEREMONIES = 10_000
 
 
 SCHEMA_NAMES = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", _SCHEMA))
@@ -292,14 +295,21 @@ class Store:
         return self.db.execute("DELETE FROM passkeys WHERE id = ?", (cred_id,)).rowcount > 0
 
     def start_ceremony(self, ceremony_id: bytes, challenge: bytes, purpose: str, user: str,
-                       bound: bytes, ttl: float) -> None:
+                       bound: bytes, ttl: float) -> bool:
         """A WebAuthn challenge handed out: good once, for `ttl` seconds, for `purpose`
-        ("register", "passkey" or "second"), the `user` it is for ("" for a passkey
-        sign-in, where the credential names its user) and what it is `bound` to (the
-        session hash that registers)."""
-        self.db.execute("INSERT INTO ceremonies (id, challenge, purpose, user, bound, "
-                        "expires) VALUES (?, ?, ?, ?, ?, ?)",
-                        (ceremony_id, challenge, purpose, user, bound, time.time() + ttl))
+        ("register" or "signin"), the `user` it is for ("" for a sign-in, where the
+        credential names its user) and what it is `bound` to (the session hash that
+        registers). False, storing nothing, when MAX_CEREMONIES are under way."""
+        now = time.time()
+        with self.db:
+            self.db.execute("DELETE FROM ceremonies WHERE expires <= ?", (now,))
+            live = self.db.execute("SELECT count(*) FROM ceremonies").fetchone()[0]
+            if live >= MAX_CEREMONIES:
+                return False
+            self.db.execute("INSERT INTO ceremonies (id, challenge, purpose, user, bound, "
+                            "expires) VALUES (?, ?, ?, ?, ?, ?)",
+                            (ceremony_id, challenge, purpose, user, bound, now + ttl))
+        return True
 
     def take_ceremony(self, ceremony_id: bytes) -> tuple[bytes, str, str, bytes] | None:
         """(challenge, purpose, user, bound) of a live ceremony, which is used up: a
