@@ -70,11 +70,11 @@ class SoftAuthenticator:
     def assert_(self, options: dict, origin: str, rp_id: str | None = None,
                 count: int | None = None) -> str:
         """The JSON a browser posts for navigator.credentials.get(`options`); the
-        counter goes up by one unless `count` says what to send."""
+        counter goes up by one unless `count` says what to send (a clone's)."""
         rp_id = rp_id or options["rpId"]
         if count is None:
-            self.count += 1
-            count = self.count
+            count = self.count + 1
+        self.count = max(self.count, count)
         auth_data = (hashlib.sha256(rp_id.encode()).digest() + bytes([self._flags()])
                      + struct.pack(">I", count))
         client_data = self._client_data("webauthn.get", options["challenge"], origin)

@@ -383,3 +383,48 @@ token = "notes-token-for-the-tests-000"
         assert b"New words." in poll(lambda: get_from(b.port(), "/notes/first")[2],
                                      lambda page: b"New words." in page, timeout=2)
     listener.close()
+
+
+def test_passkeys_and_recovery_codes_are_shared_and_single_use_over_both_instances(two):
+    import softauthn
+    from softauthn import SoftAuthenticator
+    a, b, _ = two
+    owner = Browser(a.port())
+    assert owner.sign_in()[0].status == 303
+    key = SoftAuthenticator()
+    assert softauthn.register(owner, key) == 303            # registered through a
+    visitor = Browser(b.port())                             # signs in through b
+    resp, _ = softauthn.sign_in(visitor, key)
+    assert resp.status == 303
+    assert status(a.port(), "/x", cookie=visitor.jar["nestgate_session"]) == 200
+    # A challenge begun on b, answered on a and then on b: once.
+    thief = Browser(b.port())
+    csrf, opts = softauthn.begin_sign_in(thief)
+    answer = key.assert_(opts, softauthn.origin_of(thief), count=key.count + 1)
+    on_a = Browser(a.port())
+    on_a.jar = dict(thief.jar)
+    assert softauthn.finish_sign_in(on_a, csrf, answer)[0].status == 303
+    assert softauthn.finish_sign_in(thief, csrf, answer)[0].status == 401
+    # The counter going back is seen by the other instance.
+    late = Browser(a.port())
+    csrf, opts = softauthn.begin_sign_in(late)
+    assert softauthn.finish_sign_in(late, csrf, key.assert_(
+        opts, softauthn.origin_of(late), count=1))[0].status == 401
+    # Recovery codes made on a, one used on b, refused again on a.
+    step = settled_step()
+    otp = Browser(a.port())
+    assert otp.sign_in(user="otp", code=otp_code(step))[0].status == 303
+    csrf = otp.form_token("/__auth__/account")
+    page = otp.post_form("/__auth__/account", {"csrf": csrf, "action": "recovery"})[1]
+    code = page.decode().split("<code>")[1].split("</code>")[0]
+    assert Browser(b.port()).sign_in(user="otp", code=code)[0].status == 303
+    assert Browser(a.port()).sign_in(user="otp", code=code)[0].status == 401
+    # Revoked through a's account page: refused on b.
+    fresh = Browser(a.port())
+    assert softauthn.sign_in(fresh, key)[0].status == 303   # changing needs two factors
+    page = fresh.request("GET", "/__auth__/account")[1].decode()
+    cred = page.split('name="revoke" value="')[1].split('"')[0]
+    fresh_csrf = page.split('name="csrf" value="')[1].split('"')[0]
+    assert fresh.post_form("/__auth__/account", {"csrf": fresh_csrf, "revoke": cred})[0] \
+        .status == 303
+    assert softauthn.sign_in(Browser(b.port()), key)[0].status == 401
