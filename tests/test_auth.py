@@ -514,3 +514,38 @@ def test_a_protected_sites_answers_are_private_unless_the_upstream_says(gate):
         resp, body = b.request("GET", "/cached")
         assert (resp.status, body) == (200, b"hi")
         assert resp.msg.get_all("cache-control") == ["max-age=60"]
+
+
+def test_passwd_totp_prints_the_qr_code_and_writes_it_as_a_png(tmp_path):
+    """The QR code in the terminal and in the PNG holds the otpauth:// URI printed
+    (each module compared with segno's own drawing of that URI)."""
+    import segno
+    from PIL import Image
+    png = tmp_path / "ann.png"
+    out = subprocess.run([sys.executable, "-m", "nestgate", "passwd", "--stdin", "--totp",
+                          "ann", "--png", str(png)], input="s3cret\n", capture_output=True,
+                         text=True, env=_env(), cwd=REPO, timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert verify_password(lines[0], "s3cret")
+    secret = lines[1].split('"')[1]
+    assert totp.secret_problem(secret) is None
+    uri = lines[2]
+    assert uri.startswith("otpauth://totp/nestgate:ann?") and f"secret={secret}" in uri
+    matrix = segno.make(uri, error="m").matrix
+    # The terminal: half-block characters, two module rows per line, with a border.
+    drawn = [line for line in lines[3:] if line.strip()]
+    assert len(drawn) >= (len(matrix) + 8) // 2 and any("\u2580" in l or "\u2584" in l
+                                                         for l in drawn)
+    # The PNG: 8 px per module, a 4-module border, dark where the code is dark.
+    image = Image.open(png).convert("L")
+    size = len(matrix)
+    assert image.size == ((size + 8) * 8,) * 2
+    for y, row in enumerate(matrix):
+        for x, dark in enumerate(row):
+            assert (image.getpixel(((x + 4) * 8 + 4, (y + 4) * 8 + 4)) < 128) == bool(dark)
+    # --png without --totp is a usage error.
+    bad = subprocess.run([sys.executable, "-m", "nestgate", "passwd", "--stdin", "--png",
+                          str(png)], input="s3cret\n", capture_output=True, text=True,
+                         env=_env(), cwd=REPO, timeout=30)
+    assert bad.returncode == 2 and "--png needs --totp" in bad.stderr
