@@ -577,7 +577,8 @@ def test_sessions_are_listed_and_revoked_on_every_worker(start_server, upstream,
     status, listed = admin_call(admin, "GET", "/v1/sessions")
     assert status == 200 and [s["user"] for s in listed["sessions"]] == ["demo", "demo"]
     first = listed["sessions"][0]
-    assert set(first) == {"id", "user", "client", "created", "last_seen", "expires"}
+    assert set(first) == {"id", "user", "client", "created", "last_seen", "expires", "factors"}
+    assert first["factors"] == ["password"]
     assert first["last_seen"] == first["created"]            # signed in, not used since
     assert first["client"] == "127.0.0.1" and len(first["id"]) == 16
     for browser in (alice, again):            # the id is not the cookie's token

@@ -77,6 +77,8 @@ _CLIENT = _obj({"client_id": _STR, "name": _STR, "public": {"type": "boolean"},
 _GRANT = _obj({"id": _STR, "client_id": _STR, "user": _STR, "scope": _STR, "created": _NUM,
                "auth_time": _NUM, "access_expires": _NUM, "refresh_expires": _NUM},
               ("id", "client_id", "user", "scope"))
+_CREDENTIAL_ID = {"type": "string", "pattern": "^[A-Za-z0-9_-]+$",
+                  "description": "the credential id, base64url"}
 _PASSKEY = _obj({"id": _STR, "user": _STR, "name": _STR, "sign_count": _INT,
                  "created": _NUM, "last_used": _NUM},
                 ("id", "user", "name", "sign_count", "created", "last_used"))
@@ -104,9 +106,11 @@ def _op(summary: str, responses: dict, *, open_: bool = False, body: dict | None
     if body is not None:
         op["requestBody"] = {"required": True, "content": body}
         op["responses"]["415"] = _ERROR
-    if parameters:
-        op["parameters"] = [{"name": name, "in": "path", "required": True, "schema": _STR}
-                            for name in parameters]
+    if parameters:                    # names, or (name, schema) pairs
+        op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": _STR}
+                            if isinstance(p, str) else
+                            {"name": p[0], "in": "path", "required": True, "schema": p[1]}
+                            for p in parameters]
     return op
 
 
@@ -209,7 +213,7 @@ PATHS = {
                      "the passkeys"), "409": _ERROR, "503": _ERROR})},
     "/v1/passkeys/{id}": {"delete": _op("Revoke one passkey", {
         "204": {"description": "revoked"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
-        parameters=("id",))},
+        parameters=(("id", _CREDENTIAL_ID),))},
     "/": {"get": _op("The status page (HTML) for a browser; with a token, it sends a "
                      "browser without the page's cookie to /login", {
         "200": {"description": "the page", "content": {"text/html": {"schema": _STR}}},

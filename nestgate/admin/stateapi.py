@@ -58,6 +58,23 @@ class StoreEndpoint:
         from nestgate.auth.store import open_store
         return open_store(self.store_path)
 
+    def ask(self, method: str, *args):
+        """`Store.<method>(*args)` on a store opened for this one question."""
+        store = self.store()
+        try:
+            return getattr(store, method)(*args)
+        finally:
+            store.close()
+
+    async def removed(self, request, found: bool, what: str, action: str, shown) -> None:
+        """204 when something was `found` (and removed), audited as `action` with id
+        `shown`; else 404 naming `what`."""
+        if not found:
+            await self.not_found(request, what)
+            return
+        self.audit(request, action, {"id": shown})
+        await self.deleted(request)
+
     async def not_found(self, request, what: str) -> None:
         await request.send_prebuilt(self.error(404, "not_found", f"no such {what}"))
 
@@ -108,16 +125,8 @@ class AllowList(StoreEndpoint):
         if not entry_id.isdigit():
             await self.not_found(request, "entry")
             return
-        store = self.store()
-        try:
-            removed = store.remove_allow(int(entry_id))
-        finally:
-            store.close()
-        if not removed:
-            await self.not_found(request, "entry")
-            return
-        self.audit(request, "allow.remove", {"id": int(entry_id)})
-        await self.deleted(request)
+        await self.removed(request, self.ask("remove_allow", int(entry_id)), "entry",
+                           "allow.remove", int(entry_id))
 
 
 class Sessions(StoreEndpoint):
@@ -144,17 +153,9 @@ class Sessions(StoreEndpoint):
             if method != b"DELETE":
                 return "DELETE"
             session_id = params["id"]
-            store = self.store()
-            try:
-                found = len(session_id) == SESSION_ID_HEX and \
-                    store.delete_session_by_id(session_id)
-            finally:
-                store.close()
-            if not found:
-                await self.not_found(request, "session")
-                return ""
-            self.audit(request, "sessions.revoke", {"id": session_id})
-            await self.deleted(request)
+            found = len(session_id) == SESSION_ID_HEX and \
+                self.ask("delete_session_by_id", session_id)
+            await self.removed(request, found, "session", "sessions.revoke", session_id)
         elif method in (b"GET", b"HEAD"):
             store = self.store()
             try:
@@ -187,27 +188,16 @@ class Passkeys(StoreEndpoint):
             if method != b"DELETE":
                 return "DELETE"
             from nestgate.auth.passkeys import PasskeyError, from_b64url
-            store = self.store()
             try:
-                removed = store.remove_passkey(from_b64url(params["id"]))
-            except PasskeyError:
-                removed = False
-            finally:
-                store.close()
-            if not removed:
-                await self.not_found(request, "passkey")
-                return ""
-            self.audit(request, "passkeys.revoke", {"id": params["id"]})
-            await self.deleted(request)
+                found = self.ask("remove_passkey", from_b64url(params["id"]))
+            except PasskeyError:                   # not base64url: no such passkey
+                found = False
+            await self.removed(request, found, "passkey", "passkeys.revoke", params["id"])
         elif method in (b"GET", b"HEAD"):
             from urllib.parse import parse_qs
             from nestgate.auth.passkeys import b64url
             user = parse_qs(request.query.decode("latin-1")).get("user", [""])[0]
-            store = self.store()
-            try:
-                rows = store.passkeys(user)
-            finally:
-                store.close()
+            rows = self.ask("passkeys", user)
             await self.reply(request, 200, {"passkeys": [
                 {"id": b64url(cred_id), "user": owner, "name": name, "sign_count": count,
                  "created": round(created, 3), "last_used": round(used, 3)}

@@ -52,8 +52,8 @@ from nestgate.auth import recovery
 from nestgate.auth.config import ACCOUNT_PATH, PASSKEY_OPTIONS, PASSKEY_PATH, PASSKEY_SCRIPT
 from nestgate.auth.passwords import verify_password
 from nestgate.auth.policy import PASSKEY, PASSWORD, VERIFIED, two_factors
-from nestgate.auth.portal import (_PAGE_HEADERS, _FormPath, _entering, _page_html,
-                                  _read_form, cookies, login_url, safe_next)
+from nestgate.auth.portal import (_PAGE_HEADERS, _FormPath, _entering, _page_html, cookies,
+                                  login_url, safe_next)
 from nestgate.routing import host_name
 from nestgate.tally import TALLY
 
