@@ -116,7 +116,8 @@ def test_register_sign_out_sign_in_with_the_passkey_revoke_refused(chromium):
     sign_out(browser, base)
     go(browser, base + "/__auth__/login?next=/strict")
     click(browser, "#passkey-signin")
-    assert browser.wait_for("document.body && document.body.innerText.includes('strict room')"), \
+    assert browser.wait_for("document.body && document.body.innerText.includes('strict room')",
+                            timeout=40), \
         text(browser)
     count = browser.command("WebAuthn.getCredentials",
                             authenticatorId=authenticator)["credentials"][0]["signCount"]

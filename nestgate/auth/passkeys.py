@@ -49,7 +49,8 @@ import time
 from importlib import resources
 
 from nestgate.auth import recovery
-from nestgate.auth.config import ACCOUNT_PATH, PASSKEY_OPTIONS, PASSKEY_PATH, PASSKEY_SCRIPT
+from nestgate.auth.config import (ACCOUNT_PATH, LOGIN_PATH, PASSKEY_OPTIONS, PASSKEY_PATH,
+                                  PASSKEY_SCRIPT)
 from nestgate.auth.passwords import verify_password
 from nestgate.auth.policy import PASSKEY, PASSWORD, VERIFIED, two_factors
 from nestgate.auth.portal import (_PAGE_HEADERS, _FormPath, _entering, _page_html, cookies,
@@ -272,7 +273,7 @@ class PasskeySignIn(_FormPath):
     passkeys: Passkeys
 
     async def show(self, request) -> None:
-        await request.send(303, [(b"location", LOGIN_PATH_BYTES)], b"")
+        await request.send(303, [(b"location", LOGIN_PATH.encode())], b"")
 
     async def submit(self, request, form: dict[str, str]) -> None:
         signin, passkeys = self.signin, self.passkeys
@@ -403,11 +404,7 @@ class Script:
     async def handle(self, request) -> None:
         await request.send(200, [(b"content-type", b"text/javascript; charset=utf-8"),
                                  (b"cache-control", b"no-cache"),
-                                 (b"x-content-type-options", b"nosniff")],
-                           b"" if request.method == b"HEAD" else self.body)
-
-
-LOGIN_PATH_BYTES = b"/__auth__/login"
+                                 (b"x-content-type-options", b"nosniff")], self.body)
 
 
 async def _json(request, status: int, value, headers=()) -> None:
