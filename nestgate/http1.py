@@ -67,9 +67,10 @@ import time
 
 import httptools
 
-from nestgate.dispatch import GATED, GONE, PEEK, answer, begin, record, resolve
+from nestgate.dispatch import (GATED, GONE, PEEK, conclude, ready, record, refresh_client,
+                               resolve, run, start, take_peer)
 from nestgate.request import Body, Request
-from nestgate.clientip import ProxyHeaderError, forwarded_client, take_proxy_header
+from nestgate.clientip import ProxyHeaderError, take_proxy_header
 from nestgate.clock import CLOCK
 from nestgate.errorpages import DEFAULT_PAGES, ERRORS
 from nestgate.errors import RequestError
@@ -266,14 +267,23 @@ class HTTP1Request(Request):
 
     async def send_prebuilt(self, response) -> None:
         """Answer with a `Prebuilt` response (a synchronous handler's answer)."""
+        self.answer_ready(response)
+        if self.connection.write_paused:
+            await self.connection.wait_writable()
+
+    def answer_ready(self, response) -> None:
+        """The whole answer from a ready response, written without waiting."""
         mode = KEEP_ALIVE_EXPLICIT if self.settle_keep_alive() else CLOSE
         data = response.render(mode, self.head_only)
         self.started = self.finished = True
         self.status = response.status
         self.count_ready(data, response)
         self.connection.write(data)
-        if self.connection.write_paused:
-            await self.connection.wait_writable()
+
+    def cut(self) -> None:
+        """Bytes of the response are out and it failed: the connection ends after them."""
+        self.keep_alive = False
+        self.finished = True
 
     def take_over(self, head: bytes) -> bytes:
         """Switch protocols: write `head` (a whole 101 response) and hand the connection
@@ -354,6 +364,7 @@ class HTTP1Connection(asyncio.Protocol):
     """One client connection. `ctx` is the listener's `ServerContext`."""
 
     first_phase = OPEN
+    protocol = "HTTP/1.1"         # as the request log writes a ready answer
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
@@ -578,11 +589,9 @@ class HTTP1Connection(asyncio.Protocol):
         """The client is `address`: the socket peer, or what a PROXY header said.
         Whether requests are logged is decided here, once, unless the peer is a
         trusted proxy: then each request's client (from X-Forwarded-For) decides."""
-        ctx = self.ctx
-        self.client = self.peer = address
-        self.logging = self._peer_logged = ctx.access_log is not None and ctx.should_log(address)
-        self.xff_trusted = bool(ctx.trusted_proxies) and address in ctx.trusted_proxies
-        self._timing = self.logging or (self.xff_trusted and ctx.access_log is not None)
+        take_peer(self, address)
+        self._peer_logged = self.logging
+        self._timing = self.logging or (self.xff_trusted and self.ctx.access_log is not None)
         if self.client_tag and not count_connection(self):   # a PROXY header named it
             self.refuse_over_client_limit()
 
@@ -803,13 +812,7 @@ class HTTP1Connection(asyncio.Protocol):
         if len(headers) > self._max_headers:
             raise RequestError(431)
         if self.xff_trusted:
-            # Before any check can refuse the request: a refusal is logged (or not)
-            # for the client the proxy names, as an answer is.
-            ctx = self.ctx
-            self.client = forwarded_client(
-                self.peer, [v for n, v in headers if n == b"x-forwarded-for"],
-                ctx.trusted_proxies)
-            self.logging = self._timing and ctx.should_log(self.client)
+            refresh_client(self, headers)
         parser = self.parser
         host = self._host
         keep_alive = parser.should_keep_alive()
@@ -940,7 +943,6 @@ class HTTP1Connection(asyncio.Protocol):
                 self._parsing = None
 
     def _answer_sync(self, response, mode, method, path, host, route) -> None:
-        route.tally.count(response.status)
         head_only = method == b"HEAD"
         if self._active is None and not self._queue and not self.write_paused:
             if mode == CLOSE or self.ctx.draining:
@@ -951,21 +953,14 @@ class HTTP1Connection(asyncio.Protocol):
                 self.bytes_out += response.write_to(self.transport, mode, head_only)
         else:
             self._queue.append(_ReadyAnswer(self, response, mode, head_only))
-        if self.logging:
-            self.ctx.access_log.record(
-                self.client, method, host, path, response.status,
-                response.content_length if not head_only else 0,
-                self._t0, self._headers, route.label)
+        ready(self, route.tally, response, 0 if head_only else response.content_length,
+              method, host, path, route.label, self._headers, self._t0)
 
     # ------------------------------------------------------------ answering
     def start_answer(self, req: HTTP1Request) -> None:
         """`req`'s turn: its handler answers it, from callbacks or in a task."""
         self._active = req
-        if not begin(req):
-            req.task = self.loop.create_task(self._run(req))
-
-    async def _run(self, req: HTTP1Request) -> None:
-        self.conclude(req, await answer(req))
+        start(req)
 
     def finish(self, req: HTTP1Request, status: int = 0) -> None:
         """For a handler whose `begin(req)` took the request: it is answered, or failed
@@ -975,16 +970,17 @@ class HTTP1Connection(asyncio.Protocol):
             return                          # the client went away meanwhile
         req.cancel = None
         if status or not req.finished:
-            self._conclude(req, status)
+            conclude(req, status)
         else:
-            self._done(req)                 # answered in full
+            record(req, req.logged)         # answered in full
+        self._done(req)
 
     def fallback(self, req: HTTP1Request) -> None:
         """A handler's `begin` took `req` but cannot answer it from callbacks after all
         (nothing was sent): answer it with `handle` in a task, as usual."""
         req.cancel = None
         if self._active is req:
-            req.task = self.loop.create_task(self._run(req))
+            req.task = self.loop.create_task(run(req))
 
     def conclude(self, req: HTTP1Request, status: int) -> None:
         """`dispatch.answer`'s outcome for the request being answered."""
@@ -993,32 +989,11 @@ class HTTP1Connection(asyncio.Protocol):
         if status == GONE:
             # Not from this connection (it is still here): the answer cannot go on.
             status = 500
-        self._conclude(req, status)
-
-    def _conclude(self, req: HTTP1Request, status: int) -> None:
-        """The handler is done: end its response, or fail it with `status`."""
-        if not status:
-            if not req.finished:
-                req.end()
-        elif req.started:
-            # Bytes of a response are out: a second one must never follow.
-            req.keep_alive = False
-            req.finished = True
-        else:
-            self._answer_error(req, status)
+        conclude(req, status)
         self._done(req)
 
-    def _answer_error(self, req: HTTP1Request, status: int) -> None:
-        response = req.errors.answer(status, req.headers)
-        mode = KEEP_ALIVE_EXPLICIT if req.settle_keep_alive() else CLOSE
-        data = response.render(mode, req.head_only)
-        req.started = req.finished = True
-        req.status = response.status
-        req.count_ready(data, response)
-        self.write(data)
-
     def _done(self, req: HTTP1Request) -> None:
-        record(req, req.logged)
+        """`req` is answered and recorded: the connection goes on to the next, or ends."""
         self.bytes_out += req.sent
         self._active = None
         if req.body is not None and not req.body.done:
@@ -1074,10 +1049,8 @@ class HTTP1Connection(asyncio.Protocol):
             self.write_closing(response)
         else:
             self._queue.append(_ReadyAnswer(self, response, CLOSE, False))
-        UNROUTED.count(status)
-        if self.logging:
-            self.ctx.access_log.record(self.client, b"-", b"", "-", status,
-                                       response.content_length, self._t0, self._headers, "")
+        ready(self, UNROUTED, response, response.content_length, b"-", b"", "-", "",
+              self._headers, self._t0)
 
     def _close_when_idle(self) -> None:
         """The connection ends after the answers ahead: the last of them says so."""

@@ -68,23 +68,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import re
 import struct
-import time
 
 from nestgate import h2engine as engine
 from nestgate.h2engine import (CANCEL, CONNECTION_SPECIFIC, ENHANCE_YOUR_CALM,
                                INTERNAL_ERROR, NO_ERROR, ConnectionError_,
                                StreamClosedError, encode_field, encode_fields)
-from nestgate.dispatch import GONE, answer, record, resolve
-from nestgate.clientip import forwarded_client
+from nestgate.dispatch import (GONE, conclude, open_stream, record, refresh_client, refuse,
+                               start, take_peer)
+from nestgate.fieldhead import read_head
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError, RequestError
 from nestgate.http1 import DRAIN_IDLE_GRACE, HTTP1Connection
 from nestgate.request import Body, Request
-from nestgate.errorpages import ERRORS
 from nestgate.flow import Writable
-from nestgate.grammar import LOWER_TCHAR, TCHAR, VISIBLE
 from nestgate.responses import SERVER
 from nestgate.ratelimit import count_connection, uncount_connection
 from nestgate.tally import H2_PROTECTIONS, TALLY, UNROUTED
@@ -116,13 +113,6 @@ DECODED_LIST_FACTOR = 4
 # h2engine.DECODED_CONNECTION_BYTES): 64 connections' worth, whatever max_connections
 # allows. Past it a connection decodes every block, which costs CPU, not memory.
 DECODED_BUDGET = engine.DecodedBudget(4 * 1024 * 1024)
-# The method and target are copied into an upstream's HTTP/1.1 request line: a method
-# must be a token (RFC 9110 5.6.2) and a :path visible ASCII, as llhttp demands of
-# HTTP/1.1 (checked with nestgate.grammar's classes). Field names are lower-case tokens (RFC 9113 8.2.1); values hold no NUL, CR or LF and
-# neither begin nor end with whitespace (8.2.1). Any other field makes the request
-# malformed: 400 on its stream, never the whole connection (8.1.1).
-_BAD_VALUE = re.compile(rb"[\0\r\n]|\A[ \t]|[ \t]\Z").search
-_PSEUDO = {b":method": 1, b":scheme": 2, b":path": 4, b":authority": 8}   # bits
 
 # Frames a client may send that carry no request. Each costs us work, and PING and
 # SETTINGS an answer, so a flood of them alone can hold a worker: each kind has a
@@ -310,22 +300,6 @@ def _response_fields(status: int, pairs, content_length: int | None) -> list:
     if content_length is not None:
         fields.append((b"content-length", b"%d" % content_length))
     return fields
-
-
-def _field_problem(headers, authority: bytes) -> str | None:
-    """Why a request's regular fields make it malformed (RFC 9113 8.2), or None."""
-    for name, value in headers:
-        if not name or name.translate(None, LOWER_TCHAR):
-            return "field name is not a lower-case token"
-        if _BAD_VALUE(value):
-            return "field value with NUL, CR, LF or surrounding whitespace"
-        if name in _CONNECTION_HEADERS:
-            return "connection-specific field"                       # 8.2.2
-        if name == b"te" and value.lower() != b"trailers":
-            return "te other than trailers"                         # 8.2.2
-        if name == b"host" and authority and value.lower() != authority.lower():
-            return "host differs from :authority"                   # 8.3.1
-    return None
 
 
 # Why a protection ended a connection or a stream: the key of its counter
@@ -549,6 +523,19 @@ class H2Request(Request):
             await self.connection.send_data(self.stream_id, body, end=True)
         self.finished = True
 
+    def answer_ready(self, response) -> None:
+        """The whole answer from a ready response (an error page), without waiting."""
+        conn = self.connection
+        if conn.transport.is_closing():
+            return
+        self.started = self.finished = True
+        self.status = response.status
+        self.sent = conn.send_ready(self.stream_id, response, self.head_only)
+        conn._flush_soon()
+
+    def cut(self) -> None:
+        self.connection._reset(self.stream_id, INTERNAL_ERROR)
+
     def take_over(self, head: bytes) -> bytes:
         raise HandlerError(501, "HTTP/2 has no protocol upgrade")   # RFC 9113 8.6
 
@@ -561,6 +548,8 @@ class H2Request(Request):
 
 class HTTP2Connection:
     """One HTTP/2 client connection (after ALPN chose h2)."""
+
+    protocol = "HTTP/2"           # as the request log writes it
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
@@ -615,9 +604,7 @@ class HTTP2Connection:
     def connection_made(self, transport) -> None:
         self.transport = transport
         ctx = self.ctx
-        self.client = self.peer = ctx.client_address(transport.get_extra_info("peername"))
-        self.logging = ctx.access_log is not None and ctx.should_log(self.client)
-        self.xff_trusted = bool(ctx.trusted_proxies) and self.peer in ctx.trusted_proxies
+        take_peer(self, ctx.client_address(transport.get_extra_info("peername")))
         if len(ctx.connections) >= self.limits.max_connections:
             transport.close()
             return
@@ -835,109 +822,43 @@ class HTTP2Connection:
             self._alone += 1
         if self._opened >= self.limits.keepalive_requests and self._last_stream == _NO_GOAWAY:
             self._last_stream = stream_id
-        method = raw_target = authority = b""
-        host = None
-        headers = []
-        size = found = lengths = 0
-        bad = None
-        for name, value in event.headers:
-            size += len(name) + len(value)
-            if name[:1] == b":":
-                # A request's pseudo-fields, each once, before the others (8.3).
-                bit = _PSEUDO.get(name, 0)
-                if not bit or bit & found or headers:
-                    bad = f"pseudo-field {name[:20]!r} unknown, repeated or late"
-                found |= bit
-                if bit == 1:
-                    method = value
-                elif bit == 4:
-                    raw_target = value
-                elif bit == 8:
-                    authority = value
-            else:
-                headers.append((name, value))
-                if name == b"host":
-                    if host is not None:
-                        # Which one routes and which one goes upstream? (RFC 9112 3.2)
-                        bad = "repeated host"
-                    host = value
-                elif name == b"content-length" and event.ended:
-                    # No DATA follows, so only one "0" agrees with it (8.1.1); the
-                    # engine checks the streams that have a body.
-                    if value != b"0" or lengths:
-                        bad = "content-length on a request without a body, or repeated"
-                    lengths += 1
+        method, raw_target, authority, headers, problem = read_head(
+            event.headers, event.ended, self.limits)
         if self.xff_trusted:
-            # Per request: streams of one connection may carry different clients, and
-            # each client decides whether its requests are logged (the proxy's own
-            # address, often loopback, would decide for all of them).
-            ctx = self.ctx
-            self.client = forwarded_client(
-                self.peer, [v for n, v in headers if n == b"x-forwarded-for"],
-                ctx.trusted_proxies)
-            self.logging = ctx.access_log is not None and ctx.should_log(self.client)
-        try:
-            # Malformed (RFC 9113 8.1.1): 400 on this stream, the connection goes on.
-            bad = bad or _field_problem(headers, authority) or \
-                (None if found & 7 == 7 else ":method, :scheme or :path missing")
-            authority = authority or host or b""
-            if bad is not None:
-                raise RequestError(400, bad)
-            if not method or method.translate(None, TCHAR):
-                raise RequestError(400, ":method is not a token")
-            if raw_target[:1] != b"/":
-                raise RequestError(400, ":path must be an absolute path")   # RFC 9113 8.3.1
-            if len(raw_target) > self.limits.max_url:
-                raise RequestError(414)
-            if raw_target.translate(None, VISIBLE):
-                raise RequestError(400, ":path has a byte outside visible ASCII")
-            if size > self.limits.max_header_bytes or len(headers) > self.limits.max_headers:
-                raise RequestError(431)
-            if event.length > self.limits.max_body:
-                raise RequestError(413)                 # before a byte of it comes
-            qmark = raw_target.find(b"?")
-            # The router checks the characters of :authority (or Host), once per
-            # distinct value, as for HTTP/1.1 (Router.site_for).
-            route = self.ctx.router.route(authority,
-                                          raw_target if qmark < 0 else raw_target[:qmark])
-            label, path = route.label, route.path
-            handler = resolve(route.handler, self, path, method, headers)
-        except RequestError as exc:
-            if self._answer(stream_id, ERRORS.get(exc.status) or ERRORS[400],
-                            method == b"HEAD", method, authority, "-", "", headers,
-                            time.perf_counter(), UNROUTED) and not event.ended:
-                self._reset(stream_id, NO_ERROR)   # no body wanted
-            return
-        t0 = time.perf_counter() if self.logging else 0.0
-        if not handler.is_async:
-            if self._answer(stream_id, handler, method == b"HEAD", method, authority,
-                            path, label, headers, t0, route.tally) \
-                    and not event.ended:
-                # Answered without the body: the client may stop sending it (RFC 9113
-                # 8.1), rather than have us take and drop any amount of it.
+            refresh_client(self, headers)   # per request: streams may carry many clients
+        if problem is None and event.length > self.limits.max_body:
+            problem = RequestError(413)                 # before a byte of it comes
+        if problem is not None:
+            refuse(self, stream_id, problem.status, method, authority, headers)
+            req = None
+        else:
+            req = open_stream(self, stream_id, method, raw_target, authority, headers)
+        if req is None:
+            if not event.ended and not self.h2.can_send(stream_id):
+                # Answered in full without the body: the client may stop sending it
+                # (RFC 9113 8.1), rather than have us take and drop any amount of it.
                 self._reset(stream_id, NO_ERROR)
             return
+        if not event.ended:
+            req.body = Body(req.flow, False, None if event.length < 0 else event.length)
+        self._streams[stream_id] = req
+        start(req)
+
+    def new_request(self, stream_id, handler, route, method, raw_target, qmark, headers,
+                    authority, t0) -> H2Request:
+        """The stream sequence's `Request` for a stream (nestgate.dispatch)."""
         req = H2Request(self, handler, route, method, raw_target, qmark, headers,
                         authority, True, t0)
         req.stream_id = stream_id
         req.granted = 0
         req.flow = _StreamFlow(self, stream_id)
-        if not event.ended:
-            req.body = Body(req.flow, False, None if event.length < 0 else event.length)
-        self._streams[stream_id] = req
-        req.task = self.loop.create_task(self._run(req))
+        return req
 
-    def _answer(self, stream_id, response, head_only, method, host, path, label, headers,
-                t0, tally) -> bool:
-        """Send `response` on the stream, counted in `tally`; True when all of it went
-        out at once."""
-        tally.count(response.status)
+    def send_ready(self, stream_id: int, response, head_only: bool) -> int:
+        """A ready answer on the stream (nestgate.dispatch): its body's length."""
         at_once, sent = self._send_ready(stream_id, response, head_only)
         self._answer_ended = at_once
-        if self.logging:
-            self.ctx.access_log.record(self.client, method, host, path, response.status,
-                                       sent, t0, headers, label, "HTTP/2")
-        return at_once
+        return sent
 
     def _send_ready(self, stream_id: int, response, head_only: bool) -> tuple[bool, int]:
         """A ready answer on the stream: whether all of it went out at once, and its
@@ -987,9 +908,6 @@ class HTTP2Connection:
         self.flush()
 
     # ------------------------------------------------------------ answering
-    async def _run(self, req: H2Request) -> None:
-        self.conclude(req, await answer(req))
-
     def conclude(self, req: H2Request, status: int) -> None:
         """`dispatch.answer`'s outcome for a stream's request: END_STREAM after a whole
         answer; the site's error page if nothing was sent; else RST_STREAM."""
@@ -1005,17 +923,7 @@ class HTTP2Connection:
             # elsewhere): the client's stream is still open and waits, so it fails as
             # any handler error does and its slot is freed (HTTP/1.1 answers so too).
             status = 500
-        if not status:
-            req.end()
-        elif req.started:
-            self._reset(stream_id, INTERNAL_ERROR)
-        elif not self.transport.is_closing():
-            response = req.errors.answer(status, req.headers)
-            req.started = req.finished = True
-            req.status = response.status
-            req.sent = self._send_ready(stream_id, response, req.head_only)[1]
-            self._flush_soon()
-        record(req, req.logged)
+        conclude(req, status)
         self._answer_ended = True
         self._idle()
 
@@ -1168,11 +1076,8 @@ class HTTP2Connection:
         self._streams.pop(stream_id, None)
         self._abandon(req)
         # Counted and logged for the stream's own client, not the connection's latest.
-        response = req.errors.answer(status, req.headers)
-        req.started = req.finished = True
-        req.status = response.status
-        at_once, req.sent = self._send_ready(stream_id, response, req.head_only)
-        if at_once:
+        req.answer_ready(req.errors.answer(status, req.headers))
+        if not self.h2.can_send(stream_id):
             self._reset(stream_id, NO_ERROR)
         record(req, req.logged)
         self.flush()

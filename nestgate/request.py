@@ -22,8 +22,8 @@ can do, which the subclasses say with class attributes:
                   (a plain TCP socket carrying nothing but this response), or None.
 
 `dispatch.answer` awaits a handler and translates its outcome into one status that
-the adapter's `conclude` acts on, so success, failure and a vanished client are
-handled once for every protocol.
+`dispatch.conclude` acts on (through `end`, `answer_ready` or `cut`), so success,
+failure and a vanished client are handled once for every protocol.
 """
 
 from __future__ import annotations
@@ -249,6 +249,16 @@ class Request:
 
     def end(self) -> None:
         """The response is complete."""
+        raise NotImplementedError
+
+    def answer_ready(self, response) -> None:
+        """The whole answer from a ready response (the site's error page for a failed
+        handler, `dispatch.conclude`), written without waiting."""
+        raise NotImplementedError
+
+    def cut(self) -> None:
+        """The handler failed after bytes of its answer went out: end the response as
+        broken, as the protocol allows (a closed connection, a reset stream)."""
         raise NotImplementedError
 
     def take_over(self, head: bytes) -> bytes:

@@ -1,9 +1,9 @@
 """Handlers answered through the request contract, in memory, without a server.
 
 `Harness` builds a site's router from a config as a worker does and answers requests
-through `nestgate.dispatch` exactly as the protocol adapters do (route, resolve,
-ready answer or `answer` then `conclude`), with a third responder, `MemoryRequest`, that
-keeps the answer as (status, fields, body). Handlers that work here and over
+through the stream sequence the protocol adapters drive (`nestgate.dispatch.open_stream`,
+then `run`): `MemoryConnection` is one more adapter, whose `MemoryRequest` keeps the
+answer as (status, fields, body) instead of sending it. Handlers that work here and over
 HTTP/1.1 and HTTP/2 cannot be asking which protocol they are on.
 """
 
@@ -13,9 +13,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from nestgate.config import parse_config
-from nestgate.errorpages import ERRORS
-from nestgate.errors import RequestError
-from nestgate.dispatch import GONE, answer, record, resolve
+from nestgate import dispatch
+from nestgate.dispatch import GONE, open_stream, run
 from nestgate.request import Body, Request
 from nestgate.responses import header_pairs
 from nestgate.site import build_router
@@ -49,7 +48,9 @@ class _Flow:
 
 
 class MemoryConnection:
-    """What a handler's request and dispatch need from a client connection."""
+    """What a handler's request and the stream sequence need from a client connection."""
+
+    protocol = "memory"
 
     def __init__(self, ctx, client: str) -> None:
         self.ctx = ctx
@@ -60,27 +61,31 @@ class MemoryConnection:
         self.xff_trusted = False       # the client is not a trusted proxy
         self.logging = False           # requests are not logged (no request log here)
         self.outcomes: list[int] = []  # each `conclude` status, in order
+        self.ready_answer: Answer | None = None   # a ready answer `send_ready` was given
 
     async def wait_writable(self) -> None:
         return None
 
+    # the adapter's side of the stream sequence
+    def send_ready(self, key, response, head_only: bool) -> int:
+        self.ready_answer = answer_of(response, head_only)
+        return len(self.ready_answer.body)
+
+    def new_request(self, key, handler, route, method, raw_target, qmark, headers,
+                    authority, t0) -> MemoryRequest:
+        return MemoryRequest(self, handler, route, method, raw_target, qmark, headers,
+                             authority, True, t0)
+
     def conclude(self, req: MemoryRequest, status: int) -> None:
         self.outcomes.append(status)
-        if status == GONE:
-            return
-        if not status:
-            req.end()
-        elif req.started:
-            req.cut = True
-        else:
-            req.fill(req.errors.answer(status, req.headers))
-        record(req, False)
+        if status != GONE:         # no client to go away here: only a handler's own reset
+            dispatch.conclude(req, status)
 
 
 class MemoryRequest(Request):
     """A responder that keeps the answer instead of sending it."""
 
-    __slots__ = ("fields", "chunks", "cut")
+    __slots__ = ("fields", "chunks", "was_cut")
 
     protocol = "memory"
 
@@ -88,7 +93,7 @@ class MemoryRequest(Request):
         Request.__init__(self, *args)
         self.fields: list[tuple[bytes, bytes]] = []
         self.chunks: list[bytes] = []
-        self.cut = False
+        self.was_cut = False
 
     def _begin(self, status: int, pairs, content_length: int | None) -> None:
         if self.started:
@@ -129,6 +134,11 @@ class MemoryRequest(Request):
             self.sent += len(response.body)
         self.finished = True
 
+    answer_ready = fill
+
+    def cut(self) -> None:
+        self.was_cut = True
+
     def end(self) -> None:
         self.finished = True
 
@@ -166,24 +176,16 @@ class Harness:
                                                for n, v in headers]
         if body:
             fields.append((b"content-length", b"%d" % len(body)))
-        method, raw = method.encode(), target.encode()
-        qmark = raw.find(b"?")
-        try:
-            route = self.router.route(host.encode(), raw if qmark < 0 else raw[:qmark])
-            handler = resolve(route.handler, conn, route.path, method, fields)
-        except RequestError as exc:        # as an adapter answers a bad request head
-            return answer_of(ERRORS.get(exc.status) or ERRORS[400], method == b"HEAD")
-        if not handler.is_async:
-            return answer_of(handler, method == b"HEAD")
-        req = MemoryRequest(conn, handler, route, method, raw, qmark, fields, host.encode(),
-                            True, 0.0)
+        req = open_stream(conn, None, method.encode(), target.encode(), host.encode(), fields)
+        if req is None:
+            return conn.ready_answer
         if body:
             req.body = Body(_Flow(self.loop), False, len(body))
             req.body.feed(body)
             req.body.finish()
-        conn.conclude(req, await answer(req))
+        await run(req)
         return Answer(req.status, {n.decode(): v.decode() for n, v in req.fields},
-                      b"".join(req.chunks), cut=req.cut)
+                      b"".join(req.chunks), cut=req.was_cut)
 
     def close(self) -> None:
         for service in self.router.services:
