@@ -95,6 +95,7 @@ class Listener:
     https_port: int = 443
     http2: bool = True                      # TLS listeners offer h2 by ALPN
     http2_cleartext: bool = False           # plain listeners take h2c by prior knowledge
+    http3: bool = False                     # TLS listeners also serve HTTP/3 on UDP, same port
     proxy_protocol_from: tuple[str, ...] = ()   # peers that may send a PROXY header
     max_connections_per_client: int = 0     # open HTTP connections per address; 0: no limit
     key: str = ""                           # where it was set: "listen[0].address", "--listen"
@@ -568,6 +569,19 @@ def read_certificate(c: _Section, managed_ok: bool = False) -> Certificate:
     return cert
 
 
+def http3_problem(listener: Listener) -> str:
+    """Why `http3 = true` cannot be served on `listener`, or ""."""
+    if not listener.tls:
+        return "false on a plain listener (QUIC is always TLS: add a certificate)"
+    if listener.proxy_protocol_from:
+        return "false on a listener that takes PROXY headers (QUIC datagrams carry none)"
+    try:
+        import aioquic  # noqa: F401  (an optional dependency: nestgate[http3])
+    except ImportError:
+        return "false, or aioquic installed (pip install 'nestgate[http3]')"
+    return ""
+
+
 def _read_listener(s: _Section) -> Listener:
     host, port = s.get("address", ("127.0.0.1", 8080), parse_address, "")
     if bind_address(host) is None:
@@ -581,6 +595,7 @@ def _read_listener(s: _Section) -> Listener:
                         https_port=s.int("https_port", 443, 1, 65535),
                         http2=s.bool("http2", True),
                         http2_cleartext=s.bool("http2_cleartext", False),
+                        http3=s.bool("http3", False),
                         proxy_protocol_from=s.get("proxy_protocol_from", (), _cidr_list, ""),
                         max_connections_per_client=s.int("max_connections_per_client", 0,
                                                          0, 1_000_000),
@@ -592,6 +607,10 @@ def _read_listener(s: _Section) -> Listener:
                "that takes PROXY headers")
     if listener.http2_cleartext and listener.redirect_https:
         s.fail("http2_cleartext", "false on a listener that redirects to HTTPS")
+    if listener.http3:
+        problem = http3_problem(listener)
+        if problem:
+            s.fail("http3", problem)
     s.check_unknown()
     return listener
 

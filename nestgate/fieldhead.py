@@ -1,4 +1,4 @@
-"""A request head carried as a list of fields (HTTP/2 and HTTP/3), checked once for both.
+"""Request and response heads carried as lists of fields (HTTP/2 and HTTP/3), checked once for both.
 
 HTTP/3 takes HTTP/2's rules for a request's fields (RFC 9114 4.2-4.3 point to RFC 9113
 8.2-8.3): pseudo-fields (:method, :scheme, :path, :authority) each once and before the
@@ -9,7 +9,8 @@ so a method must be a token (RFC 9110 5.6.2) and a :path visible ASCII, as llhtt
 demands of HTTP/1.1. A head that breaks a rule is malformed: a 400 on its stream, never
 the whole connection (RFC 9113 8.1.1); past a limit, 414 or 431.
 
-Only the checks live here: each adapter has its own way of saying how long a body is
+The answer's fields are made here too (`response_fields`). Only the checks and the
+fields live here: each adapter has its own way of saying how long a body is
 and of refusing a stream.
 """
 
@@ -20,7 +21,9 @@ import re
 from nestgate.errors import RequestError
 from nestgate.grammar import LOWER_TCHAR, TCHAR, VISIBLE
 from nestgate.h2engine import CONNECTION_SPECIFIC
+from nestgate.responses import SERVER
 
+STATUS_VALUES = {s: str(s).encode() for s in range(100, 600)}   # :status, as sent
 _BAD_VALUE = re.compile(rb"[\0\r\n]|\A[ \t]|[ \t]\Z").search
 _PSEUDO = {b":method": 1, b":scheme": 2, b":path": 4, b":authority": 8}   # bits
 
@@ -97,3 +100,40 @@ def _limit(bad, method: bytes, raw_target: bytes, size: int, count: int, limits)
     if size > limits.max_header_bytes or count > limits.max_headers:
         return RequestError(431)
     return None
+
+
+def response_fields(status: int, pairs, content_length: int | None) -> list:
+    """A response's fields for HTTP/2, Date apart: `:status` and Server first, the
+    connection-specific ones (RFC 9113 8.2.2) and any Content-Length left out, then the
+    framing's own length."""
+    fields = [(b":status", STATUS_VALUES.get(status) or str(status).encode()),
+              (b"server", SERVER.value)]
+    for name, value in pairs:
+        name = name.lower()
+        if name not in CONNECTION_SPECIFIC and name != b"content-length":
+            fields.append((name, value))
+    if content_length is not None:
+        fields.append((b"content-length", b"%d" % content_length))
+    return fields
+
+
+def ready_fields(response) -> list:
+    """A `Prebuilt` response's fields without its Date: `:status`, Server, then its own
+    fields in lower case but the connection-specific ones."""
+    fields = [(b":status", STATUS_VALUES[response.status]), (b"server", SERVER.value)]
+    for name, value in response.fields:
+        name = name.lower()
+        if name not in CONNECTION_SPECIFIC:
+            fields.append((name, value))
+    return fields
+
+
+def pairs_of(block: bytes) -> list:
+    """(name, value) pairs from header lines (`name: value\\r\\n` each) that were
+    parsed and checked elsewhere, such as an upstream's."""
+    pairs = []
+    for line in block.split(b"\r\n"):
+        if line:
+            name, _, value = line.partition(b":")
+            pairs.append((name.strip(), value.strip()))
+    return pairs

@@ -71,12 +71,12 @@ import logging
 import struct
 
 from nestgate import h2engine as engine
-from nestgate.h2engine import (CANCEL, CONNECTION_SPECIFIC, ENHANCE_YOUR_CALM,
+from nestgate.h2engine import (CANCEL, ENHANCE_YOUR_CALM,
                                INTERNAL_ERROR, NO_ERROR, ConnectionError_,
                                StreamClosedError, encode_field, encode_fields)
 from nestgate.dispatch import (GONE, conclude, open_stream, record, refresh_client, refuse,
                                start, take_peer)
-from nestgate.fieldhead import read_head
+from nestgate.fieldhead import pairs_of, read_head, ready_fields, response_fields
 from nestgate.clock import CLOCK
 from nestgate.errors import HandlerError, RequestError
 from nestgate.http1 import DRAIN_IDLE_GRACE, HTTP1Connection
@@ -98,13 +98,18 @@ MAX_CONCURRENT_STREAMS = 128     # advertised; a stream past it is refused alone
 # (it matters when `keepalive_requests` allows more than that many streams).
 RESET_ALLOWANCE = 2 * MAX_CONCURRENT_STREAMS
 RESET_CAP = 1000
+
+
+def too_many_resets(wasted: int, opened: int) -> bool:
+    """Whether a client that reset `wasted` of the `opened` streams before their answer
+    only makes us work for nothing (HTTP/3 holds its clients to the same rule)."""
+    return wasted >= RESET_CAP or (wasted > RESET_ALLOWANCE and 2 * wasted > opened)
+
+
 _NO_GOAWAY = 1 << 31              # above any stream id: every stream is served
 _QUIET_PING = b"nestgate"         # asks whether a stopping connection is really quiet
 DRAIN_BUSY_GRACE = 5.0            # seconds a stopping connection serves new streams
 QUIET_GRACE = 0.2                 # seconds without a stream before a stopping one asks
-# Connection-specific headers are illegal in HTTP/2 (RFC 9113 8.2.2).
-_CONNECTION_HEADERS = CONNECTION_SPECIFIC
-_STATUS = {s: str(s).encode() for s in range(100, 600)}
 # A decoded header list may exceed `max_header_bytes` (the request gets 431 and the
 # connection goes on) up to this many times it; past that it is an HPACK bomb and the
 # connection ends (COMPRESSION_ERROR).
@@ -194,12 +199,7 @@ def h2_block(response) -> bytes:
     block = response.h2_cache
     if block is not None:
         return block
-    fields = [(b":status", _STATUS[response.status]), (b"server", SERVER.value)]
-    for name, value in response.fields:
-        name = name.lower()
-        if name not in _CONNECTION_HEADERS:
-            fields.append((name, value))
-    block = response.h2_cache = encode_fields(fields)
+    block = response.h2_cache = encode_fields(ready_fields(response))
     return block
 
 
@@ -285,21 +285,6 @@ DATE_FIELD = _DateField()
 _RAW_BLOCKS: dict[tuple, bytes] = {}
 _RAW_BLOCKS_LIMIT = 256
 _RAW_BLOCK_MAX = 2048
-
-
-def _response_fields(status: int, pairs, content_length: int | None) -> list:
-    """A response's fields for HTTP/2, Date apart: `:status` and Server first, the
-    connection-specific ones (RFC 9113 8.2.2) and any Content-Length left out, then the
-    framing's own length."""
-    fields = [(b":status", _STATUS.get(status) or str(status).encode()),
-              (b"server", SERVER.value)]
-    for name, value in pairs:
-        name = name.lower()
-        if name not in _CONNECTION_HEADERS and name != b"content-length":
-            fields.append((name, value))
-    if content_length is not None:
-        fields.append((b"content-length", b"%d" % content_length))
-    return fields
 
 
 # Why a protection ended a connection or a stream: the key of its counter
@@ -456,12 +441,7 @@ class H2Request(Request):
         key = (status, block, content_length, SERVER.value)
         encoded = _RAW_BLOCKS.get(key) if kept else None
         if encoded is None:
-            pairs = []
-            for line in block.split(b"\r\n"):
-                if line:
-                    name, _, value = line.partition(b":")
-                    pairs.append((name.strip(), value.strip()))
-            encoded = encode_fields(_response_fields(status, pairs, content_length))
+            encoded = encode_fields(response_fields(status, pairs_of(block), content_length))
             if kept:
                 if len(_RAW_BLOCKS) >= _RAW_BLOCKS_LIMIT:
                     _RAW_BLOCKS.clear()
@@ -469,7 +449,7 @@ class H2Request(Request):
         self._send_head(status, encoded + DATE_FIELD.current())
 
     def _start_pairs(self, status, pairs, content_length) -> None:
-        self._send_head(status, encode_fields(_response_fields(status, pairs, content_length))
+        self._send_head(status, encode_fields(response_fields(status, pairs, content_length))
                         + DATE_FIELD.current())
 
     def _send_head(self, status: int, block: bytes) -> None:
@@ -789,8 +769,7 @@ class HTTP2Connection:
         if not by_client:
             return False
         self._wasted += 1
-        wasted = self._wasted
-        return wasted >= RESET_CAP or (wasted > RESET_ALLOWANCE and 2 * wasted > self._opened)
+        return too_many_resets(self._wasted, self._opened)
 
     def _calm(self, why: str, detail: str = "") -> None:
         """A protection ends the connection: GOAWAY(ENHANCE_YOUR_CALM), counted."""

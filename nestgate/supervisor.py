@@ -128,6 +128,11 @@ class Supervisor:
                 if key not in self.sockets:
                     self.sockets[key] = _listen(listener)
                     added.append(key)
+                port = self.sockets[key].getsockname()[1]
+                for udp in self._quic_keys(config, listener, position):
+                    if udp not in self.sockets:
+                        self.sockets[udp] = _quic_socket(listener, port)
+                        added.append(udp)
         except BaseException:
             self.close_sockets(added)
             raise
@@ -142,14 +147,33 @@ class Supervisor:
     def close_unused(self) -> None:
         """Close the listeners no running generation uses any more. Draining workers
         close their own copies, and then the kernel refuses connections on them."""
-        used = {self._key(listener, position)
-                for gen in self.generations if not gen.stopping
-                for position, listener in enumerate(gen.config.listeners)}
+        used = set()
+        for gen in self.generations:
+            if not gen.stopping:
+                for position, listener in enumerate(gen.config.listeners):
+                    used.add(self._key(listener, position))
+                    used.update(self._quic_keys(gen.config, listener, position))
         self.close_sockets([key for key in self.sockets if key not in used])
 
-    def sockets_for(self, config: Config):
-        return [(listener, self.sockets[self._key(listener, position)])
-                for position, listener in enumerate(config.listeners)]
+    def _quic_keys(self, config: Config, listener, position: int) -> list[tuple]:
+        """An `http3` listener's UDP sockets: one per worker slot, all bound to the
+        listener's port with SO_REUSEPORT, so that the kernel hashes each client's
+        address to one worker and its QUIC packets keep reaching that worker (one
+        socket shared by every worker would hand them to any)."""
+        if not listener.http3:
+            return []
+        base = self._key(listener, position)
+        return [(*base, "udp", index) for index in range(config.worker_count)]
+
+    def sockets_for(self, config: Config, slot: int = 0):
+        """A worker's listening sockets: every TCP one, and its slot's UDP ones."""
+        mine = []
+        for position, listener in enumerate(config.listeners):
+            mine.append((listener, self.sockets[self._key(listener, position)]))
+            if listener.http3:
+                key = self._quic_keys(config, listener, position)[slot]
+                mine.append((listener, self.sockets[key]))
+        return mine
 
     # ----------------------------------------------------------- workers
     def start_generation(self, config: Config) -> Generation:
@@ -195,7 +219,7 @@ class Supervisor:
             if pid == 0:
                 self._as_child()
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-                mine = self.sockets_for(gen.config)
+                mine = self.sockets_for(gen.config, slot.index)
                 # A copy of a listener this worker does not serve would keep it accepting
                 # after the supervisor closes it.
                 for sock in set(self.sockets.values()) - {sock for _l, sock in mine}:
@@ -522,6 +546,25 @@ def _bound(listener) -> socket.socket:
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((listener.host, listener.port))
+    except OSError as exc:
+        sock.close()
+        raise BindError(listener, exc) from exc
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _quic_socket(listener, port: int) -> socket.socket:
+    """A UDP socket for the listener's HTTP/3, on the port its TCP socket has."""
+    family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((listener.host, port))
+        sock.setblocking(False)
     except OSError as exc:
         sock.close()
         raise BindError(listener, exc) from exc

@@ -39,8 +39,11 @@ CLIENT_GONE = 499
 H2_PROTECTIONS = ("control_flood", "window_update_flood", "priority_flood", "empty_frames",
                   "header_block", "header_timeout", "rapid_reset", "protocol_error",
                   "send_timeout")
+# The HTTP/3 ones (nestgate.http3), as "h3_<reason>".
+H3_PROTECTIONS = ("header_block", "rapid_reset")
 EVENTS = ("signin_success", "signin_failure", "signin_refused", "notes_written",
-          "notes_deleted", *(f"h2_{reason}" for reason in H2_PROTECTIONS))
+          "notes_deleted", *(f"h2_{reason}" for reason in H2_PROTECTIONS),
+          *(f"h3_{reason}" for reason in H3_PROTECTIONS))
 
 
 class SiteTimes:

@@ -11,6 +11,7 @@ import asyncio
 import ctypes
 import os
 import signal
+import socket
 import sys
 
 import uvloop
@@ -126,12 +127,20 @@ class Worker:
             listener.max_connections_per_client for listener, _sock in self.sockets)
         if self.counting_clients:
             shared_limits().connections.adopt(self.figures[1])
-        servers, contexts = [], self.contexts
+        servers, contexts, quic = [], self.contexts, []
         for listener, sock in self.sockets:
             ctx = ServerContext(self, listener, router)
             contexts.append(ctx)
             sslcontext = self.ssl_contexts.get(listener)
-            ctx.certificate_book = getattr(sslcontext, "certificate_book", None)
+            tls_book = getattr(sslcontext, "certificate_book", None)
+            if sock.type == socket.SOCK_DGRAM:       # the listener's HTTP/3 (http3 = true)
+                from nestgate.http3 import serve_quic    # aioquic: an optional dependency
+                server = await serve_quic(ctx, listener, sock, tls_book)
+                if server.certificates.book is not None:
+                    self.certificate_books.append(server.certificates.book)
+                quic.append(server)
+                continue
+            ctx.certificate_book = tls_book
             if ctx.certificate_book is not None:
                 self.certificate_books.append(ctx.certificate_book)
             factory = protocol_factory(ctx, listener, sslcontext)
@@ -155,10 +164,14 @@ class Worker:
             ctx.draining = True
         for server in servers:
             server.close()
+        for server in quic:
+            server.draining = True        # no new QUIC connection; open ones go on
         # Drop this process's copies of the listening sockets: once every process
         # has, the kernel refuses new connections instead of queueing them unserved.
+        # (A UDP socket carries the open QUIC connections: it closes after them.)
         for _listener, sock in self.sockets:
-            sock.close()
+            if sock.type != socket.SOCK_DGRAM:
+                sock.close()
         try:
             # Tell the supervisor: from now on no new connection can reach this worker
             # (the admin API's reload answers once every old worker has said so).
@@ -174,6 +187,8 @@ class Worker:
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.abort()
+        for server in quic:
+            server.close()
         tick.cancel()
         self.publish()                  # the last counts, for the supervisor to pass on
         for service in services:
@@ -246,7 +261,7 @@ class Worker:
             elif isinstance(conn, (TLSHandshake, PriorKnowledge)):
                 handshakes += 1
                 continue
-            else:
+            elif conn.protocol != "HTTP/3":   # the table has no HTTP/3 column yet
                 http1 += 1
             if conn.ctx.scheme == "https":
                 tls += 1

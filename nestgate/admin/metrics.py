@@ -9,7 +9,7 @@ import os
 
 from nestgate import __version__
 from nestgate.auth.store import store_errors
-from nestgate.tally import BUCKETS, H2_PROTECTIONS
+from nestgate.tally import BUCKETS, H2_PROTECTIONS, H3_PROTECTIONS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -128,6 +128,10 @@ def render(state) -> bytes:
                "streams reset (send_timeout) by a protection, by reason.",
                [({"reason": reason}, events.get(f"h2_{reason}", 0))
                 for reason in H2_PROTECTIONS])
+    out.family("http3_protections", "counter", "HTTP/3 connections ended "
+               "(H3_EXCESSIVE_LOAD) by a protection, by reason.",
+               [({"reason": reason}, events.get(f"h3_{reason}", 0))
+                for reason in H3_PROTECTIONS])
     caches = sorted(state.answers.caches().items())
     for name, index, kind, help_text in (
             ("cache_hits", 0, "counter", "Answers from memory: static files and pages."),

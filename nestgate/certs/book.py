@@ -20,6 +20,18 @@ import time
 ACME_TLS_ALPN = "acme-tls/1"
 
 
+def by_name(name: str | None, exact: dict, wildcard: dict):
+    """What `exact` holds for a server name, else what `wildcard` holds for its parent
+    (".example.com" for "a.example.com"), else None."""
+    if not name:
+        return None
+    name = name.lower().rstrip(".")
+    chosen = exact.get(name)
+    if chosen is None and "." in name:
+        chosen = wildcard.get(name[name.index("."):])
+    return chosen
+
+
 class CertificateBook:
     def __init__(self, storage, managed: list[tuple[str, str]], make_context) -> None:
         self.storage = storage
@@ -71,14 +83,7 @@ class CertificateBook:
         return True
 
     def choose(self, name: str | None) -> ssl.SSLContext | None:
-        if name:
-            name = name.lower().rstrip(".")
-            chosen = self.exact.get(name)
-            if chosen is None and "." in name:
-                chosen = self.wildcard.get(name[name.index("."):])
-            if chosen is not None:
-                return chosen
-        return self.fallback
+        return by_name(name, self.exact, self.wildcard) or self.fallback
 
     def challenge_for(self, server_name: str | None, alpn: list[str]) -> ssl.SSLContext | None:
         """The TLS-ALPN-01 context for a ClientHello, when it is the CA's."""

@@ -1,0 +1,564 @@
+"""HTTP/3 over QUIC (RFC 9114) on aioquic: one more adapter of the stream sequence.
+
+Theory of operation
+-------------------
+A TLS listener with `http3 = true` has, beside its TCP socket, one UDP socket per
+worker slot, all bound by the supervisor to the listener's port with SO_REUSEPORT
+(nestgate.supervisor): the kernel hashes a client's address to one of them, so the
+datagrams of a QUIC connection keep reaching the one worker that knows it. In that
+worker aioquic's `QuicServer` (here `QuicListener`) reads the socket and keeps an
+`HTTP3Connection` per QUIC connection, found by connection id.
+
+A client whose address changes (Wi-Fi to mobile data, a NAT rebinding) keeps its
+connection ids, but the kernel hashes its new address, perhaps to another worker's
+socket. That worker knows none of the ids: aioquic drops the datagrams (it sends no
+stateless reset), the connection goes silent and the client, once its probes or its
+idle timeout give up, opens a new one (a browser goes on over HTTP/2 meanwhile). A new
+address that hashes to the same worker is followed as RFC 9000 section 9 says.
+
+Each request stream is a head, body and end for the stream sequence
+(`nestgate.dispatch.open_stream`); `H3Request` puts the answer back as HEADERS and
+DATA frames. A head is checked by HTTP/2's rules (nestgate.fieldhead). Nothing else
+happens here: routes, guards, handlers, error pages, counts and the request log are the
+sequence's.
+
+The abuse limits of HTTP/2 hold here too:
+  * concurrent streams: aioquic grants 128 request streams at a time (and more as they
+    finish), HTTP/2's MAX_CONCURRENT_STREAMS;
+  * header size: the bytes of a request stream before its head is decoded are counted
+    as they arrive, and past `max_header_bytes` + HEADER_BLOCK_SLACK (+ one datagram)
+    the connection ends with H3_EXCESSIVE_LOAD; a decoded head over `max_header_bytes`
+    is a 431 on its stream, as on HTTP/2;
+  * resets: streams the client resets before their answer are counted as on HTTP/2
+    (`too_many_resets`), and too many end the connection with H3_EXCESSIVE_LOAD;
+  * `keepalive_requests` streams per connection, then it ends once they are answered;
+    `keepalive_timeout` is QUIC's idle timeout; a stream whose answer the client does
+    not acknowledge for `send_timeout` is reset.
+aioquic gives the client flow-control credit as body bytes arrive, not as a handler
+reads them: a body the handler has not read yet is held, at most `max_body` per stream
+(413 past it). An answer waits for the client: `write` returns once the stream holds
+fewer than STREAM_HIGH_WATER bytes the client has not acknowledged.
+
+Stopping (a reload, a stop): the worker's listener takes no new connection, the open
+ones finish their streams and close with H3_NO_ERROR, for at most `shutdown_timeout`.
+The new worker of the same slot reads the same socket meanwhile, so some datagrams of
+the old connections reach it and are dropped; QUIC resends them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.asyncio.server import QuicServer
+from aioquic.buffer import Buffer
+from aioquic.h3.connection import H3_ALPN, ErrorCode, H3Connection
+from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.events import ConnectionTerminated, ProtocolNegotiated, StreamDataReceived, \
+    StreamReset
+from aioquic.quic.packet import pull_quic_header
+from aioquic.tls import load_pem_x509_certificates, pull_client_hello
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+from nestgate.certs.book import CertificateBook, by_name
+from nestgate.clock import CLOCK
+from nestgate.dispatch import GONE, conclude, open_stream, record, refresh_client, refuse, \
+    start, take_peer
+from nestgate.errors import HandlerError
+from nestgate.fieldhead import pairs_of, read_head, ready_fields, response_fields
+from nestgate.http2 import HEADER_BLOCK_SLACK, too_many_resets
+from nestgate.ratelimit import count_connection, uncount_connection
+from nestgate.request import Body, Request
+from nestgate.responses import header_pairs
+from nestgate.tally import H3_PROTECTIONS, TALLY
+
+log = logging.getLogger("nestgate.http3")
+
+STREAM_HIGH_WATER = 256 * 1024    # unacknowledged answer bytes a stream may hold
+STREAM_LOW_WATER = 64 * 1024      # ... and where a waiting writer goes on
+DATAGRAM = 1500                   # a request stream's bytes past its head in one read, at most
+# A ready answer's fields (without Date), made once per response; cleared when full
+# rather than grown by answers made per request (error pages naming a user).
+_READY: dict = {}
+_READY_LIMIT = 256
+# Why a protection ended a connection: the key of its counter ("h3_<key>") and its words.
+PROTECTIONS = {
+    "header_block": "request head over max_header_bytes",
+    "rapid_reset": "streams reset before their answer (rapid reset)",
+}
+assert tuple(PROTECTIONS) == H3_PROTECTIONS
+
+
+def _credentials(cert_file: str, key_file: str):
+    """A certificate/key pair in aioquic's form: (certificate, chain, private key)."""
+    with open(cert_file, "rb") as chain_file, open(key_file, "rb") as key_pem:
+        chain = load_pem_x509_certificates(chain_file.read())
+        key = load_pem_private_key(key_pem.read(), password=None)
+    return chain[0], chain[1:], key
+
+
+class QuicCertificates:
+    """A listener's certificates for QUIC handshakes, chosen by server name as its TLS
+    handshakes choose them (nestgate.tls): PEM files by their names, managed ones from
+    the same storage through a `CertificateBook` that the worker's tick refreshes, so a
+    renewal reaches HTTP/3 when it reaches TLS."""
+
+    def __init__(self, listener, tls_book) -> None:
+        self.exact: dict = {}
+        self.wildcard: dict = {}
+        self.default = None
+        for cert in listener.certificates:
+            if cert.managed:
+                continue
+            chosen = _credentials(cert.cert, cert.key)
+            self.default = self.default or chosen
+            for name in cert.names:
+                name = name.lower().rstrip(".")
+                if name.startswith("*."):
+                    self.wildcard.setdefault(name[1:], chosen)
+                else:
+                    self.exact.setdefault(name, chosen)
+        self.book = None
+        if tls_book is not None:
+            self.book = CertificateBook(tls_book.storage, tls_book.managed, _credentials)
+            self.book.refresh()
+
+    def choose(self, server_name: str | None):
+        chosen = by_name(server_name, self.exact, self.wildcard)
+        if chosen is None and self.book is not None and (server_name or not self.default):
+            chosen = self.book.choose(server_name)
+        return chosen or self.default
+
+
+def configuration(limits) -> QuicConfiguration:
+    return QuicConfiguration(is_client=False, alpn_protocols=H3_ALPN,
+                             idle_timeout=limits.keepalive_timeout)
+
+
+class QuicListener(QuicServer):
+    """aioquic's server on one worker's UDP socket; once stopping, it starts no new
+    connection (their datagrams are dropped: the client tries again, and reaches the
+    new worker of this slot, which reads the same socket)."""
+
+    draining = False
+
+    def datagram_received(self, data, addr) -> None:
+        if self.draining:
+            try:
+                header = pull_quic_header(
+                    Buffer(data=data), host_cid_length=self._configuration.connection_id_length)
+            except ValueError:
+                return
+            if header.destination_cid not in self._protocols:
+                return
+        QuicServer.datagram_received(self, data, addr)
+
+
+class H3Request(Request):
+    """A Request whose answer goes out as HEADERS and DATA frames on one QUIC stream.
+    It is also its body's flow (`request.Body`): aioquic takes the body as it comes."""
+
+    __slots__ = ("stream_id",)
+
+    protocol = "HTTP/3"
+
+    def start(self, status: int, headers, content_length: int | None = None) -> None:
+        self._send_head(status, response_fields(status, header_pairs(headers), content_length))
+
+    def start_raw(self, status: int, block: bytes, content_length: int | None = None) -> None:
+        self._send_head(status, response_fields(status, pairs_of(block), content_length))
+
+    def _send_head(self, status: int, fields: list) -> None:
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = True
+        self.status = status
+        fields.append((b"date", CLOCK.date))
+        self.connection.send_head(self.stream_id, fields, self.head_only)
+        if self.head_only:
+            self.finished = True
+
+    async def write(self, data: bytes) -> None:
+        if not self.started:
+            raise RuntimeError("write before start")
+        if self.push(data):
+            await self.writable()
+
+    def push(self, data: bytes) -> bool:
+        if self.head_only or not data:
+            return False
+        self.sent += len(data)
+        return self.connection.send_body(self.stream_id, data)
+
+    async def writable(self) -> None:
+        await self.connection.drained(self.stream_id)
+
+    async def send_prebuilt(self, response) -> None:
+        self.answer_ready(response)
+        await self.writable()
+
+    def answer_ready(self, response) -> None:
+        self.started = self.finished = True
+        self.status = response.status
+        self.sent = self.connection.send_ready(self.stream_id, response, self.head_only)
+
+    def cut(self) -> None:
+        self.connection.reset(self.stream_id)
+
+    def end(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self.connection.end_stream(self.stream_id)
+
+    def take_over(self, head: bytes) -> bytes:
+        raise HandlerError(501, "HTTP/3 has no protocol upgrade")   # RFC 9114 4.5
+
+    # the body's flow
+    def pause_reading_for_body(self) -> None:
+        pass
+
+    def resume_reading_for_body(self) -> None:
+        pass
+
+    def send_continue(self) -> None:
+        pass                   # HTTP/3 clients do not wait for 100 on their own
+
+
+class HTTP3Connection(QuicConnectionProtocol):
+    """One QUIC connection carrying HTTP/3 (made by `QuicListener` for a new client)."""
+
+    protocol = "HTTP/3"          # as the request log writes it
+    transport = None             # the UDP socket is the listener's, never this one's to abort
+
+    def __init__(self, ctx, certificates: QuicCertificates, quic, stream_handler=None) -> None:
+        QuicConnectionProtocol.__init__(self, quic, stream_handler)
+        self.ctx = ctx
+        self.limits = ctx.limits
+        self.loop = ctx.loop
+        self.client = self.peer = ""
+        self.decisions = None
+        self.client_tag = 0            # counted under max_connections_per_client (ratelimit)
+        self.xff_trusted = False
+        self.logging = False
+        self.bytes_in = self.bytes_out = 0
+        self._http: H3Connection | None = None
+        self._streams: dict[int, H3Request] = {}
+        self._heads: dict[int, int] = {}     # request streams before their head: bytes so far
+        self._next_stream = 0                # the lowest client stream id not seen yet
+        self._head_limit = self.limits.max_header_bytes + HEADER_BLOCK_SLACK + DATAGRAM
+        self._opened = self._wasted = 0
+        self._waiters: dict[int, list] = {}  # stream id -> [future, seconds waited]
+        self._draining = False
+        self._ended = False
+        self._certificates = certificates
+        self._choose_certificate_by_name(quic)
+
+    def _choose_certificate_by_name(self, quic) -> None:
+        # aioquic takes one certificate from its configuration; the one for the client's
+        # server name is put in its place as the ClientHello is read, before it is used.
+        initialize = quic._initialize
+
+        def initialize_then_pick(peer_cid: bytes) -> None:
+            initialize(peer_cid)
+            tls = quic.tls
+            handle_hello = tls._server_handle_hello
+
+            def pick(input_buf, initial_buf, handshake_buf):
+                start_at = input_buf.tell()
+                name = pull_client_hello(input_buf).server_name
+                input_buf.seek(start_at)
+                chosen = self._certificates.choose(name)
+                if chosen is not None:
+                    tls.certificate, tls.certificate_chain, tls.certificate_private_key = chosen
+                return handle_hello(input_buf, initial_buf, handshake_buf)
+
+            tls._server_handle_hello = pick
+
+        quic._initialize = initialize_then_pick
+
+    # ------------------------------------------------------------ datagrams and events
+    def datagram_received(self, data, addr) -> None:
+        if not self.peer:
+            self._arrived(addr)
+        self.bytes_in += len(data)
+        QuicConnectionProtocol.datagram_received(self, data, addr)
+        if self._waiters:
+            self._wake_writers()
+
+    def _arrived(self, addr) -> None:
+        ctx = self.ctx
+        take_peer(self, ctx.client_address(addr))
+        if len(ctx.connections) >= self.limits.max_connections or \
+                (ctx.max_per_client and not count_connection(self)):
+            self._ended = True
+            self._quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD, reason_phrase="busy")
+            return
+        ctx.connections.add(self)
+        self._draining = ctx.draining
+
+    def quic_event_received(self, event) -> None:
+        kind = type(event)
+        if kind is ProtocolNegotiated:
+            if event.alpn_protocol in H3_ALPN:
+                self._http = H3Connection(self._quic)
+            return
+        if kind is ConnectionTerminated:
+            self._end()
+            return
+        if self._http is None or self._ended:
+            return
+        if kind is StreamDataReceived and event.stream_id & 3 == 0 and self._over_head(event):
+            self._calm("header_block")
+            return
+        if kind is StreamReset and self._stream_reset(event.stream_id):
+            self._calm("rapid_reset", f" ({self._wasted} of {self._opened})")
+            return
+        for h3_event in self._http.handle_event(event):
+            h3_kind = type(h3_event)
+            if h3_kind is HeadersReceived:
+                self._headers(h3_event)
+            elif h3_kind is DataReceived:
+                self._data(h3_event)
+
+    def _over_head(self, event) -> bool:
+        """Count a request stream's bytes until its head is decoded (see the module)."""
+        stream_id = event.stream_id
+        if stream_id >= self._next_stream:
+            self._next_stream = stream_id + 4
+            self._heads[stream_id] = 0
+        taken = self._heads.get(stream_id)
+        if taken is None:
+            return False
+        taken += len(event.data)
+        self._heads[stream_id] = taken
+        return taken > self._head_limit
+
+    def _headers(self, event) -> None:
+        stream_id = event.stream_id
+        if self._heads.pop(stream_id, None) is None:
+            return      # trailers (never passed on), or a stream answered already
+        self._opened += 1
+        if self._opened >= self.limits.keepalive_requests:
+            self._draining = True
+        ended = event.stream_ended
+        method, raw_target, authority, headers, problem = read_head(
+            event.headers, ended, self.limits)
+        if self.xff_trusted:
+            refresh_client(self, headers)   # per request: streams may carry many clients
+        if problem is not None:
+            refuse(self, stream_id, problem.status, method, authority, headers)
+            req = None
+        else:
+            req = open_stream(self, stream_id, method, raw_target, authority, headers)
+        if req is None:
+            if not ended:
+                self._quic.stop_stream(stream_id, ErrorCode.H3_NO_ERROR)   # no body wanted
+            self._after_answer()
+            return
+        if not ended:
+            req.body = Body(req, False, None)
+        self._streams[stream_id] = req
+        start(req)
+
+    def new_request(self, stream_id, handler, route, method, raw_target, qmark, headers,
+                    authority, t0) -> H3Request:
+        """The stream sequence's `Request` for a stream (nestgate.dispatch)."""
+        req = H3Request(self, handler, route, method, raw_target, qmark, headers,
+                        authority, True, t0)
+        req.stream_id = stream_id
+        return req
+
+    def _data(self, event) -> None:
+        req = self._streams.get(event.stream_id)
+        if req is None or req.body is None:
+            return
+        if event.data:
+            if req.body.received + len(event.data) > self.limits.max_body:
+                self._refuse_body(req, 413)
+                return
+            req.body.feed(event.data)
+        if event.stream_ended:
+            req.body.finish()
+
+    def _stream_reset(self, stream_id: int) -> bool:
+        """The client reset a stream: its work is dropped. True when it reset too many
+        streams before their answer."""
+        self._heads.pop(stream_id, None)
+        req = self._streams.pop(stream_id, None)
+        self._fail_writer(stream_id)
+        if req is None:
+            return False                       # answered already: nothing was wasted
+        self._abandon(req)
+        self._wasted += 1
+        return too_many_resets(self._wasted, self._opened)
+
+    def _refuse_body(self, req: H3Request, status: int) -> None:
+        """The rest of a request body will not be taken: `status`, or a reset stream
+        when the answer began."""
+        stream_id = req.stream_id
+        self._streams.pop(stream_id, None)
+        self._abandon(req)
+        self._quic.stop_stream(stream_id, ErrorCode.H3_REQUEST_CANCELLED)
+        if req.started:
+            self.reset(stream_id)
+            return
+        req.answer_ready(req.errors.answer(status, req.headers))
+        record(req, req.logged)
+
+    def _abandon(self, req: H3Request) -> None:
+        if req.body is not None:
+            req.body.abort()
+        if req.task is not None and not req.task.done():
+            req.task.cancel()
+
+    def _calm(self, why: str, detail: str = "") -> None:
+        """A protection ends the connection: H3_EXCESSIVE_LOAD, counted."""
+        log.warning("HTTP/3 client %s: %s%s: connection closed", self.peer,
+                    PROTECTIONS[why], detail)
+        TALLY.event("h3_" + why)
+        self.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD, reason_phrase=why)
+        self._end()
+
+    def _end(self) -> None:
+        """The connection is over: its streams are dropped, its figures handed on."""
+        if self._ended and self not in self.ctx.connections:
+            return
+        self._ended = True
+        ctx = self.ctx
+        if self in ctx.connections:
+            ctx.connections.discard(self)
+            uncount_connection(self)
+            ctx.requests_done += self._opened
+            ctx.bytes_in_done += self.bytes_in
+            ctx.bytes_out_done += self.bytes_out
+        for req in list(self._streams.values()):
+            self._abandon(req)
+        self._streams.clear()
+        for stream_id in list(self._waiters):
+            self._fail_writer(stream_id)
+
+    # ------------------------------------------------------------ answering
+    def conclude(self, req: H3Request, status: int) -> None:
+        """`dispatch.answer`'s outcome for a stream's request (see HTTP2Connection's)."""
+        ours = self._streams.get(req.stream_id) is req
+        if status == GONE:
+            if not ours or self._ended:
+                return             # the stream or the connection went away meanwhile
+            status = 500           # a reset of the handler's own: its stream still waits
+        conclude(req, status)
+        self._streams.pop(req.stream_id, None)
+        self.bytes_out += req.sent
+        self._after_answer()
+
+    def send_ready(self, stream_id: int, response, head_only: bool) -> int:
+        """A ready answer on the stream (nestgate.dispatch): its body's length."""
+        fields = _READY.get(response)
+        if fields is None:
+            if len(_READY) >= _READY_LIMIT:
+                _READY.clear()
+            fields = _READY[response] = ready_fields(response)
+        body = b"" if head_only else response.body
+        self._http.send_headers(stream_id, fields + [(b"date", CLOCK.date)],
+                                end_stream=not body)
+        if body:
+            self._http.send_data(stream_id, body, end_stream=True)
+        self._transmit_soon()
+        return len(body)
+
+    def send_head(self, stream_id: int, fields: list, end: bool) -> None:
+        self._check_open(stream_id)
+        self._http.send_headers(stream_id, fields, end_stream=end)
+        self._transmit_soon()
+
+    def send_body(self, stream_id: int, data: bytes) -> bool:
+        """True when the stream holds so much the client has not taken that the caller
+        should wait (`drained`)."""
+        self._check_open(stream_id)
+        self._http.send_data(stream_id, data, end_stream=False)
+        self._transmit_soon()
+        return self._held(stream_id) > STREAM_HIGH_WATER
+
+    def end_stream(self, stream_id: int) -> None:
+        self._check_open(stream_id)
+        self._http.send_data(stream_id, b"", end_stream=True)
+        self._transmit_soon()
+
+    def reset(self, stream_id: int) -> None:
+        if not self._ended:
+            self._quic.reset_stream(stream_id, ErrorCode.H3_INTERNAL_ERROR)
+            self._transmit_soon()
+
+    def _check_open(self, stream_id: int) -> None:
+        if self._ended or stream_id not in self._streams:
+            raise ConnectionResetError("stream or connection gone")
+
+    def _held(self, stream_id: int) -> int:
+        # aioquic keeps a stream's answer bytes until the client acknowledges them.
+        stream = self._quic._streams.get(stream_id)
+        return 0 if stream is None else len(stream.sender._buffer)
+
+    async def drained(self, stream_id: int) -> None:
+        """Until the stream holds fewer than STREAM_LOW_WATER unacknowledged bytes (the
+        tick resets it if that takes `send_timeout`)."""
+        while self._held(stream_id) > STREAM_LOW_WATER:
+            self._check_open(stream_id)
+            waiter = self.loop.create_future()
+            self._waiters[stream_id] = [waiter, 0.0]
+            try:
+                await waiter
+            finally:
+                self._waiters.pop(stream_id, None)
+
+    def _wake_writers(self) -> None:
+        for stream_id, (waiter, _waited) in list(self._waiters.items()):
+            if not waiter.done() and self._held(stream_id) <= STREAM_LOW_WATER:
+                waiter.set_result(None)
+
+    def _fail_writer(self, stream_id: int) -> None:
+        entry = self._waiters.get(stream_id)
+        if entry is not None and not entry[0].done():
+            entry[0].set_exception(ConnectionResetError("stream reset"))
+
+    # ------------------------------------------------------------ worker hooks
+    @property
+    def served(self) -> int:
+        """Request streams opened so far (for the worker's figures)."""
+        return self._opened
+
+    def _after_answer(self) -> None:
+        if self._draining and not self._streams and not self._ended:
+            self.close(error_code=ErrorCode.H3_NO_ERROR)
+
+    def tick(self, elapsed: float) -> None:
+        """Reset the streams whose answer waited `send_timeout` for the client."""
+        for stream_id, entry in list(self._waiters.items()):
+            entry[1] += elapsed
+            if entry[1] >= self.limits.send_timeout:
+                self._fail_writer(stream_id)
+                self.reset(stream_id)
+        self._after_answer()
+
+    def finish_and_close(self) -> None:
+        """Graceful stop: the streams open are answered, then the connection closes."""
+        self._draining = True
+        self._after_answer()
+
+
+async def serve_quic(ctx, listener, sock, tls_book):
+    """Serve HTTP/3 on this worker's UDP socket of `listener`: the `QuicListener`, whose
+    `certificates.book` the worker refreshes with the others."""
+    certificates = QuicCertificates(listener, tls_book)
+    config = configuration(ctx.limits)
+    config.certificate, config.certificate_chain, config.private_key = \
+        certificates.choose(None) or (None, [], None)
+
+    def connection(quic, stream_handler=None):
+        return HTTP3Connection(ctx, certificates, quic, stream_handler)
+
+    _transport, server = await ctx.loop.create_datagram_endpoint(
+        lambda: QuicListener(configuration=config, create_protocol=connection), sock=sock)
+    server.certificates = certificates
+    return server
+

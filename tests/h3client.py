@@ -1,0 +1,108 @@
+"""An HTTP/3 client for the tests, on aioquic's own client (`aioquic.asyncio.connect`).
+
+`H3Client(port, ca_file)` opens one QUIC connection (SNI `server_name`) and sends
+requests on it, each on its own stream, concurrently if asked; `fetch` is one request
+on a fresh connection. Answers are `Reply(status, headers, body)`; a stream the server
+reset is `Reply(0, ...)` with `reset` set to its error code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass, field
+
+from aioquic.asyncio.client import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.h3.connection import H3_ALPN, H3Connection
+from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.events import ConnectionTerminated, StreamReset
+
+
+@dataclass
+class Reply:
+    status: int = 0
+    headers: dict = field(default_factory=dict)
+    body: bytes = b""
+    reset: int | None = None        # the server reset the stream with this code
+
+
+class _Client(QuicConnectionProtocol):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.http = H3Connection(self._quic)
+        self.replies: dict[int, tuple[Reply, asyncio.Future]] = {}
+        self.closed_with: int | None = None    # the server's CONNECTION_CLOSE code
+
+    def quic_event_received(self, event) -> None:
+        if isinstance(event, ConnectionTerminated):
+            self.closed_with = event.error_code
+            for reply, done in self.replies.values():
+                if not done.done():
+                    done.set_exception(ConnectionError(f"connection closed: {event.error_code:#x}"))
+            return
+        if isinstance(event, StreamReset) and event.stream_id in self.replies:
+            reply, done = self.replies[event.stream_id]
+            reply.reset = event.error_code
+            if not done.done():
+                done.set_result(reply)
+            return
+        for h3 in self.http.handle_event(event):
+            entry = self.replies.get(h3.stream_id)
+            if entry is None:
+                continue
+            reply, done = entry
+            if isinstance(h3, HeadersReceived):
+                for name, value in h3.headers:
+                    if name == b":status":
+                        reply.status = int(value)
+                    else:
+                        reply.headers.setdefault(name.decode(), value.decode())
+            elif isinstance(h3, DataReceived):
+                reply.body += h3.data
+            if h3.stream_ended and not done.done():
+                done.set_result(reply)
+
+    def send_request(self, method: str, path: str, authority: str, headers=(),
+                     body: bytes | None = None, end: bool = True) -> asyncio.Future:
+        stream_id = self._quic.get_next_available_stream_id()
+        done = self._loop.create_future()
+        self.replies[stream_id] = (Reply(), done)
+        fields = [(b":method", method.encode()), (b":scheme", b"https"),
+                  (b":authority", authority.encode()), (b":path", path.encode())]
+        fields += [(n.lower().encode(), v.encode()) for n, v in headers]
+        self.http.send_headers(stream_id, fields, end_stream=body is None and end)
+        if body is not None:
+            self.http.send_data(stream_id, body, end_stream=end)
+        self.transmit()
+        return done
+
+
+def client_configuration(ca_file: str, server_name: str = "localhost") -> QuicConfiguration:
+    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
+                               server_name=server_name, verify_mode=ssl.CERT_REQUIRED)
+    config.load_verify_locations(ca_file)
+    return config
+
+
+async def session(port: int, ca_file: str, server_name: str = "localhost"):
+    """An async context manager: the connected `_Client`."""
+    return connect("127.0.0.1", port, configuration=client_configuration(ca_file, server_name),
+                   create_protocol=_Client, wait_connected=True)
+
+
+async def requests(port: int, ca_file: str, wanted, server_name: str = "localhost",
+                   authority: str = "localhost", timeout: float = 20) -> list[Reply]:
+    """Send every (method, path, headers, body) of `wanted` at once on one connection."""
+    async with await session(port, ca_file, server_name) as client:
+        futures = [client.send_request(m, p, authority, h, b) for m, p, h, b in wanted]
+        return list(await asyncio.wait_for(asyncio.gather(*futures), timeout))
+
+
+def fetch(port: int, ca_file: str, path: str = "/", method: str = "GET", headers=(),
+          body: bytes | None = None, server_name: str = "localhost",
+          authority: str = "localhost") -> Reply:
+    """One request on a fresh connection."""
+    return asyncio.run(requests(port, ca_file, [(method, path, headers, body)],
+                                server_name, authority))[0]
