@@ -75,7 +75,7 @@ from nestgate.clock import CLOCK
 from nestgate.errorpages import DEFAULT_PAGES, ERRORS
 from nestgate.errors import RequestError
 from nestgate.flow import Writable
-from nestgate.responses import (CLOSE, CONNECTION_ENDINGS, CONTINUE,
+from nestgate.responses import (ALT_SVC, CLOSE, CONNECTION_ENDINGS, CONTINUE,
                                 KEEP_ALIVE_EXPLICIT, SERVER, STATUS_LINES, header_block,
                                 status_line)
 from nestgate.sendwatch import SendWatch, cut
@@ -216,9 +216,10 @@ class HTTP1Request(Request):
             raise RuntimeError("response already started")
         self.started = True
         self.status = status
+        conn = self.connection
         data = b"".join((lines, CLOCK.date_line, CONNECTION_ENDINGS[
-            KEEP_ALIVE_EXPLICIT if self.settle_keep_alive() else CLOSE]))
-        self.connection.bytes_out += len(data)     # `sent` counts body bytes only
+            conn.keep_alive_mode if self.settle_keep_alive() else conn.close_mode]))
+        conn.bytes_out += len(data)                # `sent` counts body bytes only
         return data
 
     async def write(self, data: bytes) -> None:
@@ -273,8 +274,9 @@ class HTTP1Request(Request):
 
     def answer_ready(self, response) -> None:
         """The whole answer from a ready response, written without waiting."""
-        mode = KEEP_ALIVE_EXPLICIT if self.settle_keep_alive() else CLOSE
-        data = response.render(mode, self.head_only)
+        conn = self.connection
+        data = response.render(conn.keep_alive_mode if self.settle_keep_alive()
+                               else conn.close_mode, self.head_only)
         self.started = self.finished = True
         self.status = response.status
         self.count_ready(data, response)
@@ -341,15 +343,15 @@ class _ReadyAnswer:
     def take_turn(self) -> bool:
         """Written; False when the connection ends with it."""
         conn = self.connection
-        mode = CLOSE if conn.ctx.draining else self.mode
+        mode = conn.close_mode if conn.ctx.draining else self.mode
         conn.bytes_out += self.response.write_to(conn.transport, mode, self.head_only)
-        if mode == CLOSE:
+        if mode == conn.close_mode:
             conn.close_now()
             return False
         return True
 
     def end_connection(self) -> None:
-        self.mode = CLOSE
+        self.mode = self.connection.close_mode
 
     def abandon(self) -> None:
         pass
@@ -369,6 +371,10 @@ class HTTP1Connection(asyncio.Protocol):
     def __init__(self, ctx) -> None:
         self.ctx = ctx
         self.limits = ctx.limits
+        # How ready answers end their head (nestgate.responses' modes): after an
+        # Alt-Svc line on a listener that also serves HTTP/3.
+        alt = ALT_SVC if ctx.alt_svc else 0
+        self.keep_alive_mode, self.close_mode = KEEP_ALIVE_EXPLICIT + alt, CLOSE + alt
         self._known_site = ctx.router.memo.get     # the router's Host memo, asked first
         self.loop = ctx.loop
         self.transport = None
@@ -520,7 +526,7 @@ class HTTP1Connection(asyncio.Protocol):
 
     def write_closing(self, response) -> None:
         """A ready `response` as the last thing on this connection, which then closes."""
-        data = response.render(CLOSE)
+        data = response.render(self.close_mode)
         self.bytes_out += len(data)
         self.transport.write(data)
         self.transport.close()
@@ -868,7 +874,7 @@ class HTTP1Connection(asyncio.Protocol):
         if not kind and not has_body and keep_alive and not self.logging \
                 and self._active is None and not self._queue and not self.write_paused:
             # The common case, answered from here: a ready response, nothing ahead of it.
-            self.bytes_out += handler.write_to(self.transport, KEEP_ALIVE_EXPLICIT,
+            self.bytes_out += handler.write_to(self.transport, self.keep_alive_mode,
                                                method == b"HEAD")
             route.tally.codes[handler.status] += 1     # RouteTally.count, inline
             return
@@ -878,7 +884,7 @@ class HTTP1Connection(asyncio.Protocol):
             if expect:
                 keep_alive = False   # the client may or may not send the body now
                 self._enter(CLOSING)
-            mode = KEEP_ALIVE_EXPLICIT if keep_alive else CLOSE
+            mode = self.keep_alive_mode if keep_alive else self.close_mode
             if has_body and not expect:
                 self._sync = (handler, mode, method, path, host, route)  # after the body
             else:
@@ -945,9 +951,9 @@ class HTTP1Connection(asyncio.Protocol):
     def _answer_sync(self, response, mode, method, path, host, route) -> None:
         head_only = method == b"HEAD"
         if self._active is None and not self._queue and not self.write_paused:
-            if mode == CLOSE or self.ctx.draining:
+            if mode == self.close_mode or self.ctx.draining:
                 self._enter(CLOSING)
-                self.bytes_out += response.write_to(self.transport, CLOSE, head_only)
+                self.bytes_out += response.write_to(self.transport, self.close_mode, head_only)
                 self.transport.close()
             else:
                 self.bytes_out += response.write_to(self.transport, mode, head_only)
@@ -1048,7 +1054,7 @@ class HTTP1Connection(asyncio.Protocol):
         if self._active is None and not self._queue:
             self.write_closing(response)
         else:
-            self._queue.append(_ReadyAnswer(self, response, CLOSE, False))
+            self._queue.append(_ReadyAnswer(self, response, self.close_mode, False))
         ready(self, UNROUTED, response, response.content_length, b"-", b"", "-", "",
               self._headers, self._t0)
 

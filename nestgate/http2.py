@@ -82,7 +82,7 @@ from nestgate.errors import HandlerError, RequestError
 from nestgate.http1 import DRAIN_IDLE_GRACE, HTTP1Connection
 from nestgate.request import Body, Request
 from nestgate.flow import Writable
-from nestgate.responses import SERVER
+from nestgate.responses import SERVER, alt_svc_value
 from nestgate.ratelimit import count_connection, uncount_connection
 from nestgate.tally import H2_PROTECTIONS, TALLY, UNROUTED
 from nestgate.sendwatch import SendWatch, cut
@@ -262,22 +262,39 @@ class PriorKnowledge:
 
 
 class _DateField:
-    """The Date field as HPACK bytes, encoded again only when the clock's date moves."""
+    """The Date field as HPACK bytes, encoded again only when the clock's date moves;
+    on a listener that also serves HTTP/3, its Alt-Svc field follows (`extra`), so the
+    answers there carry it at no cost of their own."""
 
-    __slots__ = ("date", "field")
+    __slots__ = ("date", "field", "extra")
 
-    def __init__(self) -> None:
+    def __init__(self, extra: bytes = b"") -> None:
         self.date = None
         self.field = b""
+        self.extra = extra
 
     def current(self) -> bytes:
         date = CLOCK.date
         if date is not self.date:
-            self.date, self.field = date, encode_field(b"date", date)
+            self.date, self.field = date, encode_field(b"date", date) + self.extra
         return self.field
 
 
 DATE_FIELD = _DateField()
+
+
+def date_field(ctx) -> _DateField:
+    """The Date field of the answers on `ctx`'s listener (see _DateField)."""
+    if not ctx.alt_svc:
+        return DATE_FIELD
+    value = alt_svc_value()
+    found = _ALT_SVC_DATES.get(value)
+    if found is None:
+        found = _ALT_SVC_DATES[value] = _DateField(encode_field(b"alt-svc", value))
+    return found
+
+
+_ALT_SVC_DATES: dict[bytes, _DateField] = {}
 
 # (status, header lines, length, Server) -> the encoded fields of a proxied head (`start_raw`),
 # cleared when full rather than grown by an upstream that varies its headers; only heads
@@ -446,11 +463,11 @@ class H2Request(Request):
                 if len(_RAW_BLOCKS) >= _RAW_BLOCKS_LIMIT:
                     _RAW_BLOCKS.clear()
                 _RAW_BLOCKS[key] = encoded
-        self._send_head(status, encoded + DATE_FIELD.current())
+        self._send_head(status, encoded + self.connection.date_field.current())
 
     def _start_pairs(self, status, pairs, content_length) -> None:
         self._send_head(status, encode_fields(response_fields(status, pairs, content_length))
-                        + DATE_FIELD.current())
+                        + self.connection.date_field.current())
 
     def _send_head(self, status: int, block: bytes) -> None:
         if self.started:
@@ -496,8 +513,9 @@ class H2Request(Request):
         self.started = True
         self.status = response.status
         body = b"" if self.head_only else response.body
-        self.connection.send_block(self.stream_id, h2_block(response) + DATE_FIELD.current(),
-                                   end_stream=not body)
+        conn = self.connection
+        conn.send_block(self.stream_id, h2_block(response) + conn.date_field.current(),
+                        end_stream=not body)
         if body:
             self.sent += len(body)
             await self.connection.send_data(self.stream_id, body, end=True)
@@ -535,6 +553,7 @@ class HTTP2Connection:
         self.ctx = ctx
         self.limits = ctx.limits
         self.loop = ctx.loop
+        self.date_field = date_field(ctx)
         self.transport = None
         self.client = self.peer = ""
         self.decisions = None
@@ -845,7 +864,7 @@ class HTTP2Connection:
         body = b"" if head_only else response.body
         fits = len(body) <= min(self.h2.local_flow_control_window(stream_id),
                                 self.h2.max_outbound_frame_size)
-        self.h2.send_block(stream_id, h2_block(response) + DATE_FIELD.current(),
+        self.h2.send_block(stream_id, h2_block(response) + self.date_field.current(),
                            end_stream=not body)
         if body and fits:
             self.h2.send_data(stream_id, body, end_stream=True)

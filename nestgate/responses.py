@@ -38,8 +38,42 @@ SERVER = ServerName()
 
 # The three ways a response can end its header block, indexed by connection mode.
 KEEP_ALIVE, CLOSE, KEEP_ALIVE_EXPLICIT = 0, 1, 2
+# Added to a mode on a listener that also serves HTTP/3: the same ending after an
+# Alt-Svc line (RFC 7838) naming it. `announce_http3` writes those three endings
+# before the worker builds its routes; until then (and in a process serving no HTTP/3)
+# they are the plain ones, the same objects.
+ALT_SVC = 3
 WRITEV_ABOVE = 2048           # body bytes
-CONNECTION_ENDINGS = (b"\r\n", b"connection: close\r\n\r\n", b"connection: keep-alive\r\n\r\n")
+_PLAIN_ENDINGS = (b"\r\n", b"connection: close\r\n\r\n", b"connection: keep-alive\r\n\r\n")
+CONNECTION_ENDINGS = list(_PLAIN_ENDINGS * 2)       # written in place: importers see it
+
+
+def announce_http3(ports) -> None:
+    """The Alt-Svc line of the listeners with `http3 = true` (they share the sites, so it
+    names every such port). Answers built from now on carry it in their ALT_SVC modes;
+    ready answers built before (the protocol layer's own error pages) do not."""
+    value = ", ".join(f'h3=":{port}"; ma=86400' for port in sorted(set(ports)))
+    _ALT_SVC[0] = value.encode()
+    line = b"alt-svc: " + _ALT_SVC[0] + b"\r\n" if value else b""
+    for mode, ending in enumerate(_PLAIN_ENDINGS):
+        CONNECTION_ENDINGS[ALT_SVC + mode] = line + ending if line else ending
+
+
+def alt_svc_value() -> bytes:
+    """The Alt-Svc value `announce_http3` made (b"" before)."""
+    return _ALT_SVC[0]
+
+
+_ALT_SVC = [b""]
+
+
+def _tails(body: bytes) -> tuple:
+    """Each connection ending followed by `body`, by mode; without an Alt-Svc line the
+    ALT_SVC modes share the plain ones (no second copy of the body)."""
+    plain = tuple(end + body for end in _PLAIN_ENDINGS)
+    if CONNECTION_ENDINGS[ALT_SVC] is _PLAIN_ENDINGS[0]:
+        return plain + plain
+    return plain + tuple(end + body for end in CONNECTION_ENDINGS[ALT_SVC:])
 
 
 def reason(status: int) -> str:
@@ -96,8 +130,8 @@ class Prebuilt:
         self.fields = header_pairs(list(headers) + lines)
         self._head = STATUS_LINES.get(status) or status_line(status)
         self._head += SERVER.line + lines_of(self.fields)
-        self._full_tails = tuple(end + body for end in CONNECTION_ENDINGS)
-        self._head_tails = CONNECTION_ENDINGS
+        self._full_tails = _tails(body)
+        self._head_tails = tuple(CONNECTION_ENDINGS)
         self.content_length = len(body)
         self.h2_cache = None          # the HTTP/2 header block, encoded on first use
         # The whole keep-alive answer to a GET, as it was for `_kept_alive_date` (the

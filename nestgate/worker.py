@@ -24,6 +24,7 @@ from nestgate.http1 import HTTP1Connection, ProxyProtocolConnection
 from nestgate.http2 import ALPNSwitch, HTTP2Connection, PriorKnowledge
 from nestgate.proxytls import ProxyThenTLS, TLSHandshake
 from nestgate.ratelimit import shared_limits
+from nestgate.responses import announce_http3
 from nestgate.site import build_router, https_redirect_router
 from nestgate.control import CONTROLS
 from nestgate.heap import HeapTrim
@@ -61,6 +62,7 @@ class ServerContext:
         self.proxy_protocol_from = parse_networks(listener.proxy_protocol_from)
         self.alpn_protocols = tuple(alpn_protocols(listener))   # a TLS listener's offer
         self.max_per_client = listener.max_connections_per_client   # 0: not counted
+        self.alt_svc = listener.http3    # HTTPS answers name the listener's HTTP/3
 
     @staticmethod
     def client_address(peer) -> str:
@@ -121,6 +123,10 @@ class Worker:
         self._stop = asyncio.Event()
         if self.log_requests:
             self.access_log = AccessLog(self.config.log)
+        quic_ports = [sock.getsockname()[1] for _l, sock in self.sockets
+                      if sock.type == socket.SOCK_DGRAM]
+        if quic_ports:
+            announce_http3(quic_ports)   # before any route's answers are built
         router = self.router or build_router(self.config)
         self.started = CLOCK.wall
         self.counting_clients = self.figures is not None and any(
