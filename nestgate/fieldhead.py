@@ -137,3 +137,15 @@ def pairs_of(block: bytes) -> list:
             name, _, value = line.partition(b":")
             pairs.append((name.strip(), value.strip()))
     return pairs
+
+
+def declared_length(headers) -> int | None:
+    """The one content-length of a head that has a body (None without one); RequestError
+    when it repeats or is not a number (malformed, RFC 9110 8.6)."""
+    length = None
+    for name, value in headers:
+        if name == b"content-length":
+            if length is not None or not value.isdigit() or len(value) > 18:
+                raise RequestError(400, "content-length repeated or not a number")
+            length = int(value)
+    return length

@@ -65,8 +65,9 @@ from nestgate.certs.book import CertificateBook, by_name
 from nestgate.clock import CLOCK
 from nestgate.dispatch import GONE, conclude, open_stream, record, refresh_client, refuse, \
     start, take_peer
-from nestgate.errors import HandlerError
-from nestgate.fieldhead import pairs_of, read_head, ready_fields, response_fields
+from nestgate.errors import HandlerError, RequestError
+from nestgate.fieldhead import declared_length, pairs_of, read_head, ready_fields, \
+    response_fields
 from nestgate.http2 import HEADER_BLOCK_SLACK, too_many_resets
 from nestgate.ratelimit import count_connection, uncount_connection
 from nestgate.request import Body, Request
@@ -78,10 +79,6 @@ log = logging.getLogger("nestgate.http3")
 STREAM_HIGH_WATER = 256 * 1024    # unacknowledged answer bytes a stream may hold
 STREAM_LOW_WATER = 64 * 1024      # ... and where a waiting writer goes on
 DATAGRAM = 1500                   # a request stream's bytes past its head in one read, at most
-# A ready answer's fields (without Date), made once per response; cleared when full
-# rather than grown by answers made per request (error pages naming a user).
-_READY: dict = {}
-_READY_LIMIT = 256
 # Why a protection ended a connection: the key of its counter ("h3_<key>") and its words.
 PROTECTIONS = {
     "header_block": "request head over max_header_bytes",
@@ -347,6 +344,14 @@ class HTTP3Connection(QuicConnectionProtocol):
             event.headers, ended, self.limits)
         if self.xff_trusted:
             refresh_client(self, headers)   # per request: streams may carry many clients
+        length = None
+        if problem is None and not ended:
+            try:
+                length = declared_length(headers)
+                if length is not None and length > self.limits.max_body:
+                    raise RequestError(413)             # before a byte of it comes
+            except RequestError as exc:
+                problem = exc
         if problem is not None:
             refuse(self, stream_id, problem.status, method, authority, headers)
             req = None
@@ -358,7 +363,7 @@ class HTTP3Connection(QuicConnectionProtocol):
             self._after_answer()
             return
         if not ended:
-            req.body = Body(req, False, None)
+            req.body = Body(req, False, length)
         self._streams[stream_id] = req
         start(req)
 
@@ -374,13 +379,20 @@ class HTTP3Connection(QuicConnectionProtocol):
         req = self._streams.get(event.stream_id)
         if req is None or req.body is None:
             return
-        if event.data:
-            if req.body.received + len(event.data) > self.limits.max_body:
-                self._refuse_body(req, 413)
-                return
-            req.body.feed(event.data)
-        if event.stream_ended:
-            req.body.finish()
+        body = req.body
+        received = body.received + len(event.data)
+        if received > self.limits.max_body:
+            self._refuse_body(req, 413)
+        elif body.length is not None and (received > body.length or (
+                event.stream_ended and received != body.length)):
+            # DATA that disagrees with the content-length: malformed (RFC 9114 4.1.2),
+            # and never delivered short or long to a handler that announced it upstream.
+            self._refuse_body(req, 400)
+        else:
+            if event.data:
+                body.feed(event.data)
+            if event.stream_ended:
+                body.finish()
 
     def _stream_reset(self, stream_id: int) -> bool:
         """The client reset a stream: its work is dropped. True when it reset too many
@@ -454,14 +466,12 @@ class HTTP3Connection(QuicConnectionProtocol):
 
     def send_ready(self, stream_id: int, response, head_only: bool) -> int:
         """A ready answer on the stream (nestgate.dispatch): its body's length."""
-        fields = _READY.get(response)
-        if fields is None:
-            if len(_READY) >= _READY_LIMIT:
-                _READY.clear()
-            fields = _READY[response] = ready_fields(response)
+        # Its fields are made per answer: a ready answer may be rewritten in place (the
+        # health's each second), and QPACK encodes them per answer anyway.
+        fields = ready_fields(response)
+        fields.append((b"date", CLOCK.date))
         body = b"" if head_only else response.body
-        self._http.send_headers(stream_id, fields + [(b"date", CLOCK.date)],
-                                end_stream=not body)
+        self._http.send_headers(stream_id, fields, end_stream=not body)
         if body:
             self._http.send_data(stream_id, body, end_stream=True)
         self._transmit_soon()
