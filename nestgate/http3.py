@@ -403,6 +403,9 @@ class HTTP3Connection(QuicConnectionProtocol):
         if req is None:
             return False                       # answered already: nothing was wasted
         self._abandon(req)
+        # QUIC's reset ends the client's half only: ours ends too, which frees the
+        # stream for the client's next (aioquic grants new ones as streams finish).
+        self._quic.reset_stream(stream_id, ErrorCode.H3_REQUEST_CANCELLED)
         self._wasted += 1
         return too_many_resets(self._wasted, self._opened)
 
