@@ -55,8 +55,8 @@ from aioquic.buffer import Buffer
 from aioquic.h3.connection import H3_ALPN, ErrorCode, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.events import ConnectionTerminated, ProtocolNegotiated, StreamDataReceived, \
-    StreamReset
+from aioquic.quic.events import ConnectionTerminated, ProtocolNegotiated, \
+    StopSendingReceived, StreamDataReceived, StreamReset
 from aioquic.quic.packet import pull_quic_header
 from aioquic.tls import load_pem_x509_certificates, pull_client_hello
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
@@ -309,7 +309,8 @@ class HTTP3Connection(QuicConnectionProtocol):
         if kind is StreamDataReceived and event.stream_id & 3 == 0 and self._over_head(event):
             self._calm("header_block")
             return
-        if kind is StreamReset and self._stream_reset(event.stream_id):
+        if (kind is StreamReset or kind is StopSendingReceived) and \
+                self._stream_reset(event.stream_id):
             self._calm("rapid_reset", f" ({self._wasted} of {self._opened})")
             return
         for h3_event in self._http.handle_event(event):
@@ -395,8 +396,10 @@ class HTTP3Connection(QuicConnectionProtocol):
                 body.finish()
 
     def _stream_reset(self, stream_id: int) -> bool:
-        """The client reset a stream: its work is dropped. True when it reset too many
-        streams before their answer."""
+        """The client reset a stream (RESET_STREAM, while it was sending) or asked us to
+        stop answering on it (STOP_SENDING: how a request whose body was sent in full is
+        cancelled): its work is dropped. True when it did so to too many streams before
+        their answer."""
         self._heads.pop(stream_id, None)
         req = self._streams.pop(stream_id, None)
         self._fail_writer(stream_id)

@@ -1,0 +1,158 @@
+"""HTTP/3 clients that make the server work for nothing: streams cancelled before their
+answer (rapid reset, CVE-2023-44487 carried over to QUIC) and request heads past the
+header limit. Each ends its connection with H3_EXCESSIVE_LOAD, reaches the upstream
+no more than the limit allows, leaves the worker's memory where it was, and another
+client is answered meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import random
+import string
+import threading
+import time
+
+import pytest
+
+import h3client
+from conftest import Server, tls_block
+from nestgate.http2 import RESET_ALLOWANCE
+
+pytestmark = pytest.mark.attack
+
+EXCESSIVE_LOAD = 0x107
+RSS_GROWTH_KIB = 16 * 1024
+
+
+class _SlowUpstream(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    seen: list = []
+
+    def do_GET(self):
+        self.seen.append(self.path)
+        time.sleep(0.5)                # long enough that a reset comes before the answer
+        body = b"slow"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory, certs):
+    folder = tmp_path_factory.mktemp("h3flood")
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowUpstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    config = folder / "nestgate.toml"
+    config.write_text(f"""
+[server]
+workers = 1
+
+[[listen]]
+address = "127.0.0.1:0"
+http3 = true
+{tls_block(certs)}
+
+[[site]]
+hosts = ["*"]
+
+[[site.route]]
+path = "/hello"
+type = "return"
+body = "hello"
+
+[[site.route]]
+prefix = "/app/"
+type = "proxy"
+upstream = "http://127.0.0.1:{upstream.server_address[1]}"
+""")
+    server = Server(config, ())
+    yield server
+    server.stop()
+    upstream.shutdown()
+    upstream.server_close()
+
+
+def _still_answered(server, certs) -> None:
+    reply = h3client.fetch(server.port("https"), certs["ca"], "/hello")
+    assert (reply.status, reply.body) == (200, b"hello")
+
+
+async def _reset_each(port: int, ca: str, streams: int) -> int | None:
+    """Open `streams` requests, each reset right behind its head; the code the server
+    closed the connection with (None: it did not within the time)."""
+    async with await h3client.session(port, ca) as client:
+        quic = client._quic
+        deadline = time.monotonic() + 20
+        for n in range(streams):
+            if client.closed_with is not None:
+                break
+            stream_id = quic.get_next_available_stream_id()
+            # A stream past the server's grant would wait, and its reset would drop
+            # its head: wait for the grant (MAX_STREAMS) as a real client's send does.
+            while stream_id // 4 >= quic._remote_max_streams_bidi and \
+                    client.closed_with is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            client.http.send_headers(stream_id, [
+                (b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"localhost"),
+                (b":path", f"/app/r{n}".encode())], end_stream=True)
+            client.transmit()                 # the head leaves before its reset would drop it
+            # A request sent in full is cancelled by STOP_SENDING (H3_REQUEST_CANCELLED):
+            # a browser leaving a page does so.
+            quic.stop_stream(stream_id, 0x10C)
+            client.transmit()
+        deadline = min(deadline, time.monotonic() + 10)
+        while client.closed_with is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return client.closed_with
+
+
+def test_rapid_reset_ends_the_connection(gateway, certs):
+    before = gateway.worker_rss_kib()
+    _SlowUpstream.seen.clear()
+    port = gateway.port("https")
+    for _round in range(3):
+        assert asyncio.run(_reset_each(port, certs["ca"], 4 * RESET_ALLOWANCE)) == \
+            EXCESSIVE_LOAD
+        _still_answered(gateway, certs)
+    # Each round is cut after RESET_ALLOWANCE-odd resets: nowhere near every stream
+    # it sent became an upstream request.
+    assert len(_SlowUpstream.seen) < 3 * 2 * RESET_ALLOWANCE, len(_SlowUpstream.seen)
+    assert gateway.worker_rss_kib() - before < RSS_GROWTH_KIB
+
+
+def _letters(count: int) -> str:
+    return "".join(random.choices(string.ascii_lowercase, k=count))
+
+
+async def _big_head(port: int, ca: str, field_bytes: int, fields: int = 1):
+    async with await h3client.session(port, ca) as client:
+        done = client.send_request("GET", "/hello", "localhost",
+                                   [(f"x-big-{n}", _letters(field_bytes)) for n in range(fields)])
+        try:
+            reply = await asyncio.wait_for(done, 10)
+        except ConnectionError:
+            return None, client.closed_with
+        return reply, client.closed_with
+
+
+def test_a_head_past_the_header_limit_ends_the_connection(gateway, certs):
+    # max_header_bytes is 32 KiB: 200 KiB of fields (some 125 KiB once QPACK's Huffman
+    # code packs them) are held back as they arrive, never decoded.
+    before = gateway.worker_rss_kib()
+    for _round in range(5):
+        reply, closed = asyncio.run(_big_head(gateway.port("https"), certs["ca"], 2048, 100))
+        assert reply is None and closed == EXCESSIVE_LOAD
+    _still_answered(gateway, certs)
+    assert gateway.worker_rss_kib() - before < RSS_GROWTH_KIB
+
+
+def test_a_decoded_head_over_the_limit_is_431_on_its_stream(gateway, certs):
+    # Within the encoded bound but over max_header_bytes once decoded: the stream's
+    # answer is 431, as on HTTP/2, and the connection goes on.
+    reply, closed = asyncio.run(_big_head(gateway.port("https"), certs["ca"], 33 * 1024))
+    assert closed is None and reply.status == 431
