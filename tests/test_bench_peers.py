@@ -37,7 +37,7 @@ def test_scenario_table_is_consistent():
     assert len(names) == len(set(names))
     assert set(scenarios.QUICK) <= set(names)
     for s in scenarios.SCENARIOS:
-        assert s.driver in ("wrk", "h2load", "cold", "write")
+        assert s.driver in ("wrk", "h2load", "h3py", "cold", "write")
         for table in (peers._NESTGATE_ROUTES, peers._NGINX_ROUTES, peers._CADDY_ROUTES):
             assert s.route.kind in table, (s.name, s.route.kind)
     assert [s.name for s in scenarios.select(None, quick=True)] == list(scenarios.QUICK)

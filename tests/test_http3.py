@@ -193,3 +193,14 @@ def test_chromium_loads_a_page_over_http3(server, certs):
         assert fetched == "upstream saw /app/from-chromium"
     finally:
         browser.close()
+
+
+def test_the_bench_driver_for_http3_counts_answers(server, tmp_path):
+    # The h3-health scenario's client (nestgate.bench.h3load), for half a second on one
+    # connection: what it counts is what the server answered.
+    from nestgate.bench import h3load
+    result = h3load.run(server.port("https"), "/files/index.html", 1, 2, 0.5,
+                        tmp_path / "raw.txt")
+    assert result.requests > 0 and result.status == {"2xx": result.requests}
+    assert result.bytes == result.requests * len(PAGE)
+    assert result.protocol == "h3"

@@ -42,6 +42,7 @@ class Site:
     policy: bool = False                # behind sign-in: only the bench user's group
     state_url: str = ""                 # the Redis server's, for "redis"
     wrapper: tuple[str, ...] = ()       # a command the server runs under (callgrind)
+    http3: bool = False                 # nestgate's TLS listener also serves HTTP/3
     # Bytes nestgate answered for a path, which peers replay (health length, note pages).
     captured: dict[str, tuple[bytes, str]] = field(default_factory=dict)
 
@@ -283,6 +284,8 @@ def render_nestgate(site: Site, workdir: Path | None = None) -> str:
              # On as a user runs it, on a free port beside whatever else runs here.
              "[admin]", 'address = "127.0.0.1:0"', "", "[[listen]]",
              f"address = {_toml(f'127.0.0.1:{site.port}')}"]
+    if site.http3:
+        lines.append("http3 = true")
     if site.certificate:
         lines += ["[[listen.certificate]]", f"cert = {_toml(str(site.certificate.cert))}",
                   f"key = {_toml(str(site.certificate.key))}", 'names = ["localhost"]']

@@ -132,7 +132,7 @@ def _sites(scenario: Scenario, opts: Options, workdir: Path, names: list[str],
                            backend_port=backend_port, captured=captured,
                            rate_limit=scenario.rate_limit, state=scenario.state,
                            policy=scenario.policy,
-                           state_url=state_url,
+                           state_url=state_url, http3=scenario.driver == "h3py",
                            wrapper=tuple(callgrind.wrapper(workdir))
                            if opts.instructions and name == "nestgate" else ())
     if backend_port:
@@ -187,7 +187,7 @@ def _start_servers(scenario: Scenario, peers: list[Peer], sites: dict[str, Site]
     checks = {}
     for peer in peers:
         site = sites[peer.name]
-        peer.start(site, scenario.request if scenario.driver in ("wrk", "h2load") else "/",
+        peer.start(site, scenario.request if scenario.driver in ("wrk", "h2load", "h3py") else "/",
                    scenario.host)
         started.append(peer)
         if peer.name == "nestgate":
@@ -263,6 +263,11 @@ def _drive_once(scenario: Scenario, opts: Options, site: Site, duration_s: int, 
     if scenario.driver == "write":
         return pyclient.writes(site.scheme, site.port, scenario.request, NOTES_TOKEN,
                                duration_s, raw)
+    if scenario.driver == "h3py":
+        from . import h3load                       # aioquic: the http3 extra
+        return h3load.run(site.port, scenario.request,
+                          connections or opts.connections or scenario.connections,
+                          scenario.streams, duration_s, raw)
     return drivers.run(scenario.driver, _load(scenario, opts, site, duration_s, connections), raw)
 
 

@@ -27,7 +27,7 @@ class Scenario:
     title: str
     route: Route
     request: str                        # the path the driver requests
-    driver: str = "wrk"                 # "wrk" | "h2load" | "cold" | "write"
+    driver: str = "wrk"                 # "wrk" | "h2load" | "h3py" | "cold" | "write"
     tls: bool = False
     connections: int = 64
     streams: int = 1                    # h2load -m
@@ -99,6 +99,13 @@ SCENARIOS: tuple[Scenario, ...] = (
              "/page", tls=True, needs="return body_file"),
     Scenario("h2-health", "health JSON over HTTP/2 + TLS 1.3 (h2load -c64 -m10)", _health, HEALTH,
              driver="h2load", tls=True, streams=10, needs="HTTP/2"),
+    # No HTTP/3 load tool is packaged here (Debian 12's h2load has no --h3): a Python
+    # aioquic client drives it (nestgate.bench.h3load), nestgate only, and is the
+    # bottleneck itself; compare its rounds with each other, not with h2-health's.
+    Scenario("h3-health", "health JSON over HTTP/3 (QUIC), Python aioquic client "
+             "(-c8 -m10), not comparable with h2load's figures", _health, HEALTH,
+             driver="h3py", tls=True, connections=8, streams=10, nestgate_only=True,
+             needs="HTTP/3"),
     Scenario("h2-page", "cached page (~11 KB) over HTTP/2 + TLS 1.3 (h2load -c64 -m10)", _page,
              "/page", driver="h2load", tls=True, streams=10, needs="HTTP/2"),
     # 16 x 4 streams in flight: as many as each server keeps upstream connections
