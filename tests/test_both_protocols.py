@@ -313,11 +313,54 @@ CASES = {
     "protected with exemption, outsider": ("GET", "/x", (("host", "lan.test"),
                                                          ("accept", "text/html"),
                                                          ("x-forwarded-for", OUTSIDER)), b""),
-    "unknown host": ("GET", "/hello", (("host", "nobody.invalid"),), b""),
+    # The first site takes every Host ("*"): a name no other site has lands there.
+    "a Host only the catch-all site takes": ("GET", "/hello", (("host", "nobody.invalid"),), b""),
     "unknown path": ("GET", "/nothing-here", (), b""),
-    "method not allowed on health": ("DELETE", "/api/v1/health", (), b""),
+    # A ready answer takes every method, as nginx's `return` does.
+    "DELETE on health": ("DELETE", "/api/v1/health", (), b""),
     "body over max_body": ("POST", "/app/echo", (("content-length", "20480"),), b"x" * 20480),
 }
+
+
+# What each case answers, over every protocol: its status and, where the body is ours to
+# know, the body (b"" for none). None: a page whose text is checked elsewhere.
+EXPECTED = {
+    "health": (200, None),
+    "return": (200, b"hello\n"),
+    "return HEAD": (200, b""),
+    "redirect": (301, None),
+    "static file": (200, TEXT),
+    "static index": (200, HOME),
+    "static range": (206, TEXT[10:20]),
+    "static range past the end": (416, None),
+    "static not modified": (304, b""),
+    "static missing": (404, None),
+    "static gzip asked": (200, None),
+    "static escape": (400, None),            # an encoded "/" is refused by the engine
+    "static POST": (405, None),
+    "note page": (200, None),
+    "notes list": (200, None),
+    "note missing": (404, None),
+    "notes API read": (200, None),
+    "notes API no token": (401, None),
+    "notes API bad JSON": (422, None),
+    "proxy GET": (200, b"upstream saw /app/page?q=1"),
+    "proxy POST": (201, (bytes(range(256)) * 40)[::-1]),
+    "proxy POST without length": (201, (bytes(range(256)) * 40)[::-1]),
+    "protected, no session": (401, None),    # the sign-in page, as 401
+    "protected, JSON client": (401, None),
+    "protected, bad session": (401, None),
+    "allow list, outsider": (403, None),
+    "allow list, inside": (200, b"office only\n"),
+    "deny list inside the allow list": (403, None),
+    "protected, local visitor exempt": (200, b"upstream saw /x"),
+    "protected with exemption, outsider": (401, None),
+    "a Host only the catch-all site takes": (200, b"hello\n"),
+    "unknown path": (404, None),
+    "DELETE on health": (200, None),
+    "body over max_body": (413, None),
+}
+assert set(EXPECTED) == set(CASES)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -325,6 +368,10 @@ def test_every_protocol_answers_as_http1(server, case):
     method, path, headers, body = CASES[case]
     answers = {p: ask(server, p, method, path, headers, body) for p in PROTOCOLS}
     status, first_headers, first_body = answers["http/1.1"]
+    expected_status, expected_body = EXPECTED[case]
+    assert status == expected_status, (case, status, first_body[:200])
+    if expected_body is not None:
+        assert first_body == expected_body, (case, first_body[:200])
     for protocol in OTHERS:
         other_status, other_headers, other_body = answers[protocol]
         assert other_status == status, (case, protocol)
