@@ -204,3 +204,18 @@ def test_the_bench_driver_for_http3_counts_answers(server, tmp_path):
     assert result.requests > 0 and result.status == {"2xx": result.requests}
     assert result.bytes == result.requests * len(PAGE)
     assert result.protocol == "h3"
+
+
+def test_http3_is_refused_where_it_cannot_be_served(certs):
+    from nestgate.config import ConfigError, parse_config
+    certificate = {"cert": certs["local"][0], "key": certs["local"][1], "names": ["localhost"]}
+    for listener, expected in (
+            ({"address": "127.0.0.1:0", "http3": True}, "QUIC is always TLS"),
+            ({"address": "127.0.0.1:0", "http3": True, "certificate": [certificate],
+              "proxy_protocol_from": ["10.0.0.1"]}, "QUIC datagrams carry none")):
+        with pytest.raises(ConfigError) as refused:
+            parse_config({"listen": [listener]})
+        assert "listen[0].http3" in str(refused.value) and expected in str(refused.value)
+    served = parse_config({"listen": [{"address": "127.0.0.1:0", "http3": True,
+                                        "certificate": [certificate]}]})
+    assert served.listeners[0].http3
