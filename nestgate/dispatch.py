@@ -7,7 +7,7 @@ answers back into bytes; everything between is here:
 
 1. `take_peer` / `refresh_client`: who the client is (the socket peer, or for a
    trusted proxy each request's X-Forwarded-For) and whether its requests are logged.
-2. `route_head` (multiplexed protocols; HTTP/1.1 looks the raw target up in
+2. Route (the router's `route`; HTTP/1.1 looks the raw target up in
    `SiteRoutes.exact_raw` first, the same table) then `resolve`: the route's handler
    settles what answers. A GATED handler (a site's access control, compiled into the
    route by `routing.SiteRoutes`) admits the client or returns a ready refusal; a PEEK
@@ -46,8 +46,8 @@ from nestgate.errors import HandlerError, NestgateError, RequestError
 from nestgate.handlers import GATED, PEEK
 from nestgate.tally import UNROUTED
 
-__all__ = ["GATED", "PEEK", "GONE", "take_peer", "refresh_client", "route_head", "resolve",
-           "open_stream", "refuse", "ready", "start", "run", "begin", "answer", "failure_status",
+__all__ = ["GATED", "PEEK", "GONE", "take_peer", "refresh_client", "resolve",
+           "open_stream", "refuse", "ready", "log_ready", "start", "run", "begin", "answer", "failure_status",
            "conclude", "record"]
 
 log = logging.getLogger("nestgate.dispatch")
@@ -88,21 +88,17 @@ def resolve(handler, conn, path: str, method: bytes, headers):
     return handler
 
 
-def route_head(conn, authority: bytes, raw_target: bytes, method: bytes, headers):
-    """(route, handler, qmark) of a request head whose target is a path; RequestError
-    when the Host or path cannot be routed. The router checks the characters of the
-    authority once per distinct value (Router.site_for)."""
-    qmark = raw_target.find(b"?")
-    route = conn.ctx.router.route(authority, raw_target if qmark < 0 else raw_target[:qmark])
-    return route, resolve(route.handler, conn, route.path, method, headers), qmark
-
-
 def open_stream(conn, key, method: bytes, raw_target: bytes, authority: bytes, headers):
     """Route and resolve a request on its own stream `key`: a ready answer (or the
     error page of a head that cannot be routed) is sent and recorded here and None
     returned; otherwise the adapter's new `Request`, for it to give a body and `start`."""
+    qmark = raw_target.find(b"?")
     try:
-        route, handler, qmark = route_head(conn, authority, raw_target, method, headers)
+        # The router checks the characters of the authority once per distinct value
+        # (Router.site_for); a Host or path it cannot route is a RequestError.
+        route = conn.ctx.router.route(authority,
+                                      raw_target if qmark < 0 else raw_target[:qmark])
+        handler = resolve(route.handler, conn, route.path, method, headers)
     except RequestError as exc:
         refuse(conn, key, exc.status, method, authority, headers)
         return None
@@ -129,8 +125,16 @@ def ready(conn, tally, response, sent: int, method: bytes, host: bytes, path: st
     (`sent`: its body bytes)."""
     tally.count(response.status)
     if conn.logging:
-        conn.ctx.access_log.record(conn.client, method, host, path, response.status, sent,
-                                   t0, headers, label, conn.protocol)
+        log_ready(conn, response.status, sent, method, host, path, label, headers, t0)
+
+
+def log_ready(conn, status: int, sent: int, method: bytes, host: bytes, path: str,
+              label: str, headers, t0: float) -> None:
+    """The request-log record of a ready answer, for the connection's current client.
+    (HTTP/1.1 counts its ready answers inline and calls this only when it logs, so an
+    unlogged answer costs no call.)"""
+    conn.ctx.access_log.record(conn.client, method, host, path, status, sent, t0, headers,
+                               label, conn.protocol)
 
 
 def start(req) -> None:

@@ -67,8 +67,8 @@ import time
 
 import httptools
 
-from nestgate.dispatch import (GATED, GONE, PEEK, conclude, ready, record, refresh_client,
-                               resolve, run, start, take_peer)
+from nestgate.dispatch import (GATED, GONE, PEEK, conclude, log_ready, ready, record,
+                               refresh_client, resolve, run, start, take_peer)
 from nestgate.request import Body, Request
 from nestgate.clientip import ProxyHeaderError, take_proxy_header
 from nestgate.clock import CLOCK
@@ -949,6 +949,7 @@ class HTTP1Connection(asyncio.Protocol):
                 self._parsing = None
 
     def _answer_sync(self, response, mode, method, path, host, route) -> None:
+        route.tally.count(response.status)
         head_only = method == b"HEAD"
         if self._active is None and not self._queue and not self.write_paused:
             if mode == self.close_mode or self.ctx.draining:
@@ -959,8 +960,9 @@ class HTTP1Connection(asyncio.Protocol):
                 self.bytes_out += response.write_to(self.transport, mode, head_only)
         else:
             self._queue.append(_ReadyAnswer(self, response, mode, head_only))
-        ready(self, route.tally, response, 0 if head_only else response.content_length,
-              method, host, path, route.label, self._headers, self._t0)
+        if self.logging:
+            log_ready(self, response.status, 0 if head_only else response.content_length,
+                      method, host, path, route.label, self._headers, self._t0)
 
     # ------------------------------------------------------------ answering
     def start_answer(self, req: HTTP1Request) -> None:

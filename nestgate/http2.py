@@ -853,14 +853,8 @@ class HTTP2Connection:
         return req
 
     def send_ready(self, stream_id: int, response, head_only: bool) -> int:
-        """A ready answer on the stream (nestgate.dispatch): its body's length."""
-        at_once, sent = self._send_ready(stream_id, response, head_only)
-        self._answer_ended = at_once
-        return sent
-
-    def _send_ready(self, stream_id: int, response, head_only: bool) -> tuple[bool, int]:
-        """A ready answer on the stream: whether all of it went out at once, and its
-        body's length. A body larger than the window follows in a task."""
+        """A ready answer on the stream (nestgate.dispatch): its body's length. A body
+        larger than the window follows in a task (`can_send` then still says so)."""
         body = b"" if head_only else response.body
         fits = len(body) <= min(self.h2.local_flow_control_window(stream_id),
                                 self.h2.max_outbound_frame_size)
@@ -871,7 +865,8 @@ class HTTP2Connection:
             self._guard.data_sent += 1
         elif body:
             self.loop.create_task(self._send_rest(stream_id, body))
-        return fits or not body, len(body)
+        self._answer_ended = fits or not body     # (else _send_rest says so when it is)
+        return len(body)
 
     async def _send_rest(self, stream_id: int, body: bytes) -> None:
         self._sending.add(stream_id)
