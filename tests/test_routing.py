@@ -127,5 +127,5 @@ def test_the_check_knows_every_path_a_site_adds_by_itself(tmp_path):
                   "route": [ret(path="/about"), ret(path="/n/{slug}"), ret(prefix="/files/")]}]})
     table = build_router(config).catch_all
     claimed = {path_shape(value) for kind, value, _key, _what
-               in site_claims(config.sites[0], 0, config.server) if kind == "path"}
+               in site_claims(config.sites[0], config.server) if kind == "path"}
     assert set(table.owners) == claimed
