@@ -11,8 +11,11 @@ keyed by policy, so a kept-alive connection pays for the lookup once; it is
 recomputed only when the client address changes (X-Forwarded-For) or the dynamic
 allow-list changes (its `version`).
 
-Order: deny wins; then the local exemption and dynamic allow entries admit without
-sign-in; then the allow list (when there is one) must hold the address.
+Order: deny wins (the CIDRs, then `deny_countries` and `deny_asn`, looked up in the
+[geoip] databases, nestgate.geoip); then the local exemption and dynamic allow entries
+admit without sign-in; then, when there are allow lists, one of them must hold the
+address (`allow`, `allow_countries`, `allow_asn`: any one admits). An address the
+databases do not place (a private one) is in no country and no AS.
 
 Then, on a protected site, who signed in: the route's (or site's) user policy
 (nestgate.auth.policy) is compiled with the route into `Gate.answers`, the handler
@@ -39,9 +42,19 @@ class AccessConfig:
     deny: tuple[str, ...] = ()
     exempt_local: bool = False
     allow_dynamic: bool = True
+    allow_countries: frozenset[str] = frozenset()    # ISO 3166-1 alpha-2, upper case
+    deny_countries: frozenset[str] = frozenset()
+    allow_asn: frozenset[int] = frozenset()          # autonomous system numbers
+    deny_asn: frozenset[int] = frozenset()
+
+    @property
+    def by_place(self) -> tuple[str, ...]:
+        """The keys set that need the [geoip] databases."""
+        return tuple(k for k in PLACE_KEYS if getattr(self, k))
 
 
-ACCESS_KEYS = ("allow", "deny", "exempt_local", "allow_dynamic")
+PLACE_KEYS = ("allow_countries", "deny_countries", "allow_asn", "deny_asn")
+ACCESS_KEYS = ("allow", "deny", "exempt_local", "allow_dynamic", *PLACE_KEYS)
 
 
 def read_access(s) -> AccessConfig | None:
@@ -54,8 +67,31 @@ def read_access(s) -> AccessConfig | None:
     d = AccessConfig()
     cfg = AccessConfig(s.get("allow", (), _cidr_list, ""), s.get("deny", (), _cidr_list, ""),
                        s.bool("exempt_local", d.exempt_local),
-                       s.bool("allow_dynamic", d.allow_dynamic))
+                       s.bool("allow_dynamic", d.allow_dynamic),
+                       s.get("allow_countries", frozenset(), _countries, ""),
+                       s.get("deny_countries", frozenset(), _countries, ""),
+                       s.get("allow_asn", frozenset(), _asns, ""),
+                       s.get("deny_asn", frozenset(), _asns, ""))
     return cfg
+
+
+def _countries(value) -> frozenset[str]:
+    if not isinstance(value, list) or not all(
+            isinstance(x, str) and len(x) == 2 and x.isascii() and x.isalpha() for x in value):
+        raise ValueError("a list of two-letter ISO 3166 country codes, like [\"DE\", \"FR\"]")
+    return frozenset(x.upper() for x in value)
+
+
+def _asns(value) -> frozenset[int]:
+    """AS numbers as integers or "AS64500" strings."""
+    out = set()
+    for x in value if isinstance(value, list) else [None]:
+        if isinstance(x, str) and x[:2].upper() == "AS" and x[2:].isdigit():
+            x = int(x[2:])
+        if type(x) is not int or not 0 < x < 2**32:
+            raise ValueError("a list of autonomous system numbers, like [64500, \"AS64501\"]")
+        out.add(x)
+    return frozenset(out)
 
 
 def _cidr_list(value) -> tuple[str, ...]:
@@ -70,26 +106,40 @@ class NoDynamic:
     version = 0
     networks = Networks()
 
+    def changed(self) -> None:
+        self.version += 1
+
 
 class Policy:
     """The compiled form of an `AccessConfig`."""
 
-    __slots__ = ("allow", "deny", "exempt_local", "allow_dynamic")
+    __slots__ = ("allow", "deny", "exempt_local", "allow_dynamic", "geo", "allowing",
+                 "allow_countries", "deny_countries", "allow_asn", "deny_asn")
 
-    def __init__(self, cfg: AccessConfig) -> None:
+    def __init__(self, cfg: AccessConfig, geo=None) -> None:
         self.allow = parse_networks(cfg.allow)
         self.deny = parse_networks(cfg.deny)
         self.exempt_local = cfg.exempt_local
         self.allow_dynamic = cfg.allow_dynamic
+        # The databases only when this policy names countries or AS numbers, so a
+        # CIDR-only policy never looks an address up.
+        self.geo = geo if cfg.by_place else None
+        self.allow_countries, self.deny_countries = cfg.allow_countries, cfg.deny_countries
+        self.allow_asn, self.deny_asn = cfg.allow_asn, cfg.deny_asn
+        self.allowing = bool(cfg.allow or cfg.allow_countries or cfg.allow_asn)
 
     def verdict(self, client: str, dynamic) -> int:
         if self.deny and client in self.deny:
+            return DENY
+        country, asn = self.geo.place(client) if self.geo is not None else ("", 0)
+        if country in self.deny_countries or asn in self.deny_asn:
             return DENY
         if self.exempt_local and client in LOCAL:
             return PASS
         if self.allow_dynamic and dynamic.networks and client in dynamic.networks:
             return PASS
-        if self.allow and client not in self.allow:
+        if self.allowing and not (client in self.allow or country in self.allow_countries
+                                  or asn in self.allow_asn):
             return DENY
         return SIGN_IN
 
@@ -99,10 +149,10 @@ class Gate:
 
     is_async = GATED
     __slots__ = ("inner", "policy", "auth", "answers", "dynamic", "errors", "to_https",
-                 "upgrades")
+                 "upgrades", "geo")
 
     def __init__(self, inner, policy: Policy | None, auth, dynamic, errors,
-                 answers: dict | None = None, to_https=None) -> None:
+                 answers: dict | None = None, to_https=None, geo=None) -> None:
         self.inner = inner
         self.policy = policy
         self.auth = auth              # nestgate.auth.portal.SignIn, or None
@@ -112,6 +162,7 @@ class Gate:
         self.errors = errors          # the site's ErrorPages: its 403
         self.to_https = to_https      # the redirect of plain-HTTP requests, or None
         self.upgrades = getattr(inner, "upgrades", False)
+        self.geo = geo                # nestgate.geoip.GeoLookup: the 403 names the country
 
     def admit(self, conn, headers):
         """The handler that answers this request."""
@@ -128,7 +179,8 @@ class Gate:
             verdict = self.decide(client)
             cache[self.policy] = (client, dynamic.version, verdict)
         if verdict == DENY:
-            return self.errors.forbidden(client, headers)
+            return self.errors.forbidden(client, headers,
+                                         self.geo.country(client) if self.geo else "")
         if verdict == PASS:
             return self.inner
         if self.to_https is not None and conn.ctx.scheme == "http" and not conn.xff_trusted \
@@ -170,12 +222,13 @@ class Gateway(Service):
     """Builds the gates of one config and owns what they share: the store (sessions,
     dynamic allow-list) and the sign-in portal. A worker `start`s it on its loop."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, geo=None) -> None:
         self.config = config
         self.state = None
         self.signin = None
         self.provider = None                    # nestgate.auth.oidc.endpoints.OpenIDProvider
         self.passkeys = None                    # nestgate.auth.passkeys, with the sign-in
+        self.geo = geo                          # nestgate.geoip.GeoLookup, or None
         self.dynamic = NoDynamic()
         if config.auth is not None:
             from nestgate.auth.store import SharedState
@@ -189,6 +242,10 @@ class Gateway(Service):
                     from nestgate.auth.oidc.endpoints import OpenIDProvider
                     self.provider = OpenIDProvider(config.auth, self.signin)
                 self.passkeys = Passkeys(self.signin)
+        if geo is not None:
+            # A database read anew changes verdicts: the connections' cached ones are
+            # dropped as when the allow-list changes.
+            geo.on_change = self.dynamic.changed
         self._policies: dict[int, Policy] = {}
         self.to_https = https_redirect(config)
         self._verdicts_of: dict = {}            # UserPolicy -> user name -> verdict
@@ -215,7 +272,7 @@ class Gateway(Service):
             return None
         policy = self._policies.get(id(cfg))
         if policy is None:
-            policy = self._policies[id(cfg)] = Policy(cfg)
+            policy = self._policies[id(cfg)] = Policy(cfg, self.geo)
         return policy
 
     def gate(self, handler, access: AccessConfig | None, protected: bool, errors,
@@ -232,7 +289,8 @@ class Gateway(Service):
             return handler
         answers = self.answers(handler, policy) if protected else None
         return Gate(handler, self._policy(access), self.signin if protected else None,
-                    self.dynamic, errors, answers, self.to_https if protected else None)
+                    self.dynamic, errors, answers, self.to_https if protected else None,
+                    self.geo)
 
     def answers(self, handler, policy) -> dict:
         """The handler each configured user gets at a route under `policy`: the route
@@ -290,7 +348,7 @@ class Gateway(Service):
         if self.to_https is None:
             return self.gate(handler, access, False, errors)
         return Gate(handler, self._policy(access), None, self.dynamic, errors, None,
-                    self.to_https)
+                    self.to_https, self.geo)
 
     def add_portal(self, site, site_config) -> None:
         """The sign-in, sign-out and account pages of a protected site (and the passkey

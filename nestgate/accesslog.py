@@ -7,6 +7,8 @@ the Referer without its query, so cookies and tokens (also `?token=` in a referr
 URL) stay out of the log. Every record is one line whatever its fields hold: JSON is
 written as ASCII (`\u2028` escaped, never raw) and the combined format escapes
 control characters and Unicode line separators as nginx escapes control characters.
+With [geoip], each record carries the client's country, looked up when the records are
+written (a memo per address, nestgate.geoip), not while the request is answered.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class AccessLog:
         self.fd = -1
         self.dropped = 0            # records lost to write errors (full disk, closed pipe)
         self._records: list[tuple] = []
+        self.geo = None             # nestgate.geoip.GeoLookup: records name the country
         self.reopen()
 
     def reopen(self) -> None:
@@ -56,7 +59,8 @@ class AccessLog:
             return
         records, self._records = self._records, []
         render = _json_line if self.format == "json" else _combined_line
-        lines = [render(r) for r in records]
+        geo = self.geo
+        lines = [render(r, geo.country(r[1]) if geo is not None else None) for r in records]
         self._write(lines)
 
     def _write(self, lines: list[bytes]) -> None:
@@ -123,14 +127,19 @@ def _text(value) -> str:
     return value.decode("latin-1") if isinstance(value, bytes) else value
 
 
-def _json_line(r: tuple) -> bytes:
+def _json_line(r: tuple, country: str | None = None) -> bytes:
+    """One JSON record; `country` (None: no [geoip]) goes in after the client."""
     wall, client, method, host, path, status, sent, duration_us, headers, route, protocol = r
-    return json.dumps({
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall)) + "Z",
-        "client": client, "method": _text(method), "host": _text(host), "path": path,
+    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall)) + "Z",
+              "client": client}
+    if country is not None:
+        record["country"] = country
+    record.update({
+        "method": _text(method), "host": _text(host), "path": path,
         "protocol": protocol, "status": status, "bytes": sent, "duration_us": duration_us,
         "user_agent": _user_agent(headers), "route": route,
-    }).encode() + b"\n"
+    })
+    return json.dumps(record).encode() + b"\n"
 
 
 # As nginx does: '"', '\\' and control characters as \xHH, so a field (the decoded path
@@ -143,7 +152,7 @@ def _esc(value) -> str:
     return _text(value).translate(_ESCAPES)
 
 
-def _combined_line(r: tuple) -> bytes:
+def _combined_line(r: tuple, country: str | None = None) -> bytes:
     wall, client, method, host, path, status, sent, duration_us, headers, route, protocol = r
     stamp = time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime(wall))
     ua = _esc(_user_agent(headers))
@@ -153,4 +162,8 @@ def _combined_line(r: tuple) -> bytes:
             referer = _esc(value.partition(b"?")[0])     # a query may carry a token
     return (f'{client} - - [{stamp}] "{_esc(method)} {_esc(path)} {protocol}" {status} {sent} '
             f'"{referer}" "{ua}" host="{_esc(host)}" route="{_esc(route)}" '
-            f'us={duration_us}\n').encode()
+            f'us={duration_us}{_country_field(country)}\n').encode()
+
+
+def _country_field(country: str | None) -> str:
+    return "" if country is None else f' country="{_esc(country) or "-"}"'

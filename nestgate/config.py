@@ -23,6 +23,7 @@ from nestgate.private import make_private_folders
 from nestgate.certs.config import AcmeConfig, acme_warnings, read_acme
 from nestgate.tls import certificate_problem
 from nestgate.access import _cidr_list, read_access
+from nestgate.geoip import read_geoip
 from nestgate.ratelimit import read_rate_limit
 from nestgate.admin.config import AdminConfig, read_admin, with_generated_token
 from nestgate.auth.config import PORTAL_PATHS, read_auth
@@ -253,6 +254,7 @@ class Config:
     admin: AdminConfig = AdminConfig()      # the operator's listener (nestgate.admin)
     state: StateConfig = StateConfig()      # where shared state lives ([state])
     acme: AcmeConfig = AcmeConfig()         # the CA and storage of managed certificates
+    geoip: Any = None                       # nestgate.geoip.GeoConfig: countries, AS numbers
 
     @property
     def worker_count(self) -> int:
@@ -849,6 +851,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
         auth = replace(auth, store=redis_locator(state.url, state.prefix))
     admin = read_admin(top.table("admin"), parse_address, read_certificate)
     acme = read_acme(top.table("acme"))
+    geoip = read_geoip(top.table("geoip"))
     admin = with_generated_token(admin, acme.storage)
     top.check_unknown()
     listeners = _managed_names(listeners, sites, acme, file, problems)
@@ -869,11 +872,30 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
         problems += provider_problems(auth.provider, sites, file)
     if admin.enabled:
         problems += _admin_clashes(admin, listeners, file)
-    problems += _user_keyed_limits(sites, file)
+    problems += _user_keyed_limits(sites, file) + _places_without_database(sites, geoip, file)
     if problems:
         raise ConfigError(problems)
     return Config(file, server, limits, log, listeners, sites, trusted, auth, admin, state,
-                  acme)
+                  acme, geoip)
+
+
+def _places_without_database(sites, geoip, file: str) -> list[str]:
+    """Countries or AS numbers on a site or route, and no [geoip] file to look them up in."""
+    problems = []
+    for i, site in enumerate(sites):
+        where = [(f"site[{i}]", site.access)] + [
+            (f"site[{i}].route[{j}]", r.access) for j, r in enumerate(site.routes)]
+        for at, access in where:
+            for key in access.by_place if access is not None else ():
+                needed = geoip is not None and (
+                    geoip.database if key.endswith("countries")
+                    else geoip.database or geoip.asn_database)
+                if not needed:
+                    what = "database" if key.endswith("countries") else \
+                        "asn_database (or a database that holds AS numbers)"
+                    problems.append(f"{file}: {at}.{key}: expected a [geoip] {what} to "
+                                    f"look addresses up in")
+    return problems
 
 
 def _certificate_name(name: str) -> bool:

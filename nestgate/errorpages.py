@@ -15,8 +15,8 @@ nestgate's, since a client that asked for JSON cannot read a page.
 
 All of it is built at load as `Prebuilt` responses: an error costs what any ready
 answer costs. The one exception is the built-in 403 page, which shows the client the
-address it was refused for (so a visitor can tell the owner what to allow); those are
-kept in a small bounded memo by address.
+address it was refused for, and its country where [geoip] places it (so a visitor can
+tell the owner what to allow); those are kept in a small bounded memo by address.
 
 `ERRORS` (responses.py) are the default site's pages, used where no site is known yet:
 a request that fails before routing (a malformed head, a Host no site claims).
@@ -78,12 +78,13 @@ def explanation(status: int) -> str:
     return EXPLANATIONS.get(status) or f"The server answered {status} {reason(status)}."
 
 
-def error_html(status: int, detail: str = "", client: str = "") -> bytes:
+def error_html(status: int, detail: str = "", client: str = "", country: str = "") -> bytes:
     """The built-in page for `status`: styled, with its explanation (and the address a
-    403 refused)."""
+    403 refused, with its country when known)."""
     title = f"{status} {reason(status)}"
+    where = (f", in country <code>{html.escape(country)}</code>") if country else ""
     seen_as = (f"<p class=\"meta\">Your address, as this site sees it: "
-               f"<code>{html.escape(client)}</code></p>") if client else ""
+               f"<code>{html.escape(client)}</code>{where}</p>") if client else ""
     detail = f"<p>{html.escape(detail)}</p>" if detail else ""
     return (f"<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
@@ -92,10 +93,12 @@ def error_html(status: int, detail: str = "", client: str = "") -> bytes:
             f"</main><footer>{SERVER.text}</footer></body></html>\n").encode()
 
 
-def error_json(status: int, client: str = "") -> bytes:
+def error_json(status: int, client: str = "", country: str = "") -> bytes:
     body = {"status": status, "error": reason(status), "detail": explanation(status)}
     if client:
         body["client"] = client
+    if country:
+        body["country"] = country
     return json.dumps(body).encode() + b"\n"
 
 
@@ -132,7 +135,7 @@ class ErrorPages:
         self.custom_forbidden = 403 in custom
         self.answers = {status: ErrorAnswer(status, custom.get(status))
                         for status in (*STATUSES, *custom)}
-        self._forbidden: dict[tuple[str, bool], Prebuilt] = {}
+        self._forbidden: dict[tuple[str, bool, str], Prebuilt] = {}
         self._too_many: dict[tuple[int, bool], Prebuilt] = {}
         self._custom_too_many = custom.get(429)
         # The HTTP/2 preface on a listener that speaks HTTP/1.1 only (h2load, curl
@@ -148,19 +151,20 @@ class ErrorPages:
     def __getitem__(self, status: int) -> ErrorAnswer:
         return self.answers[status]
 
-    def forbidden(self, client: str, headers) -> Prebuilt:
-        """The 403 for a refused address: the built-in page names the address."""
+    def forbidden(self, client: str, headers, country: str = "") -> Prebuilt:
+        """The 403 for a refused address: the built-in page names the address (and the
+        country [geoip] puts it in)."""
         as_json = wants_json(headers)
         if self.custom_forbidden and not as_json:
             return self.answers[403].page
-        key = (client, as_json)
+        key = (client, as_json, country)
         page = self._forbidden.get(key)
         if page is None:
             if len(self._forbidden) >= _FORBIDDEN_MEMO_MAX:
                 self._forbidden.clear()
             page = self._forbidden[key] = \
-                Prebuilt(403, error_json(403, client), JSON) if as_json else \
-                Prebuilt(403, error_html(403, client=client), HTML)
+                Prebuilt(403, error_json(403, client, country), JSON) if as_json else \
+                Prebuilt(403, error_html(403, client=client, country=country), HTML)
         return page
 
 

@@ -232,6 +232,7 @@ class Router:
         self.catch_all: SiteRoutes | None = None
         self.unclaimed = unclaimed              # answers Hosts no site claims
         self.services: list = []                # `Service`s the worker starts and stops
+        self.geo = None                         # nestgate.geoip.GeoLookup: the log's countries
         # Host header value as received -> site; only valid values get in.
         self.memo: dict[bytes, SiteRoutes] = {}
 

@@ -93,8 +93,14 @@ def build_router(config) -> Router:
     unclaimed = error_pages(config)
     router = Router(SiteRoutes("", unclaimed[404], errors=unclaimed))
     health = health_handler(config.server.health_details)
-    gateway = Gateway(config) if needs_gateway(config) else None
+    geo = None
+    if config.geoip is not None:
+        from nestgate.geoip import GeoLookup
+        geo = GeoLookup(config.geoip)
+    gateway = Gateway(config, geo) if needs_gateway(config) else None
     services = [gateway] if gateway else []      # started by the worker on its loop
+    if geo is not None:
+        services.append(geo)
     sync = rate_sync(config)
     if sync is not None:
         services.append(sync)
@@ -126,6 +132,7 @@ def build_router(config) -> Router:
             gateway.add_portal(site, site_config)
         router.add_site(site_config.hosts, site)
     router.services = services
+    router.geo = geo
     answer_challenges(router, config)
     return router
 

@@ -128,6 +128,8 @@ class Worker:
         if quic_ports:
             announce_http3(quic_ports)   # before any route's answers are built
         router = self.router or build_router(self.config)
+        if self.access_log is not None:
+            self.access_log.geo = router.geo
         self.started = CLOCK.wall
         self.counting_clients = self.figures is not None and any(
             listener.max_connections_per_client for listener, _sock in self.sockets)

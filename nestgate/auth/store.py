@@ -436,6 +436,11 @@ class DynamicAllow:
                 continue                  # written by hand into the file: skip, never crash
         self.networks = nets
         self.next_expiry = min((r[2] for r in rows), default=float("inf"))
+        self.changed()
+
+    def changed(self) -> None:
+        """Something access verdicts depend on changed (these entries, or a GeoIP
+        database read anew): verdicts cached on connections are worked out again."""
         self.version += 1
 
 
