@@ -149,10 +149,11 @@ class Gate:
 
     is_async = GATED
     __slots__ = ("inner", "policy", "auth", "answers", "dynamic", "errors", "to_https",
-                 "upgrades", "geo")
+                 "upgrades", "geo", "refused")
 
     def __init__(self, inner, policy: Policy | None, auth, dynamic, errors,
-                 answers: dict | None = None, to_https=None, geo=None) -> None:
+                 answers: dict | None = None, to_https=None, geo=None,
+                 refused=None) -> None:
         self.inner = inner
         self.policy = policy
         self.auth = auth              # nestgate.auth.portal.SignIn, or None
@@ -163,6 +164,7 @@ class Gate:
         self.to_https = to_https      # the redirect of plain-HTTP requests, or None
         self.upgrades = getattr(inner, "upgrades", False)
         self.geo = geo                # nestgate.geoip.GeoLookup: the 403 names the country
+        self.refused = refused        # nestgate.decisions.SharedDecisions (CrowdSec's)
 
     def admit(self, conn, headers):
         """The handler that answers this request."""
@@ -191,6 +193,8 @@ class Gate:
         return self.auth.admit(self, headers, client)
 
     def decide(self, client: str) -> int:
+        if self.refused is not None and client in self.refused:
+            return DENY               # before any allow entry or exemption, as a ban is
         if self.policy is not None:
             return self.policy.verdict(client, self.dynamic)
         # Sign-in only: dynamic entries (post-login IP grants) still skip it.
@@ -213,17 +217,20 @@ class Forbidden:
 
 
 def needs_gateway(config) -> bool:
-    """True when some site or route has an access list or sign-in."""
-    return any(site.access or site.protected or any(r.access for r in site.routes)
-               for site in config.sites)
+    """True when some site or route has an access list or sign-in, or every site
+    refuses what CrowdSec decided."""
+    return config.crowdsec is not None or any(
+        site.access or site.protected or any(r.access for r in site.routes)
+        for site in config.sites)
 
 
 class Gateway(Service):
     """Builds the gates of one config and owns what they share: the store (sessions,
     dynamic allow-list) and the sign-in portal. A worker `start`s it on its loop."""
 
-    def __init__(self, config, geo=None) -> None:
+    def __init__(self, config, geo=None, refused=None) -> None:
         self.config = config
+        self.refused = refused                  # nestgate.decisions.SharedDecisions
         self.state = None
         self.signin = None
         self.provider = None                    # nestgate.auth.oidc.endpoints.OpenIDProvider
@@ -246,6 +253,8 @@ class Gateway(Service):
             # A database read anew changes verdicts: the connections' cached ones are
             # dropped as when the allow-list changes.
             geo.on_change = self.dynamic.changed
+        if refused is not None:
+            refused.on_change = self.dynamic.changed
         self._policies: dict[int, Policy] = {}
         self.to_https = https_redirect(config)
         self._verdicts_of: dict = {}            # UserPolicy -> user name -> verdict
@@ -285,12 +294,12 @@ class Gateway(Service):
             handler, protected = Forbidden(errors), False
         elif protected and policy.policy == "bypass":
             return self.gate(handler, access, False, errors)
-        if access is None and not protected:
+        if access is None and not protected and self.refused is None:
             return handler
         answers = self.answers(handler, policy) if protected else None
         return Gate(handler, self._policy(access), self.signin if protected else None,
                     self.dynamic, errors, answers, self.to_https if protected else None,
-                    self.geo)
+                    self.geo, self.refused)
 
     def answers(self, handler, policy) -> dict:
         """The handler each configured user gets at a route under `policy`: the route
@@ -332,7 +341,8 @@ class Gateway(Service):
         route's own access list or else the site's, the route's own user policy or else
         the site's, and the site's sign-in unless the route is the sign-in portal."""
         site_access, protected = site_config.access, site_config.protected
-        if site_access is None and not protected and not any(r.access for r in site_config.routes):
+        if site_access is None and not protected and self.refused is None \
+                and not any(r.access for r in site_config.routes):
             return unguarded
 
         def guard(handler, access=None, sign_in=True, limit=None, label="", policy=None):
@@ -348,7 +358,7 @@ class Gateway(Service):
         if self.to_https is None:
             return self.gate(handler, access, False, errors)
         return Gate(handler, self._policy(access), None, self.dynamic, errors, None,
-                    self.to_https, self.geo)
+                    self.to_https, self.geo, self.refused)
 
     def add_portal(self, site, site_config) -> None:
         """The sign-in, sign-out and account pages of a protected site (and the passkey

@@ -23,6 +23,7 @@ from nestgate.private import make_private_folders
 from nestgate.certs.config import AcmeConfig, acme_warnings, read_acme
 from nestgate.tls import certificate_problem
 from nestgate.access import _cidr_list, read_access
+from nestgate.crowdsec import read_crowdsec
 from nestgate.geoip import read_geoip
 from nestgate.ratelimit import read_rate_limit
 from nestgate.admin.config import AdminConfig, read_admin, with_generated_token
@@ -255,6 +256,7 @@ class Config:
     state: StateConfig = StateConfig()      # where shared state lives ([state])
     acme: AcmeConfig = AcmeConfig()         # the CA and storage of managed certificates
     geoip: Any = None                       # nestgate.geoip.GeoConfig: countries, AS numbers
+    crowdsec: Any = None                    # nestgate.crowdsec.CrowdSecConfig: its bouncer
 
     @property
     def worker_count(self) -> int:
@@ -852,6 +854,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     admin = read_admin(top.table("admin"), parse_address, read_certificate)
     acme = read_acme(top.table("acme"))
     geoip = read_geoip(top.table("geoip"))
+    crowdsec = read_crowdsec(top.table("crowdsec"))
     admin = with_generated_token(admin, acme.storage)
     top.check_unknown()
     listeners = _managed_names(listeners, sites, acme, file, problems)
@@ -876,7 +879,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     if problems:
         raise ConfigError(problems)
     return Config(file, server, limits, log, listeners, sites, trusted, auth, admin, state,
-                  acme, geoip)
+                  acme, geoip, crowdsec)
 
 
 def _places_without_database(sites, geoip, file: str) -> list[str]:

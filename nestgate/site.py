@@ -97,10 +97,13 @@ def build_router(config) -> Router:
     if config.geoip is not None:
         from nestgate.geoip import GeoLookup
         geo = GeoLookup(config.geoip)
-    gateway = Gateway(config, geo) if needs_gateway(config) else None
+    refused = None
+    if config.crowdsec is not None:
+        from nestgate.decisions import SharedDecisions
+        refused = SharedDecisions(config.crowdsec.snapshot)
+    gateway = Gateway(config, geo, refused) if needs_gateway(config) else None
     services = [gateway] if gateway else []      # started by the worker on its loop
-    if geo is not None:
-        services.append(geo)
+    services += [service for service in (geo, refused) if service is not None]
     sync = rate_sync(config)
     if sync is not None:
         services.append(sync)

@@ -29,7 +29,8 @@ import time
 from dataclasses import dataclass, field
 
 from nestgate.admin.keeper import AdminKeeper
-from nestgate.certs.manager import CertKeeper, prepare_certificates
+from nestgate.certs.manager import cert_keeper, prepare_certificates
+from nestgate.crowdsec import bouncer_keeper
 from nestgate.config import Config, ConfigError, config_warnings, read_config, with_overrides
 from nestgate.ratelimit import shared_limits
 from nestgate.sdnotify import notify
@@ -107,7 +108,8 @@ class Supervisor:
         os.set_blocking(self.ready_r, False)
         self._first = config
         self.admin = AdminKeeper()
-        self.certs = CertKeeper()           # the one process that talks to the CA
+        # The one process that talks to the CA, the one that polls CrowdSec's Local API.
+        self.sides = (cert_keeper(), bouncer_keeper())
         # Rate-limit and per-client connection tables: mapped here, before any fork, so
         # every worker of every generation shares them (nestgate.ratelimit).
         shared_limits()
@@ -285,7 +287,7 @@ class Supervisor:
                 return
             gen, slot = self.by_pid.pop(pid, (None, None))
             if gen is None:
-                if not self.certs.exited(pid, self.stopping, say):
+                if not any(side.exited(pid, self.stopping, say) for side in self.sides):
                     self.admin.exited(pid, self.stopping, say, _describe(status))
                 continue
             was_ready = pid in gen.ready
@@ -357,7 +359,8 @@ class Supervisor:
         try:
             gen = self.start_generation(config)
             say(f"reloading: generation {gen.number} starting")
-            self.certs.replace(config)
+            for side in self.sides:
+                side.replace(config)
         except Exception as exc:  # noqa: BLE001 - e.g. a certificate that changed since load
             self.close_sockets(added)
             self._refused(f" cannot start: {exc!r}")
@@ -371,7 +374,8 @@ class Supervisor:
         notify("STOPPING=1")
         self.stopping = True
         self.admin.stop()
-        self.certs.stop()
+        for side in self.sides:
+            side.stop()
         for gen in self.generations:
             if not gen.stopping:
                 self.stop_generation(gen)
@@ -399,7 +403,8 @@ class Supervisor:
             signal.signal(sig, self._note_signal)
         self.start_generation(self._first)
         self._fork_admin()
-        self._fork_certs(self._first)
+        for side in self.sides:
+            self._fork_side(side, self._first)
         while True:
             try:
                 readable, _, _ = select.select([wake_r, self.ready_r], [], [], 0.1)
@@ -425,12 +430,13 @@ class Supervisor:
             self.restart_due()
             if not self.stopping:
                 self.admin.restart_due(self._fork_admin)
-                if self.certs.restart_due():
-                    self._fork_certs(self.certs.config)
+                for side in self.sides:
+                    if side.restart_due():
+                        self._fork_side(side, side.config)
             self.forget_finished()
             self.admin.report(self)
             if self.stopping and not self.by_pid and not self.admin.pid \
-                    and not self.certs.pid:
+                    and not any(side.pid for side in self.sides):
                 break
         for sock in self.sockets.values():
             sock.close()
@@ -445,15 +451,16 @@ class Supervisor:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
-    def _fork_certs(self, config) -> None:
+    def _fork_side(self, side, config) -> None:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
         try:
-            self.certs.start(config, self._close_in_certs)
+            side.start(config, self._close_in_side)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
-    def _close_in_certs(self) -> None:
-        """In the forked certificate process: none of the sites' sockets, no admin's."""
+    def _close_in_side(self) -> None:
+        """In a forked side process (certificates, CrowdSec): none of the sites'
+        sockets, no admin's."""
         self._close_in_admin()
         self.admin.close_in_worker()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)

@@ -2,7 +2,7 @@
 of the lifetime, retry failures with exponential back-off and jitter.
 
 One process in the tree runs `CertManager.run` (the supervisor forks it, see
-`CertKeeper`); `nestgate cert renew` runs the same steps in its own process. Both
+`cert_keeper`); `nestgate cert renew` runs the same steps in its own process. Both
 take the storage's per-name lock, and look at the stored certificate again once they
 hold it, so whoever comes second finds the work done and orders nothing. Workers
 never talk to the CA: they load what lands in storage (nestgate.certs.book).
@@ -247,67 +247,12 @@ class CertManager:
                 self.log(f"shared state unreachable ({exc}); serving what is stored here")
 
 
-class CertKeeper:
-    """The supervisor's side: forks the certificate process when the config manages
-    certificates, restarts it if it dies, and replaces it on reload."""
-
-    def __init__(self) -> None:
-        self.pid = 0
-        self.restart_at = 0.0
-        self.config = None
-
-    def start(self, config, close_in_child) -> None:
-        self.config = config
-        if self.pid or not managed_certificates(config):
-            return
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                close_in_child()
-                from nestgate.worker import die_with_parent
-                die_with_parent()
-                CertManager(config).run()
-            except BaseException:             # noqa: BLE001 - reported, then exit
-                import traceback
-                traceback.print_exc()
-                code = 1
-            finally:
-                os._exit(code)
-        self.pid = pid
-
-    def replace(self, config) -> None:
-        """On reload: the process for the new config, once the old one has exited."""
-        self.config = config
-        if self.pid:
-            self.restart_at = time.monotonic()
-            os.kill(self.pid, signal.SIGTERM)
-        elif managed_certificates(config):
-            self.restart_at = time.monotonic()
-
-    def exited(self, pid: int, stopping: bool, say) -> bool:
-        if not pid or pid != self.pid:
-            return False
-        self.pid = 0
-        if not stopping and not self.restart_at:
-            self.restart_at = time.monotonic() + 5.0
-            say(f"certificate process {pid} exited; restarting in 5s")
-        return True
-
-    def restart_due(self) -> bool:
-        """Whether the process should be started again now."""
-        if not self.pid and self.restart_at and time.monotonic() >= self.restart_at:
-            self.restart_at = 0.0
-            return True
-        return False
-
-    def stop(self) -> None:
-        self.restart_at = 0.0
-        if self.pid:
-            try:
-                os.kill(self.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+def cert_keeper():
+    """The supervisor's side: the certificate process, forked when the config manages
+    certificates, restarted if it dies, and replaced on reload."""
+    from nestgate.sideprocess import SideProcess
+    return SideProcess("certificate", lambda config: bool(managed_certificates(config)),
+                       lambda config: CertManager(config).run())
 
 
 def prepare_certificates(config, say) -> CertStorage | None:
