@@ -144,10 +144,16 @@ class Decisions:
 
 
 class Bouncer:
-    """The bouncer process's loop: poll, keep, write the table when it changes."""
+    """The bouncer process's loop: poll, keep, publish the refused set when it changes.
 
-    def __init__(self, config: CrowdSecConfig, say=None) -> None:
+    `publish(values)` is where the set goes: by default the decision table file the
+    workers read (`publish_to_file`). It is the one seam between the Local API and
+    enforcement: any table that takes the whole set of addresses and ranges in force
+    can stand in for the file."""
+
+    def __init__(self, config: CrowdSecConfig, publish=None, say=None) -> None:
         self.config = config
+        self.publish = publish or (lambda values: publish_to_file(config.snapshot, values))
         self.say = say or (lambda m: print(f"nestgate: crowdsec: {m}", file=sys.stderr,
                                            flush=True))
         self.decisions = Decisions(config.captcha)
@@ -203,7 +209,7 @@ class Bouncer:
         values = self.decisions.values()
         if values == self.written:
             return
-        write_table(self.config.snapshot, DecisionTable(values))
+        self.publish(values)
         skipped = f", {self.decisions.skipped} of other types or scopes left out" \
             if self.decisions.skipped else ""
         self.say(f"{len(values)} addresses and ranges refused{skipped}")
@@ -220,6 +226,11 @@ class Bouncer:
 
     def _stop(self, _sig, _frame) -> None:
         self.stopping = True
+
+
+def publish_to_file(path: str, values) -> None:
+    """The refused addresses and ranges as the decision table every worker reads."""
+    write_table(path, DecisionTable(values))
 
 
 def _reason(exc: Exception) -> str:
