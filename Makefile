@@ -22,8 +22,13 @@ serve: $(STAMP)
 # as a DNS provider's API, certutil for Chromium's trust store, curl as a verifying
 # client, Go to build tests/goclient (Go's net/http as an HTTP/2 client), python3-venv
 # for the documented install under /opt, valgrind for the bench's instruction counts,
-# Apache with mod_auth_openidc as a relying party of nestgate's OpenID provider).
-# Installed only when missing and only when running as root.
+# Apache with mod_auth_openidc as a relying party of nestgate's OpenID provider,
+# CrowdSec's Local API and cscli for the bouncer).
+# Installed only when missing and only when running as root. crowdsec's post-install
+# registers with CrowdSec's central API, which fails offline and leaves dpkg with a
+# broken package (every later apt-get install fails too); a non-empty
+# /etc/crowdsec/online_api_credentials.yaml written first turns that registration off
+# (the package's README.Debian), and the tests run its Local API alone.
 debian-deps:
 	@missing=""; \
 	command -v nginx  >/dev/null || missing="$$missing nginx-light"; \
@@ -47,8 +52,13 @@ debian-deps:
 	test -e /usr/lib/apache2/modules/mod_auth_openidc.so || \
 	  missing="$$missing libapache2-mod-auth-openidc"; \
 	/usr/bin/python3 -c "import ensurepip" 2>/dev/null || missing="$$missing python3-venv"; \
+	command -v cscli >/dev/null || missing="$$missing crowdsec"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
+	    case "$$missing" in *crowdsec*) mkdir -p /etc/crowdsec; \
+	      test -s /etc/crowdsec/online_api_credentials.yaml || \
+	        echo "# no central API: the Local API runs alone" \
+	          > /etc/crowdsec/online_api_credentials.yaml;; esac; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	  else echo "missing Debian packages:$$missing (run as root or apt-get install them)"; fi; \
 	fi

@@ -34,7 +34,7 @@ import maxminddb
 from nestgate.handlers import Periodic, Service
 
 CHECK_EVERY = 5.0            # seconds between looks at the files' stamps
-MEMO_MAX = 65536             # addresses whose country and AS are kept per worker
+MEMO_MAX = 16384             # addresses whose country and AS are kept per worker (~2 MB)
 UNKNOWN = ("", 0)            # an address the databases do not place
 
 
@@ -120,6 +120,8 @@ class GeoLookup(Service):
     def __init__(self, config: GeoConfig) -> None:
         self.config = config
         self.memo: dict[str, tuple[str, int]] = {}
+        # The few distinct answers, each held once however many addresses share it.
+        self._answers: dict[tuple[str, int], tuple[str, int]] = {}
         self.on_change = None          # called after a reload (the guards' verdicts)
         self._paths = tuple(p for p in (config.database, config.asn_database) if p)
         self._readers: dict[str, object] = {}
@@ -135,7 +137,8 @@ class GeoLookup(Service):
         if found is None:
             if len(self.memo) >= MEMO_MAX:
                 self.memo.clear()
-            found = self.memo[address] = self._look_up(address)
+            found = self._look_up(address)
+            found = self.memo[address] = self._answers.setdefault(found, found)
         return found
 
     def country(self, address: str) -> str:
@@ -187,6 +190,7 @@ class GeoLookup(Service):
                 self._swap(path, reader)
         if any(reader is not None for reader in opened):
             self.memo.clear()
+            self._answers.clear()
             if self.on_change is not None:
                 self.on_change()
 

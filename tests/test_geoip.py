@@ -20,7 +20,7 @@ from netaddr import IPSet
 from conftest import HELLO, _env, ask, config, poll, v1
 from nestgate.access import AccessConfig, NoDynamic, Policy, DENY, SIGN_IN
 from nestgate.config import ConfigError, parse_config
-from nestgate.geoip import GeoConfig, GeoLookup
+from nestgate.geoip import MEMO_MAX, GeoConfig, GeoLookup
 
 GERMAN, FRENCH, UNPLACED = "203.0.113.7", "198.51.100.7", "192.0.2.7"
 GERMAN6, FRENCH6 = "2001:db8:de::7", "2001:db8:f::7"
@@ -173,6 +173,11 @@ def test_lookups_are_kept_per_address_and_read_every_layout(tmp_path):
     policy = Policy(AccessConfig(allow_asn=frozenset({64501})), geo)
     assert policy.verdict(GERMAN, NoDynamic()) == SIGN_IN
     assert policy.verdict(FRENCH, NoDynamic()) == DENY
+    # The memo is bounded, and an answer many addresses share is held once.
+    for n in range(MEMO_MAX + 10):
+        geo.place(f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")
+    assert len(geo.memo) <= MEMO_MAX
+    assert geo.place("10.0.0.1") is geo.place("10.9.9.9")
     # A policy without countries or AS numbers never looks an address up.
     assert Policy(AccessConfig(allow=("10.0.0.0/8",)), geo).geo is None
     geo.stop()
