@@ -885,9 +885,9 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
 def _places_without_database(sites, geoip, file: str) -> list[str]:
     """Countries or AS numbers on a site or route, and no [geoip] file to look them up in."""
     problems = []
-    for i, site in enumerate(sites):
-        where = [(f"site[{i}]", site.access)] + [
-            (f"site[{i}].route[{j}]", r.access) for j, r in enumerate(site.routes)]
+    for site in sites:
+        where = [(site.key, site.access)] + [
+            (f"{site.key}.route[{j}]", r.access) for j, r in enumerate(site.routes)]
         for at, access in where:
             for key in access.by_place if access is not None else ():
                 needed = geoip is not None and (

@@ -187,15 +187,16 @@ def test_config_names_bad_codes_and_countries_without_a_database(tmp_path):
     listen = {"listen": [{"address": "127.0.0.1:0"}]}
     with pytest.raises(ConfigError) as info:
         parse_config({**listen, "site": [{
-            "hosts": ["*"], "allow_countries": ["Germany"], "deny_asn": ["ASX"],
+            "hosts": ["photos.example.com"], "allow_countries": ["Germany"], "deny_asn": ["ASX"],
             "route": [{"path": "/", "type": "return", "deny_countries": ["FR"]}]}]},
             "site.toml")
     problems = info.value.problems
-    assert any("site[0].allow_countries: expected a list of two-letter ISO 3166 country "
+    site = "site[photos.example.com]"
+    assert any(f"{site}.allow_countries: expected a list of two-letter ISO 3166 country "
                "codes" in p for p in problems)
-    assert any("site[0].deny_asn: expected a list of autonomous system numbers" in p
+    assert any(f"{site}.deny_asn: expected a list of autonomous system numbers" in p
                for p in problems)
-    assert "site.toml: site[0].route[0].deny_countries: expected a [geoip] database to " \
+    assert f"site.toml: {site}.route[0].deny_countries: expected a [geoip] database to " \
         "look addresses up in" in problems
     with pytest.raises(ConfigError) as info:
         parse_config({**listen, "geoip": {"asn_database": str(tmp_path / "none.mmdb")},
@@ -222,5 +223,5 @@ deny_countries = ["FR"]
                           capture_output=True, text=True, timeout=60, env=_env())
     assert done.returncode != 0
     assert f"geoip.database: {expected}" in done.stderr + done.stdout
-    assert "site[0].deny_countries: expected a [geoip] database" in done.stderr + done.stdout
+    assert "site[*].deny_countries: expected a [geoip] database" in done.stderr + done.stdout
 
