@@ -209,3 +209,13 @@ def test_config_names_what_is_missing(tmp_path):
                                              "api_key_file": str(empty)}}, "site.toml")
     assert info.value.problems == ["site.toml: crowdsec.api_key_file: expected a file "
                                    "holding the bouncer key (`cscli bouncers add`)"]
+
+
+def test_the_key_is_never_shown_by_the_admin_api():
+    from nestgate.admin.configapi import REDACTED, redacted
+    config = parse_config({"listen": [{"address": "127.0.0.1:0"}],
+                           "crowdsec": {"url": "http://127.0.0.1:8080",
+                                        "api_key": "bouncer-secret-key"}}, "site.toml")
+    shown = redacted(config)
+    assert shown["crowdsec"]["api_key"] == REDACTED
+    assert "bouncer-secret-key" not in repr(shown) and "bouncer-secret-key" not in repr(config)

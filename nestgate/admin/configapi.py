@@ -26,7 +26,8 @@ from nestgate.config import (ConfigError, config_warnings, parse_config, read_co
                              with_overrides)
 
 REDACTED = "<redacted>"
-SECRET_KEYS = {"token", "password", "totp", "secret", "tsig_secret", "eab_hmac_key"}
+SECRET_KEYS = {"token", "password", "totp", "secret", "tsig_secret", "eab_hmac_key",
+               "api_key"}
 RELOAD_WAIT = 60.0           # seconds a reload may take before the answer says so
 MAX_VALIDATE_BYTES = 1 << 20
 
