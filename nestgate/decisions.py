@@ -33,6 +33,7 @@ from array import array
 from bisect import bisect_right
 
 from nestgate.clientip import _as_int
+from nestgate.filewatch import file_stamp
 from nestgate.handlers import Periodic, Service
 
 MAGIC = b"nestgate decisions 1\n"
@@ -161,13 +162,6 @@ def write_table(path: str, table: DecisionTable) -> None:
         os.close(fd)
 
 
-def _stamp(path: str):
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
 
 def read_table(path: str) -> DecisionTable | None:
     """The table in `path`; None when there is none yet (or it cannot be read)."""
@@ -190,7 +184,7 @@ class SharedDecisions(Service):
     def __init__(self, path: str) -> None:
         self.path = path
         self.on_change = None          # called after a new table is in (the guards')
-        self._stamp = _stamp(path)
+        self._stamp = file_stamp(path)
         self.table = read_table(path) or DecisionTable()
         self._watch = Periodic(CHECK_EVERY, self._look)
 
@@ -205,7 +199,7 @@ class SharedDecisions(Service):
 
     async def _look(self) -> None:
         loop = asyncio.get_running_loop()
-        stamp = await loop.run_in_executor(None, _stamp, self.path)
+        stamp = await loop.run_in_executor(None, file_stamp, self.path)
         if stamp is None or stamp == self._stamp:
             return
         self._stamp = stamp

@@ -25,12 +25,12 @@ reload's problem, never a lookup's.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from dataclasses import dataclass
 
 import maxminddb
 
+from nestgate.filewatch import file_stamp
 from nestgate.handlers import Periodic, Service
 
 CHECK_EVERY = 5.0            # seconds between looks at the files' stamps
@@ -104,13 +104,6 @@ def asn_of(record) -> int:
     return number if isinstance(text, int) else 0
 
 
-def _stamp(path: str):
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
 
 class GeoLookup(Service):
     """A worker's view of the databases: `place(address)` -> (country, AS number)."""
@@ -129,7 +122,7 @@ class GeoLookup(Service):
         self._failed: set[str] = set()
         self._watch = Periodic(CHECK_EVERY, self._look)
         for path in self._paths:
-            self._open(path, _stamp(path))
+            self._open(path, file_stamp(path))
 
     # ------------------------------------------------------------ lookups
     def place(self, address: str) -> tuple[str, int]:
@@ -177,7 +170,8 @@ class GeoLookup(Service):
 
     async def _look(self) -> None:
         loop = asyncio.get_running_loop()
-        stamps = await loop.run_in_executor(None, lambda: {p: _stamp(p) for p in self._paths})
+        stamps = await loop.run_in_executor(
+            None, lambda: {p: file_stamp(p) for p in self._paths})
         changed = [p for p in self._paths if stamps[p] is not None
                    and stamps[p] != self._stamps.get(p)]
         if not changed:
