@@ -26,7 +26,6 @@ failure is said once, and its end too.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import sys
@@ -160,6 +159,7 @@ class Bouncer:
         self.synced = False                # a startup answer is in: later ones are changes
         self.down = ""                     # why the last call failed, "" when it worked
         self.written: frozenset[str] | None = None
+        self.unwritable = False            # the last write failed (said once)
         self.stopping = False
 
     def fetch(self, startup: bool) -> dict:
@@ -209,7 +209,17 @@ class Bouncer:
         values = self.decisions.values()
         if values == self.written:
             return
-        self.publish(values)
+        try:
+            self.publish(values)
+        except OSError as exc:
+            # A full disk or a folder taken away: the workers keep the table they
+            # have; the next round tries again (said once until it works).
+            if not self.unwritable:
+                self.say(f"cannot write {self.config.snapshot} ({exc.strerror or exc}); "
+                         f"the workers keep the decisions they have")
+            self.unwritable = True
+            return
+        self.unwritable = False
         skipped = f", {self.decisions.skipped} of other types or scopes left out" \
             if self.decisions.skipped else ""
         self.say(f"{len(values)} addresses and ranges refused{skipped}")
@@ -247,7 +257,6 @@ def run_bouncer(config) -> None:
     """The bouncer process's body."""
     from nestgate.admin.process import name_process
     name_process(BOUNCER_PROCESS_NAME)
-    os.makedirs(os.path.dirname(config.crowdsec.snapshot), exist_ok=True)
     Bouncer(config.crowdsec).run()
 
 

@@ -219,3 +219,23 @@ def test_the_key_is_never_shown_by_the_admin_api():
     shown = redacted(config)
     assert shown["crowdsec"]["api_key"] == REDACTED
     assert "bouncer-secret-key" not in repr(shown) and "bouncer-secret-key" not in repr(config)
+
+
+def test_a_table_that_cannot_be_written_is_said_once_and_written_later(tmp_path):
+    from nestgate.crowdsec import Bouncer, CrowdSecConfig
+    from nestgate.decisions import read_table
+    folder = tmp_path / "state"
+    said = []
+    bouncer = Bouncer(CrowdSecConfig("http://127.0.0.1:1", "key",
+                                     snapshot=str(folder / "crowdsec-decisions")),
+                      say=said.append)
+    bouncer.decisions.apply({"new": [{"id": 1, "type": "ban", "scope": "Ip",
+                                      "value": "192.0.2.1", "duration": "1h"}]},
+                            now=time.time(), startup=True)
+    bouncer.write()
+    bouncer.write()
+    assert len(said) == 1 and said[0].startswith(f"cannot write {folder}")
+    folder.mkdir()
+    bouncer.write()
+    assert "192.0.2.1" in read_table(str(folder / "crowdsec-decisions"))
+    assert said[1:] == ["1 addresses and ranges refused"]
