@@ -11,11 +11,14 @@ keyed by policy, so a kept-alive connection pays for the lookup once; it is
 recomputed only when the client address changes (X-Forwarded-For) or the dynamic
 allow-list changes (its `version`).
 
-Order: deny wins (the CIDRs, then `deny_countries` and `deny_asn`, looked up in the
-[geoip] databases, nestgate.geoip); then the local exemption and dynamic allow entries
-admit without sign-in; then, when there are allow lists, one of them must hold the
-address (`allow`, `allow_countries`, `allow_asn`: any one admits). An address the
-databases do not place (a private one) is in no country and no AS.
+Order: an address CrowdSec's Local API decided on (nestgate.crowdsec; with
+`[crowdsec]` every site has a guard) is refused first, whatever else holds; then deny
+wins (the CIDRs, then `deny_countries` and `deny_asn`, looked up in the [geoip]
+databases, nestgate.geoip); then the local exemption and dynamic allow entries admit
+without sign-in; then, when there are allow lists, one of them must hold the address
+(`allow`, `allow_countries`, `allow_asn`: any one admits). An address the databases
+do not place (a private one) is in no country and no AS. A GeoIP database or a
+decision table read anew changes verdicts as the allow-list does (`dynamic.changed`).
 
 Then, on a protected site, who signed in: the route's (or site's) user policy
 (nestgate.auth.policy) is compiled with the route into `Gate.answers`, the handler
