@@ -63,6 +63,8 @@ def handler_modules(config) -> set[str]:
              for name in ROUTE_TYPES[route.type].modules}
     if any(site.home or site.notes for site in config.sites):
         names.update(SITE_PAGES_MODULES)
+    if config.crowdsec is not None:
+        names.add("nestgate.decisions")          # the CrowdSec decisions' table
     return names
 
 
