@@ -96,7 +96,8 @@ def test_without_a_configured_token_one_is_made_and_sites_never_reach_it(start_s
     made = server.config_path.parent / "nestgate-certificates" / "admin.token"
     assert f"bearer token required; the token is in {made})" in line
     token = made.read_text().strip()
-    assert len(token) >= 43 and made.stat().st_mode & 0o777 == 0o600
+    # 32 bytes in hex: never a leading "-" that `ctl --token TOKEN` would take for an option.
+    assert len(token) == 64 and int(token, 16) >= 0 and made.stat().st_mode & 0o777 == 0o600
     assert made.parent.stat().st_mode & 0o777 == 0o700
     # Loopback clients need it too (a page in the operator's browser is a loopback client).
     assert admin_get(admin, "/v1/status", token="")[0] == 401

@@ -1,7 +1,8 @@
 """The admin token nestgate makes for itself when none is configured.
 
 At its first start the supervisor writes 32
-random bytes, base64url (`secrets.token_urlsafe`), to `admin.token` in `[acme] storage`
+random bytes, in hex (`secrets.token_hex`: never a leading "-" that `nestgate ctl
+--token TOKEN` would read as an option, as base64url can), to `admin.token` in `[acme] storage`
 (default `nestgate-certificates` in the state folder): the one folder every config has
 that the service user can write, made 0700, whose files of secrets are 0600 and
 replaced whole. A token is never replaced once made: the next
@@ -78,7 +79,7 @@ def _make(path: Path, owner: SimpleNamespace | None) -> None:
         # CertStorage writes whole files and, run as root, gives them to the folder's
         # owner.
         CertStorage(str(path.parent)).write(
-            aside, secrets.token_urlsafe(TOKEN_BYTES).encode() + b"\n", PRIVATE_FILE)
+            aside, secrets.token_hex(TOKEN_BYTES).encode() + b"\n", PRIVATE_FILE)
         try:
             # A link never replaces: two instances starting at once keep the first token.
             os.link(aside, path)
