@@ -196,14 +196,22 @@ class Gate:
         return self.auth.admit(self, headers, client)
 
     def decide(self, client: str) -> int:
-        if self.refused is not None and client in self.refused:
-            return DENY               # before any allow entry or exemption, as a ban is
-        if self.policy is not None:
-            return self.policy.verdict(client, self.dynamic)
-        # Sign-in only: dynamic entries (post-login IP grants) still skip it.
-        if self.dynamic.networks and client in self.dynamic.networks:
-            return PASS
-        return SIGN_IN
+        return network_verdict(self.policy, self.dynamic, client, self.refused)
+
+
+def network_verdict(policy: Policy | None, dynamic, client: str, refused=None) -> int:
+    """DENY, PASS or SIGN_IN for `client` under CrowdSec's `refused` set (or None), a
+    compiled network `policy` (None: the site has none) and the dynamic allow-list:
+    what a gate decides, and what a forward-auth question about the route is decided
+    by (nestgate.auth.provider)."""
+    if refused is not None and client in refused:
+        return DENY                   # before any allow entry or exemption, as a ban is
+    if policy is not None:
+        return policy.verdict(client, dynamic)
+    # Sign-in only: dynamic entries (post-login IP grants) still skip it.
+    if dynamic.networks and client in dynamic.networks:
+        return PASS
+    return SIGN_IN
 
 
 class Forbidden:
@@ -220,11 +228,16 @@ class Forbidden:
 
 
 def needs_gateway(config) -> bool:
-    """True when some site or route has an access list or sign-in, or every site
-    refuses what CrowdSec decided."""
+    """True when some site or route has an access list or sign-in, every site
+    refuses what CrowdSec decided, or [[auth.forward]] guards hosts for another proxy."""
     return config.crowdsec is not None or any(
         site.access or site.protected or any(r.access for r in site.routes)
-        for site in config.sites)
+        for site in config.sites) or bool(config.auth and config.auth.forward)
+
+
+# The network keys of a route that asks no network question of its own: the
+# forward-auth endpoints, which decide with the rules of the site asked about.
+OPEN = AccessConfig(allow_dynamic=False)
 
 
 class Gateway(Service):
@@ -244,7 +257,7 @@ class Gateway(Service):
             from nestgate.auth.store import SharedState
             self.state = SharedState(config.auth.store)
             self.dynamic = self.state.dynamic
-            if any(site.protected for site in config.sites):
+            if any(site.protected for site in config.sites) or config.auth.forward:
                 from nestgate.auth.passkeys import Passkeys
                 from nestgate.auth.portal import SignIn
                 self.signin = SignIn(config.auth, self.state)
@@ -258,6 +271,7 @@ class Gateway(Service):
             geo.on_change = self.dynamic.changed
         if refused is not None:
             refused.on_change = self.dynamic.changed
+        self.authz = None                       # forward-auth answers (nestgate.auth.provider)
         self._policies: dict[int, Policy] = {}
         self.to_https = https_redirect(config)
         self._verdicts_of: dict = {}            # UserPolicy -> user name -> verdict
@@ -365,17 +379,44 @@ class Gateway(Service):
 
     def add_portal(self, site, site_config) -> None:
         """The sign-in, sign-out and account pages of a protected site (and the passkey
-        ceremony's), behind its access list. The account page checks the session itself:
-        a user whom the site's policy refuses (one factor where two are needed) must
-        still reach it to add a passkey."""
+        ceremony's), behind its access list, and the forward-auth endpoints, which decide
+        with the rules of the site asked about (so this site's own network rules do not
+        stand before them). The account page checks the session itself: a user whom the
+        site's policy refuses (one factor where two are needed) must still reach it to
+        add a passkey."""
         if site_config.protected:
             from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH
+            from nestgate.auth.provider import AUTH_REQUEST_PATH, FORWARD_AUTH_PATH
             site.add_exact(LOGIN_PATH, self.signin.login, "auth-login", sign_in=False)
             site.add_exact(LOGOUT_PATH, self.signin.logout, "auth-logout", sign_in=False)
             if self.provider is not None and self.provider.server.cfg.host in site_config.hosts:
                 self.provider.add_routes(site)
             for path, handler, label in self.passkeys.routes():
                 site.add_exact(path, handler, label, sign_in=False)
+            authz = self._authz()
+            authz.questions.add_site(site_config, self.question)
+            site.add_exact(FORWARD_AUTH_PATH, authz.forward_auth, "forward-auth",
+                           access=OPEN, sign_in=False)
+            site.add_exact(AUTH_REQUEST_PATH, authz.auth_request, "auth-request",
+                           access=OPEN, sign_in=False)
+
+    def _authz(self):
+        if self.authz is None:
+            from nestgate.auth.identity import identity_pairs
+            from nestgate.auth.provider import Provider, Questions
+            auth = self.config.auth
+            pairs = {u.name: identity_pairs(auth.identity_headers, u) for u in auth.users}
+            self.authz = Provider(self.signin, Questions(), pairs)
+        return self.authz
+
+    def question(self, access: AccessConfig | None, policy):
+        """The forward-auth question of a route under `access` and user `policy`
+        (None: the default), from the parts its gate is compiled from."""
+        from nestgate.auth.policy import DEFAULT_POLICY
+        from nestgate.auth.provider import Question
+        policy = policy or DEFAULT_POLICY
+        return Question(self._policy(access), self.dynamic, policy,
+                        self._verdicts(policy) if policy.signs_in else {})
 
 
 def https_redirect(config):

@@ -28,6 +28,7 @@ from nestgate.geoip import read_geoip
 from nestgate.ratelimit import read_rate_limit
 from nestgate.admin.config import AdminConfig, read_admin, with_generated_token
 from nestgate.auth.config import PORTAL_PATHS, read_auth
+from nestgate.auth.forwardconfig import read_forward_auth
 from nestgate.auth.policy import read_policy
 from nestgate.routetypes import ROUTE_TYPES
 from nestgate.private import open_to_others
@@ -120,6 +121,7 @@ class Route:
     access: Any = None                      # nestgate.access.AccessConfig, replaces the site's
     rate_limit: Any = None                  # nestgate.ratelimit.RateLimit, replaces the site's
     policy: Any = None                      # nestgate.auth.policy.UserPolicy, replaces the site's
+    forward_auth: Any = None                # nestgate.auth.forwardconfig.ForwardAuthOptions
 
     @property
     def label(self) -> str:
@@ -200,6 +202,7 @@ class Site:
     base_url: str = ""                      # absolute address of the site, for the Atom feed
     error_pages: tuple[tuple[int, bytes], ...] = ()   # (status, HTML) replacing built-in pages
     key: str = "site"                       # how `check` names it: site[first host]
+    forward_auth: Any = None                # ask another server first (auth.delegate)
 
 
 @dataclass(frozen=True)
@@ -637,8 +640,9 @@ def _read_route(s: _Section) -> Route | None:
     access = read_access(s)
     rate_limit = read_rate_limit(s)
     policy = read_policy(s)
+    forward_auth = read_forward_auth(s)
     s.check_unknown()
-    return Route(kind, path, prefix, options, access, rate_limit, policy)
+    return Route(kind, path, prefix, options, access, rate_limit, policy, forward_auth)
 
 
 def _proxies_root(routes) -> bool:
@@ -690,7 +694,8 @@ def _read_site(s: _Section, index: int) -> Site:
                 access=read_access(s), protected=s.bool("protected", False),
                 rate_limit=read_rate_limit(s), policy=read_policy(s),
                 error_pages=_read_error_pages(s.table("error_pages")),
-                key=s.where)
+                key=s.where,
+                forward_auth=read_forward_auth(s))
     if not site.protected:
         where = [("", site.policy)] + [(f"route[{i}].", r.policy)
                                        for i, r in enumerate(site.routes)]
@@ -866,10 +871,14 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
         problems.append(f"{file}: listen[{second}].address: expected an address that "
                         f"listen[{first}].address does not already take, "
                         f"got '{host}:{shown.port}'")
-    problems += _clashing_hosts(sites, file) + _clashing_routes(sites, server, file)
-    if any(site.protected for site in sites) and (auth is None or not auth.users):
+    # [[auth.forward]] hosts are a site's too: one of the two could never be asked about.
+    problems += _clashing_hosts(sites + forward_sites(auth), file) \
+        + _clashing_routes(sites, server, file)
+    if (any(site.protected for site in sites) or auth is not None and auth.forward) \
+            and (auth is None or not auth.users):
         problems.append(f"{file}: auth: expected an [auth] table with at least one "
-                        "[[auth.user]] when a site is protected")
+                        "[[auth.user]] when a site is protected (or [[auth.forward]] "
+                        "guards hosts)")
     if auth is not None and auth.provider is not None:
         from nestgate.auth.oidc.config import provider_problems
         problems += provider_problems(auth.provider, sites, file)
@@ -1016,6 +1025,16 @@ def _clashing_hosts(sites, file: str) -> list[str]:
                 problems.append(f"{file}: {site.key}.hosts: expected hosts no other site "
                                 f"claims, got {host!r} ({sites[first].key}.hosts claims it too)")
     return problems
+
+
+def forward_sites(auth) -> tuple[Site, ...]:
+    """Each [[auth.forward]] entry as the site nestgate keeps for it: protected, with
+    the entry's policy and network keys, no routes (nestgate.auth.forwardconfig)."""
+    if auth is None:
+        return ()
+    return tuple(Site(name=entry.name, hosts=entry.hosts, health=False, access=entry.access,
+                      protected=True, policy=entry.policy, key=f"auth.forward[{i}]")
+                 for i, entry in enumerate(auth.forward))
 
 
 def site_claims(site: Site, server: ServerConfig) -> list[tuple[str, str, str, str]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nestgate.access import Gateway, needs_gateway
+from nestgate.config import forward_sites
 from nestgate.handlers import Service
 from nestgate.handlers.health import health_handler
 from nestgate.handlers.redirect import HttpsRedirect
@@ -91,6 +92,7 @@ def add_site_pages(site: SiteRoutes, site_config, config, not_found, broadcast=N
 
 
 def build_router(config) -> Router:
+    from nestgate.auth.delegate import delegated, delegating
     name_server(config)
     unclaimed = error_pages(config)
     router = Router(SiteRoutes("", unclaimed[404], errors=unclaimed))
@@ -110,14 +112,17 @@ def build_router(config) -> Router:
     if sync is not None:
         services.append(sync)
     broadcast = None
+    auth_servers: dict = {}                 # forward_auth table -> its auth server
     if config.state.backend == "redis" and any(s.notes for s in config.sites):
         from nestgate.notes.broadcast import NotesBroadcast
         broadcast = NotesBroadcast(config.state)
         services.append(broadcast)
-    for site_config in config.sites:
+    for site_config in config.sites + forward_sites(config.auth):
         errors = error_pages(config, site_config)
         guard = gateway.site_guard(site_config, errors) if gateway else unguarded
         guard = limiting(guard, site_config, errors, gateway.signin if gateway else None, sync)
+        if site_config.forward_auth is not None:
+            guard = delegating(guard, site_config, auth_servers)
         site = SiteRoutes(site_config.name, errors[404], guard, errors)
         if site_config.health:
             site.add_exact(config.server.health_path, health, "health")
@@ -125,6 +130,8 @@ def build_router(config) -> Router:
             handler = build_handler(route, site_config, config)
             if isinstance(handler, Service):
                 services.append(handler)
+            if route.forward_auth is not None:
+                handler = delegated(handler, route, auth_servers)
             if route.path:
                 site.add_exact(route.path, handler, route.label, access=route.access,
                                limit=route.rate_limit, policy=route.policy)

@@ -1,5 +1,5 @@
 """The `[auth]` table: users (inline or in `users_file`), sessions, cookie, back-off,
-the shared store, the identity headers."""
+the shared store, the identity headers, the hosts guarded for another proxy."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import tomllib
 from dataclasses import dataclass
 
+from nestgate.auth.forwardconfig import read_forward_entry
 from nestgate.auth.identity import IdentityHeaders, read_identity_headers
 from nestgate.auth.oidc.config import ProviderConfig, read_provider
 from nestgate.auth.totp import secret_problem
@@ -76,6 +77,8 @@ class AuthConfig:
     users_file: str = ""                    # more [[user]] tables, re-read on reload
     identity_headers: IdentityHeaders = IdentityHeaders()
     provider: ProviderConfig | None = None  # nestgate as an OpenID provider (issuer, clients)
+    # [[auth.forward]]: hosts another proxy serves and asks nestgate about
+    forward: tuple = ()                     # nestgate.auth.forwardconfig.ForwardEntry
 
     @property
     def account_delays(self) -> tuple[int, float, float]:
@@ -120,6 +123,7 @@ def read_auth(s) -> AuthConfig | None:
         users_file=str((s.base / users_file).resolve()) if users_file else "",
         identity_headers=read_identity_headers(s),
         provider=read_provider(s),
+        forward=tuple(read_forward_entry(t, i) for i, t in enumerate(s.tables("forward"))),
     )
     if not cfg.cookie_name or not all(c.isalnum() or c in "_-" for c in cfg.cookie_name):
         s.fail("cookie_name", "letters, digits, _ and -", cfg.cookie_name)

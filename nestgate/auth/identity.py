@@ -76,10 +76,17 @@ def claimed_names(config) -> frozenset[bytes]:
     return frozenset(n.lower().encode() for n in names)
 
 
-def identity_lines(headers: IdentityHeaders, user) -> bytes:
-    """The identity header lines of `user` for an upstream request head (b"" when
-    they are off). Empty fields are left out rather than sent empty."""
+def identity_pairs(headers: IdentityHeaders, user) -> list[tuple[bytes, bytes]]:
+    """The identity headers of `user` as (lower-case name, value) pairs: what a
+    forward-auth answer tells the proxy that asked (nestgate.auth.provider). Empty
+    fields are left out rather than sent empty."""
     values = ((headers.user, user.name), (headers.groups, ",".join(user.groups)),
               (headers.name, user.display_name), (headers.email, user.email))
-    return b"".join(b"%s: %s\r\n" % (name.lower().encode(), value.encode())
-                    for name, value in values if name and value)
+    return [(name.lower().encode(), value.encode()) for name, value in values
+            if name and value]
+
+
+def identity_lines(headers: IdentityHeaders, user) -> bytes:
+    """The identity header lines of `user` for an upstream request head (b"" when
+    they are off)."""
+    return b"".join(b"%s: %s\r\n" % pair for pair in identity_pairs(headers, user))

@@ -151,6 +151,15 @@ class SignIn:
             return SessionCheck(self, gate, hashed)
         return gate.answers.get(user) or self.challenge
 
+    async def session_of(self, headers) -> str | None:
+        """The user of the live session the request's cookie carries, if any: the
+        worker's recent check when it has one, else the store's answer."""
+        hashed = self._session_hash(headers)
+        if not hashed:
+            return None
+        user = self._checked_user(hashed)
+        return user if user is not None else await self.session_user(hashed)
+
     def refusal(self, user: str, reason: str) -> Refusal:
         """The page a signed-in `user` gets where a policy refuses them for `reason`
         (one per user and reason, shared by the routes)."""
@@ -308,14 +317,16 @@ class SignIn:
         await self._form_page(request, status, LOGIN_PATH, self.cfg.title, fields, "Sign in",
                               _PASSKEY_BUTTON)
 
-    async def refusal_page(self, request, user: str, reason: str) -> None:
+    async def refusal_page(self, request, user: str, reason: str,
+                           next_url: str | None = None) -> None:
         """403: who is signed in, why they may not enter, and the sign-out form that
-        goes on to the sign-in page and back here."""
+        goes on to the sign-in page and back here (or to `next_url`, the path a
+        forward-auth question was about)."""
         site = _site_name(request)
+        back = next_url or safe_next(request.raw_target.decode("latin-1"))
         fields = (f"<p>You are signed in as <b>{html.escape(user)}</b>. "
                   + _REASONS[reason].format(site=html.escape(site)) + "</p>"
-                  + f'<input type="hidden" name="next" value="'
-                  f'{html.escape(safe_next(request.raw_target.decode("latin-1")))}">')
+                  + f'<input type="hidden" name="next" value="{html.escape(back)}">')
         await self._form_page(request, 403, LOGOUT_PATH, "No entry", fields,
                               "Sign in as someone else")
 
