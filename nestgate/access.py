@@ -406,7 +406,8 @@ class Gateway(Service):
             from nestgate.auth.provider import Provider, Questions
             auth = self.config.auth
             pairs = {u.name: identity_pairs(auth.identity_headers, u) for u in auth.users}
-            self.authz = Provider(self.signin, Questions(), pairs)
+            self.authz = Provider(self.signin, Questions(), pairs,
+                                  auth.identity_headers.names())
         return self.authz
 
     def question(self, access: AccessConfig | None, policy):

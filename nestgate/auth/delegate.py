@@ -125,7 +125,7 @@ class AuthServer:
         opts = ProxyOptions(targets=(cfg,), max_fails=0, connect_timeout=options.timeout)
         tls = client_ssl_context(opts) if cfg.scheme == "https" else None
         self.target = Target(cfg, opts, tls)
-        self.copied = frozenset(name.encode() for name in options.copy_headers)
+        self.names = frozenset(name.encode() for name in options.copy_headers)
 
     def _head(self, req) -> bytes:
         parts = [b"GET ", self.options.target, b" HTTP/1.1\r\nhost: ",
@@ -175,9 +175,11 @@ class AuthServer:
             conn.close()
         return answer
 
-    def copied_lines(self, answer: AuthAnswer) -> bytes:
-        return b"".join(b"%s: %s\r\n" % (name, value) for name, value in answer.headers
-                        if name in self.copied)
+    def copied(self, answer: AuthAnswer) -> list[tuple[bytes, bytes]]:
+        """The answer's headers to copy upstream: those named, when not empty (an
+        empty one is no value: a provider's yes without a user)."""
+        names = self.names
+        return [(name, value) for name, value in answer.headers if name in names and value]
 
 
 class Delegated(TellsIdentity):
@@ -205,17 +207,19 @@ class Delegated(TellsIdentity):
                        if name not in RESPONSE_DROP]
             await req.send(answer.status, relayed, bytes(answer.body))
             return
-        copied = server.copied
-        if any(name in copied for name, _ in req.headers):
-            req.headers = [item for item in req.headers if item[0] not in copied]
-        lines = server.copied_lines(answer)
+        names = server.names
+        if any(name in names for name, _ in req.headers):
+            req.headers = [item for item in req.headers if item[0] not in names]
+        copied = server.copied(answer)
         handler = self.inner
-        if lines:
+        if copied:
             if isinstance(handler, TellsIdentity):
-                handler = handler.with_identity(lines)
+                # The proxy: as identity lines, which it sends whatever its list of
+                # names no client may send.
+                handler = handler.with_identity(b"".join(b"%s: %s\r\n" % pair
+                                                         for pair in copied))
             else:
-                req.headers = req.headers + [(name, value) for name, value in answer.headers
-                                             if name in copied]
+                req.headers = req.headers + copied
         await answer_with(handler, req)
 
 

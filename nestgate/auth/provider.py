@@ -26,7 +26,8 @@ accepted only for users without a second factor (a password alone is never both 
 a user's factors). The answers:
 
   200  let in, with the user's identity headers (Remote-User and the rest, as
-       [auth] identity_headers names them) for the proxy to copy upstream;
+       [auth] identity_headers names them) for the proxy to copy upstream; let in
+       without a user (bypass, exempt_local...), the same headers, empty;
   302  a browser, not signed in (303 when the forwarded method is not GET): to the
        sign-in page on the forwarded host, going back to the forwarded path after;
   401  not signed in, from a script or XHR (with the sign-in address in Location),
@@ -195,10 +196,17 @@ class ForwardAuthEndpoint:
 class Provider:
     """Answers forward-auth questions for one config's protected sites."""
 
-    def __init__(self, signin, questions: Questions, pairs: dict[str, list]) -> None:
+    def __init__(self, signin, questions: Questions, pairs: dict[str, list],
+                 names: tuple[str, ...]) -> None:
         self.signin = signin                # nestgate.auth.portal.SignIn
         self.questions = questions
         self.pairs = pairs                  # user name -> identity header pairs
+        # A yes without a user (bypass, exempt_local, a dynamic allow entry) names the
+        # identity headers with empty values: a proxy that copies a header the answer
+        # lacks may send something else (Caddy 2.6 sends its placeholder's own text,
+        # "{http.reverse_proxy.header.Remote-User}"), an empty one every app reads as
+        # no user.
+        self.nobody = [(name.lower().encode(), b"") for name in names]
         self.forward_auth = ForwardAuthEndpoint(self, original=False)
         self.auth_request = ForwardAuthEndpoint(self, original=True)
 
@@ -215,7 +223,7 @@ class Provider:
             await _send_json(request, 403, {"error": "forbidden"})
             return
         if verdict == PASS or not policy.signs_in:
-            await request.send(200, [_NO_STORE], b"")          # no user: no identity
+            await request.send(200, [*self.nobody, _NO_STORE], b"")
             return
         user = await self.signin.session_of(request.headers)
         if user is None or user not in question.verdicts:
