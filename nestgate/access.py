@@ -385,8 +385,8 @@ class Gateway(Service):
         site's policy refuses (one factor where two are needed) must still reach it to
         add a passkey."""
         if site_config.protected:
-            from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH
-            from nestgate.auth.provider import AUTH_REQUEST_PATH, FORWARD_AUTH_PATH
+            from nestgate.auth.config import (AUTH_REQUEST_PATH, FORWARD_AUTH_PATH,
+                                              LOGIN_PATH, LOGOUT_PATH)
             site.add_exact(LOGIN_PATH, self.signin.login, "auth-login", sign_in=False)
             site.add_exact(LOGOUT_PATH, self.signin.logout, "auth-logout", sign_in=False)
             if self.provider is not None and self.provider.server.cfg.host in site_config.hosts:

@@ -27,7 +27,7 @@ from nestgate.crowdsec import read_crowdsec
 from nestgate.geoip import read_geoip
 from nestgate.ratelimit import read_rate_limit
 from nestgate.admin.config import AdminConfig, read_admin, with_generated_token
-from nestgate.auth.config import PORTAL_PATHS, read_auth
+from nestgate.auth.config import AUTHZ_PATHS, PORTAL_PATHS, read_auth
 from nestgate.auth.forwardconfig import read_forward_auth
 from nestgate.auth.policy import read_policy
 from nestgate.routetypes import ROUTE_TYPES
@@ -1063,7 +1063,7 @@ def site_claims(site: Site, server: ServerConfig) -> list[tuple[str, str, str, s
                    ("path", api + "/{slug}", api_key, "the notes API")]
     if site.protected:
         claims += [("path", path, f"{key}.protected", what)
-                   for path, what in PORTAL_PATHS.items()]
+                   for path, what in {**PORTAL_PATHS, **AUTHZ_PATHS}.items()]
     return claims
 
 

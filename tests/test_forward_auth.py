@@ -14,7 +14,8 @@ from urllib.parse import unquote
 
 import pytest
 
-from conftest import HTML, PASSWORD_HASH, TOTP_SECRET, Browser, Server, Upstream, _env
+from conftest import HASH, HTML, PASSWORD_HASH, TOTP_SECRET, Browser, Server, Upstream, _env
+from nestgate.config import ConfigError, read_config
 
 PROVIDER = """
 [server]
@@ -424,3 +425,54 @@ def test_an_auth_server_that_fails_is_502_or_504(front):
     status, _, _ = through(server.port(), "/slow/x")
     assert status == 504
     assert len(up.requests) == before                       # nothing went through
+
+
+# ---------------------------------------------------------------- the config
+
+def problems_of(tmp_path, text: str) -> str:
+    path = tmp_path / "nestgate.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        read_config(path)
+    return "\n".join(info.value.problems)
+
+
+def test_forward_keys_are_checked(tmp_path):
+    base = f'[[listen]]\naddress = "127.0.0.1:0"\n[auth]\nstore = "s.db"\n' \
+           f'[[auth.user]]\nname = "ann"\npassword = "{HASH}"\n'
+    text = problems_of(tmp_path, base + """
+[[auth.forward]]
+hosts = ["*"]
+[[auth.forward]]
+hosts = ["app.test"]
+policy = "everyone"
+color = "blue"
+[[auth.forward]]
+hosts = []
+[[site]]
+hosts = ["app.test"]
+forward_auth = { url = "ftp://auth.test/", copy_headers = ["Remote User"], wait = 1 }
+[[site.route]]
+prefix = "/"
+type = "return"
+forward_auth = "http://auth.test/"
+""")
+    assert "auth.forward[0].hosts: expected host names or \"*.example.com\" wildcards " \
+           "(not \"*\"), got '*'" in text
+    assert "auth.forward[1].policy: expected one of 'one_factor'" in text
+    assert "auth.forward[1].color: unknown key" in text
+    assert "auth.forward[2].hosts: expected at least one host name" in text
+    assert "auth.forward[1].hosts: expected hosts no other site claims, got 'app.test' " \
+           "(site[0].hosts claims it too)" in text
+    assert "site[0].forward_auth.url: expected the auth server's address" in text
+    assert "site[0].forward_auth.copy_headers: expected header names" in text
+    assert "site[0].forward_auth.wait: unknown key" in text
+    assert "site[0].route[0].forward_auth: expected a table such as" in text
+    # A forward entry needs users to ask about; a protected site's endpoints are its own.
+    text = problems_of(tmp_path, '[[listen]]\naddress = "127.0.0.1:0"\n[auth]\n'
+                       'store = "s.db"\n[[auth.forward]]\nhosts = ["a.test"]\n')
+    assert "auth: expected an [auth] table with at least one [[auth.user]]" in text
+    text = problems_of(tmp_path, base + '[[site]]\nhosts = ["a.test"]\nprotected = true\n'
+                       '[[site.route]]\npath = "/api/authz/auth-request"\ntype = "return"\n')
+    assert "site[0].protected: expected a path no other route of the site has, got " \
+           "'/api/authz/auth-request' (site[0].route[0].path has it too)" in text

@@ -25,6 +25,12 @@ PASSKEY_SCRIPT = "/__auth__/passkey.js"
 PORTAL_PATHS = {LOGIN_PATH: "the sign-in page", LOGOUT_PATH: "the sign-out page",
                 ACCOUNT_PATH: "the account page", PASSKEY_OPTIONS: "the passkey options",
                 PASSKEY_PATH: "the passkey sign-in", PASSKEY_SCRIPT: "the passkey script"}
+# The forward-auth endpoints another proxy asks (nestgate.auth.provider), on the same
+# sites; `check` refuses a configured route on them too.
+FORWARD_AUTH_PATH = "/api/authz/forward-auth"
+AUTH_REQUEST_PATH = "/api/authz/auth-request"
+AUTHZ_PATHS = {FORWARD_AUTH_PATH: "the forward-auth endpoint",
+               AUTH_REQUEST_PATH: "the auth-request endpoint"}
 
 
 def _can_hold(folder: str) -> bool:

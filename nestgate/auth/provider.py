@@ -59,8 +59,6 @@ from nestgate.grammar import TCHAR
 from nestgate.routing import Router, SiteRoutes, plain_host_name, valid_host
 from nestgate.tally import TALLY
 
-FORWARD_AUTH_PATH = "/api/authz/forward-auth"
-AUTH_REQUEST_PATH = "/api/authz/auth-request"
 MAX_URI = 8192
 _SCHEMES = (b"http", b"https")
 _JSON = (b"content-type", b"application/json")
