@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(PY) -m nestgate serve
 
-# Debian tools the tests and benchmarks drive (nginx as a peer and upstream, and with its
-# grpc module as an h2c client, Caddy as a peer, wrk, h2load, headless Chromium for the
+# Debian tools the tests and benchmarks drive (nginx as a peer and upstream, with its
+# grpc module as an h2c client and its auth_request module in front of nestgate as the
+# forward-auth provider (Debian's nginx package has both), Caddy as a peer and with
+# forward_auth, wrk, h2load, headless Chromium for the
 # pages, promtool from the prometheus package for the metrics, redis-server and HAProxy
 # for scale-out, Pebble as the ACME CA, BIND for DNS-01, PowerDNS with its SQLite backend
 # as a DNS provider's API, certutil for Chromium's trust store, curl as a verifying
@@ -31,7 +33,7 @@ serve: $(STAMP)
 # (the package's README.Debian), and the tests run its Local API alone.
 debian-deps:
 	@missing=""; \
-	command -v nginx  >/dev/null || missing="$$missing nginx-light"; \
+	command -v nginx  >/dev/null || missing="$$missing nginx"; \
 	command -v caddy  >/dev/null || missing="$$missing caddy"; \
 	command -v wrk    >/dev/null || missing="$$missing wrk"; \
 	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
