@@ -968,6 +968,25 @@ def get_from(port: int, path: str = "/", headers: dict | None = None,
     return int(lines[0].split()[1]), fields, body
 
 
+def one_request(port: int, path: str = "/", host: str = "a", headers: dict | None = None,
+                method: str = "GET", body: bytes | None = None, cookie: str = "",
+                source: str = "127.0.0.1"):
+    """One request on a new connection from `source` (http.client): (status, headers
+    by lower-case name, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15,
+                                      source_address=(source, 0))
+    sent = {"Host": host, **(headers or {})}
+    if cookie:
+        sent["Cookie"] = cookie
+    try:
+        conn.request(method, path, body=body, headers=sent)
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+
+
 async def _load(port: int, connections: int, seconds: float) -> dict[int, int]:
     """Keep-alive requests on `connections` connections for `seconds`: statuses."""
     counts: dict[int, int] = {}

@@ -6,15 +6,13 @@ first (`forward_auth` on a site or route), here a second nestgate."""
 from __future__ import annotations
 
 import base64
-import http.client
 import json
-import socket
-import threading
 from urllib.parse import unquote
 
 import pytest
 
-from conftest import HASH, HTML, PASSWORD_HASH, TOTP_SECRET, Browser, Server, Upstream, _env
+from conftest import (HASH, HTML, PASSWORD_HASH, TOTP_SECRET, Browser, Server, Upstream, _env,
+                      one_request, refused_port)
 from nestgate.config import ConfigError, read_config
 
 PROVIDER = """
@@ -130,16 +128,8 @@ def sessions(provider):
 def ask(port: int, forwarded: dict, cookie: str = "", path: str = "/api/authz/forward-auth",
         host: str = "home.test", headers: dict | None = None, source: str = "127.0.0.1"):
     """One question to the provider; (status, headers by lower-case name, body)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10,
-                                      source_address=(source, 0))
-    hdrs = {"Host": host, **forwarded, **(headers or {})}
-    if cookie:
-        hdrs["Cookie"] = cookie
-    conn.request("GET", path, headers=hdrs)
-    resp = conn.getresponse()
-    body = resp.read()
-    conn.close()
-    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
+    return one_request(port, path, host, {**forwarded, **(headers or {})}, cookie=cookie,
+                       source=source)
 
 
 def fwd(host: str = "home.test", uri: str = "/photos?a=1", method: str = "GET",
@@ -317,62 +307,28 @@ forward_auth = {{ url = "http://127.0.0.1:{refused}/", timeout = "2s" }}
 prefix = "/slow/"
 type = "proxy"
 upstream = "{up}"
-forward_auth = {{ url = "http://127.0.0.1:{silent}/", timeout = "1s" }}
+forward_auth = {{ url = "{stalling}/stall", timeout = "1s" }}
 """
-
-
-class Silent:
-    """Accepts connections and never answers (an auth server that hangs)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.held = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.held.append(conn)
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.held:
-            conn.close()
 
 
 @pytest.fixture(scope="module")
 def front(provider, tmp_path_factory):
     """(front nestgate, its upstream): home.test and wiki.test asking the provider."""
-    up, silent = Upstream("app"), Silent()
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    refused = closed.getsockname()[1]
-    closed.close()
+    # `stalling` reads each question and never answers it.
+    up, stalling = Upstream("app"), Upstream("auth")
     server = write_config(tmp_path_factory.mktemp("front"), FRONT.format(
-        auth=provider.port(), up=up.url, refused=refused, silent=silent.port))
+        auth=provider.port(), up=up.url, refused=refused_port(), stalling=stalling.url))
     yield server, up
     server.stop()
-    silent.close()
-    up.stop()
+    for upstream in (up, stalling):
+        upstream.unblock()
+        upstream.stop()
 
 
 def through(port: int, path: str = "/echo", host: str = "home.test", cookie: str = "",
             headers: dict | None = None, method: str = "GET"):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
-    hdrs = {"Host": host, **(headers or {})}
-    if cookie:
-        hdrs["Cookie"] = cookie
-    conn.request(method, path, body=b"x" if method == "POST" else None, headers=hdrs)
-    resp = conn.getresponse()
-    body = resp.read()
-    conn.close()
-    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
+    return one_request(port, path, host, headers, method,
+                       b"x" if method == "POST" else None, cookie)
 
 
 def upstream_saw(body: bytes) -> dict[str, list[str]]:

@@ -4,14 +4,14 @@ snippets docs/identity.md gives. Each is started once for the module."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 from urllib.parse import unquote
 
 import pytest
 
-from conftest import HTML, PASSWORD_HASH, Browser, Server, Upstream, _env, free_port
+from conftest import (HTML, PASSWORD_HASH, Browser, Server, Upstream, _env, free_port,
+                      one_request)
 from nestgate.bench import peers, tools
 
 PROVIDER = """
@@ -168,16 +168,8 @@ PROXIES = ["nginx", "caddy"]
 
 
 def request(port: int, path: str = "/echo", host: str = "app.test", cookie: str = "",
-            headers: dict | None = None, method: str = "GET"):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
-    hdrs = {"Host": host, **(headers or {})}
-    if cookie:
-        hdrs["Cookie"] = cookie
-    conn.request(method, path, body=b"x" if method == "POST" else None, headers=hdrs)
-    resp = conn.getresponse()
-    body = resp.read()
-    conn.close()
-    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
+            headers: dict | None = None):
+    return one_request(port, path, host, headers, cookie=cookie)
 
 
 def signed_in(port: int, user: str) -> str:

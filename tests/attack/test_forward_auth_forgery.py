@@ -20,7 +20,7 @@ import socket
 import time
 from urllib.parse import unquote
 
-from conftest import HTML, PASSWORD_HASH, Browser
+from conftest import PASSWORD_HASH, Browser
 
 QUESTIONS = 3_000
 BATCH = 150
