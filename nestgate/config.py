@@ -1094,7 +1094,9 @@ def config_warnings(config: Config) -> list[str]:
     `serve` print these without refusing the config."""
     out = [f"{config.source}: {warning}" for warning in acme_warnings(config.acme)]
     out += _store_open_to_others(config)
-    for site in config.sites:
+    out += _forward_without_trusted_proxies(config)
+    # [[auth.forward]] entries are protected sites too: the same warnings, by their key.
+    for site in config.sites + forward_sites(config.auth):
         out += _plain_sign_in(config, site)
         out += _policy_names(config, site)
         out += _entered_without_sign_in(config, site)
@@ -1108,6 +1110,18 @@ def config_warnings(config: Config) -> list[str]:
                        "readers cannot follow relative ones); set it, e.g. "
                        "\"https://example.com\"")
     return out
+
+
+def _forward_without_trusted_proxies(config: Config) -> list[str]:
+    """[[auth.forward]] hosts are asked about by a proxy in front: unless it is a
+    trusted proxy, its X-Forwarded-For is not believed, and the network keys judge
+    the proxy's own address (exempt_local lets everyone in through a local proxy)."""
+    if config.auth is None or not config.auth.forward or config.trusted_proxies:
+        return []
+    return [f"{config.source}: auth.forward: no [client_ip] trusted_proxies, so the proxy "
+            "that asks is taken for the client (its X-Forwarded-For is not believed) and "
+            "allow, deny and exempt_local judge the proxy's address; list the proxy's "
+            "address in trusted_proxies"]
 
 
 def _store_open_to_others(config: Config) -> list[str]:

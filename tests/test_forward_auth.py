@@ -13,7 +13,7 @@ import pytest
 
 from conftest import (HASH, HTML, PASSWORD_HASH, TOTP_SECRET, Browser, Server, Upstream, _env,
                       one_request, refused_port)
-from nestgate.config import ConfigError, read_config
+from nestgate.config import ConfigError, config_warnings, read_config
 
 PROVIDER = """
 [server]
@@ -432,3 +432,15 @@ forward_auth = "http://auth.test/"
                        '[[site.route]]\npath = "/api/authz/auth-request"\ntype = "return"\n')
     assert "site[0].protected: expected a path no other route of the site has, got " \
            "'/api/authz/auth-request' (site[0].route[0].path has it too)" in text
+
+
+def test_check_warns_when_no_proxy_is_trusted(tmp_path):
+    path = tmp_path / "nestgate.toml"
+    base = f'[[listen]]\naddress = "127.0.0.1:0"\n{{top}}[auth]\nstore = "s.db"\n' \
+           f'[[auth.user]]\nname = "ann"\npassword = "{HASH}"\n' \
+           f'[[auth.forward]]\nhosts = ["wiki.test"]\nexempt_local = true\n'
+    path.write_text(base.format(top=""))
+    assert any("auth.forward: no [client_ip] trusted_proxies" in w
+               for w in config_warnings(read_config(path)))
+    path.write_text(base.format(top='[client_ip]\ntrusted_proxies = ["127.0.0.1"]\n'))
+    assert not any("trusted_proxies" in w for w in config_warnings(read_config(path)))
