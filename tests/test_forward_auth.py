@@ -419,19 +419,19 @@ forward_auth = "http://auth.test/"
     assert "auth.forward[1].color: unknown key" in text
     assert "auth.forward[2].hosts: expected at least one host name" in text
     assert "auth.forward[1].hosts: expected hosts no other site claims, got 'app.test' " \
-           "(site[0].hosts claims it too)" in text
-    assert "site[0].forward_auth.url: expected the auth server's address" in text
-    assert "site[0].forward_auth.copy_headers: expected header names" in text
-    assert "site[0].forward_auth.wait: unknown key" in text
-    assert "site[0].route[0].forward_auth: expected a table such as" in text
+           "(site[app.test].hosts claims it too)" in text
+    assert "site[app.test].forward_auth.url: expected the auth server's address" in text
+    assert "site[app.test].forward_auth.copy_headers: expected header names" in text
+    assert "site[app.test].forward_auth.wait: unknown key" in text
+    assert "site[app.test].route[0].forward_auth: expected a table such as" in text
     # A forward entry needs users to ask about; a protected site's endpoints are its own.
     text = problems_of(tmp_path, '[[listen]]\naddress = "127.0.0.1:0"\n[auth]\n'
                        'store = "s.db"\n[[auth.forward]]\nhosts = ["a.test"]\n')
     assert "auth: expected an [auth] table with at least one [[auth.user]]" in text
     text = problems_of(tmp_path, base + '[[site]]\nhosts = ["a.test"]\nprotected = true\n'
                        '[[site.route]]\npath = "/api/authz/auth-request"\ntype = "return"\n')
-    assert "site[0].protected: expected a path no other route of the site has, got " \
-           "'/api/authz/auth-request' (site[0].route[0].path has it too)" in text
+    assert "site[a.test].protected: expected a path no other route of the site has, got " \
+           "'/api/authz/auth-request' (site[a.test].route[0].path has it too)" in text
 
 
 def test_check_warns_when_no_proxy_is_trusted(tmp_path):
@@ -440,7 +440,10 @@ def test_check_warns_when_no_proxy_is_trusted(tmp_path):
            f'[[auth.user]]\nname = "ann"\npassword = "{HASH}"\n' \
            f'[[auth.forward]]\nhosts = ["wiki.test"]\nexempt_local = true\n'
     path.write_text(base.format(top=""))
-    assert any("auth.forward: no [client_ip] trusted_proxies" in w
-               for w in config_warnings(read_config(path)))
+    warnings = config_warnings(read_config(path))
+    assert any("auth.forward: no [client_ip] trusted_proxies" in w for w in warnings)
+    # An entry is a protected site: warned about the same ways in without signing in.
+    assert any("auth.forward[0]: protected, but exempt_local = true" in w
+               for w in warnings)
     path.write_text(base.format(top='[client_ip]\ntrusted_proxies = ["127.0.0.1"]\n'))
     assert not any("trusted_proxies" in w for w in config_warnings(read_config(path)))
