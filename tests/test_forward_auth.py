@@ -13,6 +13,7 @@ import pytest
 
 from conftest import (HASH, HTML, PASSWORD_HASH, TOTP_SECRET, Browser, Server, Upstream, _env,
                       one_request, refused_port)
+from h2client import H2Client
 from nestgate.config import ConfigError, config_warnings, read_config
 
 PROVIDER = """
@@ -286,6 +287,7 @@ workers = 1
 
 [[listen]]
 address = "127.0.0.1:0"
+http2_cleartext = true
 
 [[site]]
 name = "app"
@@ -308,19 +310,28 @@ prefix = "/slow/"
 type = "proxy"
 upstream = "{up}"
 forward_auth = {{ url = "{stalling}/stall", timeout = "1s" }}
+
+[[site.route]]
+prefix = "/recorded/"
+type = "proxy"
+upstream = "{up}"
+forward_auth = {{ url = "{recorder}/status/204" }}
 """
 
 
 @pytest.fixture(scope="module")
 def front(provider, tmp_path_factory):
     """(front nestgate, its upstream): home.test and wiki.test asking the provider."""
-    # `stalling` reads each question and never answers it.
-    up, stalling = Upstream("app"), Upstream("auth")
+    # `stalling` reads each question and never answers it; `recorder` says yes to
+    # all and keeps the questions.
+    up, stalling, recorder = Upstream("app"), Upstream("auth"), Upstream("recorder")
     server = write_config(tmp_path_factory.mktemp("front"), FRONT.format(
-        auth=provider.port(), up=up.url, refused=refused_port(), stalling=stalling.url))
+        auth=provider.port(), up=up.url, refused=refused_port(), stalling=stalling.url,
+        recorder=recorder.url))
+    server.recorder = recorder
     yield server, up
     server.stop()
-    for upstream in (up, stalling):
+    for upstream in (up, stalling, recorder):
         upstream.unblock()
         upstream.stop()
 
@@ -447,3 +458,26 @@ def test_check_warns_when_no_proxy_is_trusted(tmp_path):
                for w in warnings)
     path.write_text(base.format(top='[client_ip]\ntrusted_proxies = ["127.0.0.1"]\n'))
     assert not any("trusted_proxies" in w for w in config_warnings(read_config(path)))
+
+
+def test_the_question_carries_the_request_and_one_cookie_line(front):
+    """What the auth server is told: the request (X-Forwarded-*), the client's Cookie as
+    one line even when an HTTP/2 client split it (an auth server may read only the
+    first), Authorization and Accept; nothing else of the client's."""
+    server, _up = front
+    client = H2Client(server.port(), None, "home.test")
+    status, _, _ = client.request("POST", "/recorded/x?y=1", body=b"secret", headers=[
+        (b"cookie", b"a=1"), (b"cookie", b"nestgate_session=abc"),
+        (b"authorization", b"Bearer t"), (b"accept", b"text/html"), (b"x-other", b"no")])
+    client.close()
+    assert status == 200
+    asked = server.recorder.requests[-1]
+    seen = upstream_saw(json.dumps(asked).encode())
+    assert asked["method"] == "GET" and asked["target"] == "/status/204" and asked["size"] == 0
+    assert seen["cookie"] == ["a=1; nestgate_session=abc"]
+    assert seen["x-forwarded-method"] == ["POST"]
+    assert seen["x-forwarded-uri"] == ["/recorded/x?y=1"]
+    assert seen["x-forwarded-host"] == ["home.test"] and seen["host"] == ["home.test"]
+    assert seen["x-forwarded-proto"] == ["http"] and seen["x-forwarded-for"] == ["127.0.0.1"]
+    assert seen["authorization"] == ["Bearer t"] and seen["accept"] == ["text/html"]
+    assert "x-other" not in seen

@@ -135,9 +135,16 @@ class AuthServer:
                  b"\r\nx-forwarded-host: ", req.host or self.target.authority,
                  b"\r\nx-forwarded-uri: ", req.raw_target,
                  b"\r\nx-forwarded-for: ", req.client.encode(), b"\r\n"]
+        cookies = []
         for name, value in req.headers:
-            if name in PASSED:
+            if name == b"cookie":
+                cookies.append(value)
+            elif name in PASSED:
                 parts += (name, b": ", value, b"\r\n")
+        if cookies:
+            # One line, as HTTP/1.1 wants it: HTTP/2 clients may split it in pieces
+            # (RFC 9113 8.2.3), and an auth server may read the first line only.
+            parts += (b"cookie: ", b"; ".join(cookies), b"\r\n")
         parts.append(b"user-agent: nestgate-forward-auth\r\n\r\n")
         return b"".join(parts)
 
