@@ -66,6 +66,11 @@ def handler_modules(config) -> set[str]:
         names.update(SITE_PAGES_MODULES)
     if config.crowdsec is not None:
         names.add("nestgate.decisions")          # the CrowdSec decisions' table
+    if any(site.forward_auth or any(r.forward_auth for r in site.routes)
+           for site in config.sites):
+        names.add("nestgate.auth.delegate")         # asking an auth server first
+    if any(site.protected for site in config.sites + forward_sites(config.auth)):
+        names.add("nestgate.auth.provider")         # the forward-auth endpoints
     return names
 
 
@@ -92,7 +97,6 @@ def add_site_pages(site: SiteRoutes, site_config, config, not_found, broadcast=N
 
 
 def build_router(config) -> Router:
-    from nestgate.auth.delegate import delegated, delegating
     name_server(config)
     unclaimed = error_pages(config)
     router = Router(SiteRoutes("", unclaimed[404], errors=unclaimed))
@@ -122,6 +126,7 @@ def build_router(config) -> Router:
         guard = gateway.site_guard(site_config, errors) if gateway else unguarded
         guard = limiting(guard, site_config, errors, gateway.signin if gateway else None, sync)
         if site_config.forward_auth is not None:
+            from nestgate.auth.delegate import delegating
             guard = delegating(guard, site_config, auth_servers)
         site = SiteRoutes(site_config.name, errors[404], guard, errors)
         if site_config.health:
@@ -131,6 +136,7 @@ def build_router(config) -> Router:
             if isinstance(handler, Service):
                 services.append(handler)
             if route.forward_auth is not None:
+                from nestgate.auth.delegate import delegated
                 handler = delegated(handler, route, auth_servers)
             if route.path:
                 site.add_exact(route.path, handler, route.label, access=route.access,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from urllib.parse import unquote
 
 import pytest
@@ -481,3 +483,36 @@ def test_the_question_carries_the_request_and_one_cookie_line(front):
     assert seen["x-forwarded-proto"] == ["http"] and seen["x-forwarded-for"] == ["127.0.0.1"]
     assert seen["authorization"] == ["Bearer t"] and seen["accept"] == ["text/html"]
     assert "x-other" not in seen
+
+
+PROBE = """
+import json, sys
+from pathlib import Path
+from nestgate.config import parse_config
+config = parse_config({
+    "listen": [{"address": "127.0.0.1:0"}],
+    "auth": {"store": ":memory:", "user": [{"name": "ann", "password": sys.argv[1]}],
+             "forward": [{"hosts": ["wiki.test"]}]},
+    "site": [{"hosts": ["app.test"], "protected": True,
+              "forward_auth": {"url": "http://127.0.0.1:9/api/authz/forward-auth"},
+              "route": [{"prefix": "/", "type": "return", "body": "hi",
+                         "forward_auth": {"url": "http://127.0.0.1:9/"}}]}]}, "t.toml", Path("."))
+import importlib
+import nestgate.supervisor, nestgate.worker
+from nestgate.site import build_router, handler_modules
+for name in handler_modules(config):
+    importlib.import_module(name)
+before = set(sys.modules)
+build_router(config)
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_the_supervisor_imports_the_forward_auth_modules_before_forking(tmp_path):
+    """Workers share what the supervisor imported (nestgate.supervisor.share_before_fork):
+    a config with forward auth has its modules imported there, not in each worker."""
+    out = subprocess.run([sys.executable, "-c", PROBE, HASH], capture_output=True, text=True,
+                         env=_env(), timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    imported = json.loads(out.stdout)
+    assert not [m for m in imported if m in ("nestgate.auth.delegate", "nestgate.auth.provider")]
