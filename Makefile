@@ -19,8 +19,9 @@ serve: $(STAMP)
 # grpc module as an h2c client and its auth_request module in front of nestgate as the
 # forward-auth provider (Debian's nginx package has both), Caddy as a peer and with
 # forward_auth, wrk, h2load, headless Chromium for the pages, promtool from the
-# prometheus package for the metrics, redis-server and HAProxy for scale-out, Pebble as the ACME CA, BIND for DNS-01, PowerDNS with its SQLite backend
-# as a DNS provider's API, certutil for Chromium's trust store, curl as a verifying
+# prometheus package for the metrics, redis-server and HAProxy for scale-out, Pebble
+# as the ACME CA, BIND for DNS-01, PowerDNS with its SQLite backend as a DNS provider's
+# API, certutil for Chromium's trust store, curl as a verifying
 # client, Go to build tests/goclient (Go's net/http as an HTTP/2 client), python3-venv
 # for the documented install under /opt, valgrind for the bench's instruction counts,
 # Apache with mod_auth_openidc as a relying party of nestgate's OpenID provider,
