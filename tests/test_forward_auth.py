@@ -14,7 +14,7 @@ from urllib.parse import unquote
 import pytest
 
 from conftest import (HASH, HTML, PASSWORD_HASH, TOTP_SECRET, Browser, Server, Upstream, _env,
-                      one_request, refused_port)
+                      one_request, otp_code, refused_port, settled_step)
 from h2client import H2Client
 from nestgate.config import ConfigError, config_warnings, read_config
 
@@ -76,6 +76,12 @@ prefix = "/admin/"
 type = "return"
 body = "admin"
 allow_groups = ["admins"]
+
+[[site.route]]
+prefix = "/strict/"
+type = "return"
+body = "strict"
+policy = "two_factor"
 
 [[site.route]]
 prefix = "/open/"
@@ -267,6 +273,33 @@ def test_basic_with_a_users_password(provider):
     status, headers, _ = ask(port, fwd(), headers=basic("tom", "demo-password"))
     assert status == 401 and "www-authenticate" in headers
     assert ask(port, fwd(), headers={"Authorization": "Basic %%%"})[0] == 401
+
+
+def test_a_two_factor_route_refuses_one_factor_as_its_gate_does(provider, sessions):
+    """The answer about a route is the one its own gate gives the same session: ann
+    and bob signed in with a password alone (one factor), tom with a password and a
+    TOTP code (two); Basic is a password, one factor."""
+    port = provider.port()
+    tom = Browser(port, "home.test")
+    assert tom.sign_in("tom", code=otp_code(settled_step()))[0].status == 303
+    signed_in = {**sessions, "tom": "; ".join(f"{k}={v}" for k, v in tom.jar.items())}
+    for user, cookie in signed_in.items():
+        itself = one_request(port, "/strict/x", "home.test", cookie=cookie)[0]
+        status, headers, body = ask(port, fwd(uri="/strict/x"), cookie)
+        assert status == itself == (200 if user == "tom" else 403), user
+        if status == 200:
+            assert headers["x-auth-user"] == user
+        else:
+            assert json.loads(body) == {"error": "forbidden", "reason": "no_second_factor",
+                                        "user": user}
+        # The same session is one the route's one_factor neighbours let in.
+        assert ask(port, fwd(uri="/x"), cookie)[0] == 200
+    status, _, body = ask(port, fwd(uri="/strict/x"), headers=basic("ann", "demo-password"))
+    assert status == 403 and json.loads(body)["reason"] == "no_second_factor"
+    # A browser gets the route's own refusal page, naming the user (not the session key).
+    status, _, body = ask(port, fwd(uri="/strict/x"), sessions["ann"], headers=HTML)
+    assert status == 403 and b"signed in as <b>ann</b>" in body
+    assert b"needs a second factor" in body
 
 
 @pytest.mark.parametrize("asked, path", [

@@ -152,13 +152,15 @@ class SignIn:
         return gate.answers.get(user) or self.challenge
 
     async def session_of(self, headers) -> str | None:
-        """The user of the live session the request's cookie carries, if any: the
-        worker's recent check when it has one, else the store's answer."""
+        """The key (policy.session_key: user and factors) of the live session the
+        request's cookie carries, if any: the worker's recent check when it has one,
+        else the store's answer. Looked up in the verdicts a gate's answers are
+        compiled from, so a question about a route is decided by the same factors."""
         hashed = self._session_hash(headers)
         if not hashed:
             return None
-        user = self._checked_user(hashed)
-        return user if user is not None else await self.session_user(hashed)
+        key = self._checked_user(hashed)
+        return key if key is not None else await self.session_user(hashed)
 
     def refusal(self, user: str, reason: str) -> Refusal:
         """The page a signed-in `user` gets where a policy refuses them for `reason`

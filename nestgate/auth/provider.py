@@ -16,14 +16,17 @@ from [client_ip] trusted_proxies, like everywhere else.
 The question is decided with the policy of the nestgate site (or [[auth.forward]]
 entry) the forwarded host names, and of its route the forwarded path names: the same
 network rules and the same per-user verdicts the site's own gates are compiled from
-(`Gateway.question`). A host that no protected site or entry names (and "*" names
+(`Gateway.question`), looked up by the session's user and the factors it was signed
+in with (nestgate.auth.policy.session_key), so a `two_factor` route refuses a
+session of one factor here exactly as its gate does. A host that no protected site or entry names (and "*" names
 none) is not asked about: 401, no redirect, as Authelia answers a host outside its
 cookie domains.
 
 Who asks: the session cookie, else `Authorization: Basic` with a configured user's
-password. Basic counts against the same guessing limits as the sign-in form and is
-accepted only for users without a second factor (a password alone is never both of
-a user's factors). The answers:
+password. Basic counts against the same guessing limits as the sign-in form, counts
+as one factor (a password: `two_factor` refuses it), and is accepted only for users
+without a TOTP secret (the sign-in form asks those for a code with the password, so a
+password alone lets them in nowhere). The answers:
 
   200  let in, with the user's identity headers (Remote-User and the rest, as
        [auth] identity_headers names them) for the proxy to copy upstream; let in
@@ -50,10 +53,10 @@ import binascii
 import json
 
 from nestgate.access import DENY, PASS, network_verdict
-from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH
+from nestgate.auth.config import PORTAL_PATHS
 from nestgate.auth.passwords import verify_password
 from nestgate.auth.portal import login_url, safe_next
-from nestgate.auth.policy import ALLOWED
+from nestgate.auth.policy import ALLOWED, PASSWORD, session_key, session_user
 from nestgate.errors import RequestError
 from nestgate.grammar import TCHAR
 from nestgate.routing import Router, SiteRoutes, plain_host_name, valid_host
@@ -76,7 +79,9 @@ class Question:
         self.network = network
         self.dynamic = dynamic
         self.policy = policy                # nestgate.auth.policy.UserPolicy
-        self.verdicts = verdicts            # user name -> verdict (signing-in policies)
+        # policy.session_key (user and factors) -> verdict, for signing-in policies:
+        # the route's gate answers by the same table
+        self.verdicts = verdicts
 
 
 class Questions:
@@ -95,8 +100,8 @@ class Questions:
         # would send browsers round in a loop).
         from nestgate.auth.policy import UserPolicy
         portal = ask(None, UserPolicy("bypass"))
-        table.add_exact(LOGIN_PATH, portal)
-        table.add_exact(LOGOUT_PATH, portal)
+        for path in PORTAL_PATHS:
+            table.add_exact(path, portal)
         for route in site_config.routes:
             question = ask(route.access or site_config.access,
                            route.policy or site_config.policy)
@@ -223,19 +228,22 @@ class Provider:
         if verdict == PASS or not policy.signs_in:
             await request.send(200, [*self.nobody, _NO_STORE], b"")
             return
-        user = await self.signin.session_of(request.headers)
-        if user is None or user not in question.verdicts:
+        key = await self.signin.session_of(request.headers)
+        if key is None or key not in question.verdicts:
             basic = _basic(request)
             if basic is not None:
-                user = await self.basic_user(request, *basic)
-                if user is None:
+                name = await self.basic_user(request, *basic)
+                if name is None:
                     await _send_json(request, 401, {"error": "wrong user or password"},
                                      [(b"www-authenticate", b'Basic realm="nestgate"')])
                     return
-        reason = question.verdicts.get(user) if user is not None else None
+                key = session_key(name, PASSWORD)   # a password alone: one factor
+        reason = question.verdicts.get(key) if key is not None else None
         if reason is None:
             await self.sign_in_first(request, asked, original)
-        elif reason == ALLOWED:
+            return
+        user = session_user(key)
+        if reason == ALLOWED:
             await request.send(200, [*self.pairs.get(user, ()), _NO_STORE], b"")
         elif not original and _browser(request):
             await self.signin.refusal_page(request, user, reason,
@@ -257,7 +265,8 @@ class Provider:
     async def basic_user(self, request, name: str, password: str) -> str | None:
         """The configured user whose password this is, counted like a sign-in on the
         form (the client's and the account's failures, one transaction); None when
-        refused. A user with a second factor is refused: Basic carries one factor."""
+        refused. A user with a TOTP secret is refused: the sign-in form never takes
+        their password alone, and Basic carries nothing more."""
         signin = self.signin
         cfg, state, client = signin.cfg, signin.state, request.client
         user = cfg.user(name)
