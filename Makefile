@@ -21,11 +21,11 @@ serve: $(STAMP)
 # forward_auth, wrk, h2load, headless Chromium for the pages, promtool from the
 # prometheus package for the metrics, redis-server and HAProxy for scale-out, Pebble
 # as the ACME CA, BIND for DNS-01, PowerDNS with its SQLite backend as a DNS provider's
-# API, certutil for Chromium's trust store, curl as a verifying
-# client, Go to build tests/goclient (Go's net/http as an HTTP/2 client), python3-venv
-# for the documented install under /opt, valgrind for the bench's instruction counts,
-# Apache with mod_auth_openidc as a relying party of nestgate's OpenID provider,
-# CrowdSec's Local API and cscli for the bouncer).
+# API, certutil for Chromium's trust store, curl as a verifying client, Go to build
+# tests/goclient (Go's net/http as an HTTP/2 client), python3-venv for the documented
+# install under /opt, valgrind for the bench's instruction counts, Apache with
+# mod_auth_openidc as a relying party of nestgate's OpenID provider, CrowdSec's Local
+# API and cscli for the bouncer).
 # Installed only when missing and only when running as root. crowdsec's post-install
 # registers with CrowdSec's central API, which fails offline and leaves dpkg with a
 # broken package (every later apt-get install fails too); a non-empty
