@@ -108,27 +108,33 @@ def store_path(config) -> str:
 
 
 def allow_main(argv: list[str]) -> int:
+    return store_command("allow", _parser().parse_args(argv), store_path)
+
+
+def store_command(name: str, args, path_of, opener=None) -> int:
+    """Run `args.run(store, args)` on the store `path_of(config)` names for the config
+    `args.config` (or ./nestgate.toml), opened with `opener` (default `open_store`):
+    what `nestgate allow` and `nestgate ban` share."""
     from nestgate.auth.redisstore import shown
     from nestgate.auth.store import open_store, prepare_store, store_errors
     from nestgate.cli import report_config_problems
     from nestgate.config import DEFAULT_CONFIG_NAME, ConfigError, read_config
-    args = _parser().parse_args(argv)
     if args.config is None and not os.path.exists(DEFAULT_CONFIG_NAME):
         # The embedded default has no store: naming its file would send the reader there.
-        print(f"nestgate allow: no ./{DEFAULT_CONFIG_NAME} in {os.getcwd()}; pass "
-              "--config FILE, the config whose [auth] store the server uses", file=sys.stderr)
+        print(f"nestgate {name}: no ./{DEFAULT_CONFIG_NAME} in {os.getcwd()}; pass "
+              "--config FILE, the config whose store the server uses", file=sys.stderr)
         return 2
     try:
-        path = store_path(read_config(args.config))
+        path = path_of(read_config(args.config))
     except ConfigError as exc:
         return report_config_problems(exc)
     try:
         prepare_store(path)
-        store = open_store(path)
+        store = (opener or open_store)(path)
         try:
             return args.run(store, args)
         finally:
             store.close()
     except (*store_errors(), OSError) as exc:
-        print(f"nestgate allow: store {shown(path)}: {exc}", file=sys.stderr)
+        print(f"nestgate {name}: store {shown(path)}: {exc}", file=sys.stderr)
         return 1

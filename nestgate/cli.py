@@ -1,4 +1,4 @@
-"""The command line: nestgate serve | check | allow | passwd | cert | trust | ctl | bench."""
+"""The command line: nestgate serve | check | allow | ban | passwd | cert | trust | ctl | bench."""
 
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["allow"]:
         from nestgate.allowcli import allow_main
         return allow_main(argv[1:])
+    if argv[:1] == ["ban"]:
+        from nestgate.bans.cli import ban_main
+        return ban_main(argv[1:])
     if argv[:1] == ["cert"]:
         from nestgate.certs.cli import cert_main
         return cert_main(argv[1:])
@@ -60,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(see `nestgate passwd -h`)")
     commands.add_parser("allow", help="add, list or remove dynamic allow entries "
                         "(see `nestgate allow -h`)")
+    commands.add_parser("ban", help="list, add or lift bans (see `nestgate ban -h`)")
     commands.add_parser("cert", help="list, renew or install certificates "
                         "(see `nestgate cert -h`)")
     commands.add_parser("trust", help="the local CA's root and how to trust it "

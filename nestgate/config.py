@@ -35,6 +35,7 @@ from nestgate.private import open_to_others
 
 WRITABLE_BY_OTHERS = 0o022
 from nestgate.routing import path_shape
+from nestgate.bans.config import BansConfig
 from nestgate.units import parse_duration, parse_size
 
 DEFAULT_CONFIG_NAME = "nestgate.toml"
@@ -260,6 +261,7 @@ class Config:
     acme: AcmeConfig = AcmeConfig()         # the CA and storage of managed certificates
     geoip: Any = None                       # nestgate.geoip.GeoConfig: countries, AS numbers
     crowdsec: Any = None                    # nestgate.crowdsec.CrowdSecConfig: its bouncer
+    bans: BansConfig = BansConfig()         # [[ban]] rules and where bans are kept
 
     @property
     def worker_count(self) -> int:
@@ -856,6 +858,8 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     if auth is not None and state.backend == "redis":
         from nestgate.auth.redisstore import redis_locator
         auth = replace(auth, store=redis_locator(state.url, state.prefix))
+    from nestgate.bans.config import check_sites, read_bans
+    bans = read_bans(top, auth, state)
     admin = read_admin(top.table("admin"), parse_address, read_certificate)
     acme = read_acme(top.table("acme"))
     geoip = read_geoip(top.table("geoip"))
@@ -885,10 +889,11 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     if admin.enabled:
         problems += _admin_clashes(admin, listeners, file)
     problems += _user_keyed_limits(sites, file) + _places_without_database(sites, geoip, file)
+    problems += check_sites(bans, sites, file)
     if problems:
         raise ConfigError(problems)
     return Config(file, server, limits, log, listeners, sites, trusted, auth, admin, state,
-                  acme, geoip, crowdsec)
+                  acme, geoip, crowdsec, bans)
 
 
 def _places_without_database(sites, geoip, file: str) -> list[str]:

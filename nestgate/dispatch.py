@@ -40,6 +40,7 @@ import asyncio
 import logging
 import time
 
+from nestgate.bans.watch import BANS
 from nestgate.clientip import forwarded_client
 from nestgate.errorpages import ERRORS
 from nestgate.errors import HandlerError, NestgateError, RequestError
@@ -69,11 +70,17 @@ def refresh_client(conn, headers) -> None:
     """A request from a trusted proxy: its client is the one X-Forwarded-For names, and
     that client decides whether the request is logged (the proxy's own address, often
     loopback, would decide for all of them). Called before any check can refuse the
-    request, so a refusal is logged (or not) for that client too."""
+    request, so a refusal is logged (or not) for that client too.
+
+    Returns the ban page's router when that client is banned (nestgate.bans), for this
+    request to be routed by (the proxy's connection carries others: it is never closed
+    for one); else None."""
     ctx = conn.ctx
     conn.client = forwarded_client(
         conn.peer, [v for n, v in headers if n == b"x-forwarded-for"], ctx.trusted_proxies)
     conn.logging = ctx.access_log is not None and ctx.should_log(conn.client)
+    bans = ctx.bans            # None on a listener without bans: nothing more to do
+    return None if bans is None else bans.forwarded(conn.client)
 
 
 def resolve(handler, conn, path: str, method: bytes, headers):
@@ -88,16 +95,19 @@ def resolve(handler, conn, path: str, method: bytes, headers):
     return handler
 
 
-def open_stream(conn, key, method: bytes, raw_target: bytes, authority: bytes, headers):
+def open_stream(conn, key, method: bytes, raw_target: bytes, authority: bytes, headers,
+                banned=None):
     """Route and resolve a request on its own stream `key`: a ready answer (or the
     error page of a head that cannot be routed) is sent and recorded here and None
-    returned; otherwise the adapter's new `Request`, for it to give a body and `start`."""
+    returned; otherwise the adapter's new `Request`, for it to give a body and `start`.
+    The connection's `router` routes it (a banned client's page router once the
+    connection was given one, nestgate.bans), or `banned` (`refresh_client`'s) if set."""
     qmark = raw_target.find(b"?")
     try:
         # The router checks the characters of the authority once per distinct value
         # (Router.site_for); a Host or path it cannot route is a RequestError.
-        route = conn.ctx.router.route(authority,
-                                      raw_target if qmark < 0 else raw_target[:qmark])
+        route = (banned or conn.router).route(
+            authority, raw_target if qmark < 0 else raw_target[:qmark])
         handler = resolve(route.handler, conn, route.path, method, headers)
     except RequestError as exc:
         refuse(conn, key, exc.status, method, authority, headers)
@@ -113,7 +123,9 @@ def open_stream(conn, key, method: bytes, raw_target: bytes, authority: bytes, h
 
 def refuse(conn, key, status: int, method: bytes, authority: bytes, headers) -> None:
     """A head that cannot be served: the error page of `status` on stream `key`, counted
-    with the answers no route gave."""
+    with the answers no route gave (a 400 is told to [[ban]] rules on = "malformed")."""
+    if status == 400:
+        BANS.note("malformed", conn.client)
     response = ERRORS.get(status) or ERRORS[400]
     ready(conn, UNROUTED, response, conn.send_ready(key, response, method == b"HEAD"),
           method, authority, "-", "", headers, time.perf_counter())
@@ -197,6 +209,8 @@ def conclude(req, status: int) -> None:
 def record(req, logged: bool) -> None:
     """Count a request that was answered (or failed) and, if `logged`, log it."""
     req.tally.timed(req.status, time.perf_counter() - req._t0)
+    if req.status in BANS.statuses:          # an empty set unless a [[ban]] rule counts it
+        BANS.answered(req.client, req.tally.site, req.route, req.path, req.status)
     if logged:
         req.connection.ctx.access_log.record(
             req.client, req.method, req.host, req.path, req.status, req.sent, req._t0,

@@ -67,6 +67,7 @@ import time
 
 import httptools
 
+from nestgate.bans.watch import BANS
 from nestgate.dispatch import (GATED, GONE, PEEK, conclude, log_ready, ready, record,
                                refresh_client, resolve, run, start, take_peer)
 from nestgate.request import Body, Request
@@ -445,6 +446,9 @@ class HTTP1Connection(asyncio.Protocol):
         self.transport = transport
         ctx = self.ctx
         self.set_client(ctx.client_address(transport.get_extra_info("peername")))
+        if ctx.bans is not None and ctx.bans.refuses(self):
+            self._enter(CLOSING)           # banned (nestgate.bans): closed unanswered
+            return
         transport.set_write_buffer_limits(WRITE_HIGH_WATER)
         # A connection accepted just before a graceful stop is still served (with
         # `connection: close`); only overload turns one away.
@@ -600,6 +604,11 @@ class HTTP1Connection(asyncio.Protocol):
         self._timing = self.logging or (self.xff_trusted and self.ctx.access_log is not None)
         if self.client_tag and not count_connection(self):   # a PROXY header named it
             self.refuse_over_client_limit()
+
+    def serve_only(self, router) -> None:
+        """Route every request of this connection with `router` (a banned client's
+        page, nestgate.bans.watch.BannedRouter)."""
+        self._known_site = router.site_for
 
     def refuse_over_client_limit(self) -> None:
         """The client has `max_connections_per_client` open already: 503, then close."""
@@ -818,7 +827,9 @@ class HTTP1Connection(asyncio.Protocol):
         if len(headers) > self._max_headers:
             raise RequestError(431)
         if self.xff_trusted:
-            refresh_client(self, headers)
+            banned = refresh_client(self, headers)   # (the ban page's router, or None)
+        else:
+            banned = None
         parser = self.parser
         host = self._host
         keep_alive = parser.should_keep_alive()
@@ -839,7 +850,7 @@ class HTTP1Connection(asyncio.Protocol):
         if not keep_alive:
             self._enter(LAST)                # nothing after this request is parsed
 
-        site = self._known_site(host) or self.ctx.router.site_for(host)
+        site = banned or self._known_site(host) or self.ctx.router.site_for(host)
         url = self._url
         # An exact route is looked up with the target as it came: a key never holds
         # "?" or "#" and always begins with "/", so a hit needs no splitting.
@@ -1059,6 +1070,8 @@ class HTTP1Connection(asyncio.Protocol):
             self._queue.append(_ReadyAnswer(self, response, self.close_mode, False))
         ready(self, UNROUTED, response, response.content_length, b"-", b"", "-", "",
               self._headers, self._t0)
+        if status == 400:
+            BANS.note("malformed", self.client)      # [[ban]] rules on = "malformed"
 
     def _close_when_idle(self) -> None:
         """The connection ends after the answers ahead: the last of them says so."""
@@ -1138,6 +1151,9 @@ class ProxyProtocolConnection(HTTP1Connection):
         self._pp_buf = b""
         if source:
             self.set_client(source)
+            if self.ctx.bans is not None and self.ctx.bans.refuses(self):
+                self._enter(CLOSING)
+                return
         if len(buf) > consumed:
             HTTP1Connection.data_received(self, buf[consumed:])
 

@@ -551,6 +551,7 @@ class HTTP2Connection:
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
+        self.router = ctx.router         # (a banned client's page instead: `serve_only`)
         self.limits = ctx.limits
         self.loop = ctx.loop
         self.date_field = date_field(ctx)
@@ -607,6 +608,8 @@ class HTTP2Connection:
         if len(ctx.connections) >= self.limits.max_connections:
             transport.close()
             return
+        if ctx.bans is not None and ctx.bans.refuses(self):
+            return                          # banned (nestgate.bans): closed unanswered
         if ctx.max_per_client and not count_connection(self):
             self.h2.initiate_connection()
             self.refuse_over_client_limit()
@@ -618,6 +621,10 @@ class HTTP2Connection:
 
     # After connection_made: the client is the one a PROXY header named (nestgate.proxytls).
     set_client = HTTP1Connection.set_client
+
+    def serve_only(self, router) -> None:
+        """Route every stream of this connection with `router` (a banned client's page)."""
+        self.router = router
 
     def refuse_over_client_limit(self) -> None:
         """The client has `max_connections_per_client` open already: GOAWAY
@@ -823,14 +830,18 @@ class HTTP2Connection:
         method, raw_target, authority, headers, problem = read_head(
             event.headers, event.ended, self.limits)
         if self.xff_trusted:
-            refresh_client(self, headers)   # per request: streams may carry many clients
+            # Per request: streams may carry many clients (a banned one: the page).
+            banned = refresh_client(self, headers)
+        else:
+            banned = None
         if problem is None and event.length > self.limits.max_body:
             problem = RequestError(413)                 # before a byte of it comes
         if problem is not None:
             refuse(self, stream_id, problem.status, method, authority, headers)
             req = None
         else:
-            req = open_stream(self, stream_id, method, raw_target, authority, headers)
+            req = open_stream(self, stream_id, method, raw_target, authority, headers,
+                              banned)
         if req is None:
             if not event.ended and not self.h2.can_send(stream_id):
                 # Answered in full without the body: the client may stop sending it

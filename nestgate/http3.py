@@ -232,6 +232,7 @@ class HTTP3Connection(QuicConnectionProtocol):
     def __init__(self, ctx, certificates: QuicCertificates, quic, stream_handler=None) -> None:
         QuicConnectionProtocol.__init__(self, quic, stream_handler)
         self.ctx = ctx
+        self.router = ctx.router         # (a banned client's page instead: `serve_only`)
         self.limits = ctx.limits
         self.loop = ctx.loop
         self.client = self.peer = ""

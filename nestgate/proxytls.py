@@ -82,6 +82,9 @@ class TLSHandshake(asyncio.Protocol):
         if len(ctx.connections) >= ctx.limits.max_connections:
             transport.close()          # overload; no TLS yet to say 503 with
             return
+        if ctx.bans is not None and ctx.bans.closes(self.peer):
+            transport.close()          # banned (nestgate.bans): no handshake at all
+            return
         ctx.connections.add(self)
         self.accepted()
 
@@ -244,6 +247,9 @@ class ProxyThenTLS(TLSHandshake):
             return
         consumed, self.source = parsed
         self._header = None
+        if self.source and self.ctx.bans is not None and self.ctx.bans.closes(self.source):
+            self.transport.close()     # the client the header named is banned
+            return
         self.handshake(buf[consumed:])
 
 

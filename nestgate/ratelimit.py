@@ -46,6 +46,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from nestgate.bans.watch import BANS
 from nestgate.clientip import parse_networks
 from nestgate.handlers import GATED, Periodic, Service
 from nestgate.tally import TALLY
@@ -406,7 +407,7 @@ class Limited:
         if tat < now:
             tat = now
         if tat - now > self.allowance:
-            return self._refuse(tat - now - self.tolerance, headers)
+            return self._refuse(tat - now - self.tolerance, headers, conn.client)
         tats[at + 1] = tat + self.interval
         if self.sync is not None:
             self.sync.used(key, tag, at, self.interval)
@@ -429,18 +430,19 @@ class Limited:
         now = time.monotonic()
         at = self.table.locate(tag, at, now)
         conn.decisions[self] = (client, tag, at, key)
-        return self._take(tag, at, key, now, headers)
+        return self._take(tag, at, key, now, headers, client)
 
-    def _take(self, tag: int, at: int, key: str, now: float, headers):
+    def _take(self, tag: int, at: int, key: str, now: float, headers, client: str):
         wait = self.table.take(tag, at, now, self.interval, self.tolerance)
         if wait:
-            return self._refuse(wait, headers)
+            return self._refuse(wait, headers, client)
         if self.sync is not None:
             self.sync.used(key, tag, at, self.interval)
         return self.inner
 
-    def _refuse(self, wait: float, headers):
+    def _refuse(self, wait: float, headers, client: str):
         self.refused[0] += 1
+        BANS.note("ratelimit", client)          # counted by [[ban]] rules on = "ratelimit"
         return self.errors.too_many(int(wait) + 1, headers)
 
     def place(self, client: str) -> tuple:
@@ -474,7 +476,7 @@ class LimitedByUser(Limited):
             return self.inner                               # exempt (by address)
         key = f"{self.identity}|user|{user}"
         tag, at = self.table.place(hash(key))
-        return self._take(tag, at, key, _now(), headers)
+        return self._take(tag, at, key, _now(), headers, conn.client)
 
 
 def rate_sync(config):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from nestgate.bans.watch import BANS, NotedNotFound
 from nestgate.certs.challenge import PREFIX as CHALLENGE_PREFIX
 from nestgate.errorpages import DEFAULT_PAGES
 from nestgate.errors import RequestError, RouteTaken
@@ -208,7 +209,10 @@ class SiteRoutes:
         for prefix, handler, label, tally in self.prefixes:
             if path.startswith(prefix):
                 return Route(handler, NO_PARAMS, label, path, self.errors, tally)
-        return Route(self.not_found, NO_PARAMS, "", path, self.errors, self.unmatched)
+        handler = self.not_found
+        if BANS.unmatched_404:              # a [[ban]] rule counts 404s
+            handler = NotedNotFound(handler, self.name, path)
+        return Route(handler, NO_PARAMS, "", path, self.errors, self.unmatched)
 
 
 def _match(pattern: tuple[str, ...], segments: list[str]) -> dict[str, str] | None:

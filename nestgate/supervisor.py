@@ -32,6 +32,7 @@ from nestgate.admin.keeper import AdminKeeper
 from nestgate.certs.manager import cert_keeper, prepare_certificates
 from nestgate.crowdsec import bouncer_keeper
 from nestgate.config import Config, ConfigError, config_warnings, read_config, with_overrides
+from nestgate.bans.table import ban_table
 from nestgate.ratelimit import shared_limits
 from nestgate.sdnotify import notify
 from nestgate.tls import kernel_tls_problem, server_context
@@ -111,8 +112,10 @@ class Supervisor:
         # The one process that talks to the CA, the one that polls CrowdSec's Local API.
         self.sides = (cert_keeper(), bouncer_keeper())
         # Rate-limit and per-client connection tables: mapped here, before any fork, so
-        # every worker of every generation shares them (nestgate.ratelimit).
+        # every worker of every generation shares them (nestgate.ratelimit). The ban
+        # table likewise: a ban one worker makes is in force in all (nestgate.bans).
         shared_limits()
+        ban_table()
 
     # ----------------------------------------------------------- listeners
     @staticmethod
@@ -522,12 +525,15 @@ def drop_privileges(server) -> None:
 def prepare_state(config: Config) -> None:
     """One-off set-up of the state workers share, done here so that they never race
     to do it: the store file is created and migrated before any of them opens it."""
-    if config.auth is not None:
-        from nestgate.auth.store import prepare_store
+    from nestgate.auth.store import prepare_store
+    stores = {config.auth.store} if config.auth is not None else set()
+    if config.bans.enabled:
+        stores.add(config.bans.store)
+    for store in sorted(stores):
         try:
-            prepare_store(config.auth.store)
+            prepare_store(store)
         except (sqlite3.Error, OSError) as exc:     # OSError: its folder could not be made
-            raise StateError(f"store {config.auth.store}: {exc}") from None
+            raise StateError(f"store {store}: {exc}") from None
 
 
 class StateError(OSError):

@@ -98,9 +98,14 @@ class Tally:
         # Requests a rate limit refused (429), by (site, route): one-item lists the
         # routes' `Limited` wrappers increment (nestgate.ratelimit).
         self.refused: dict[tuple[str, str], list[int]] = {}
+        self.bans: dict[str, int] = {}   # bans this worker made, by [[ban]] rule
+        self.ban_refused = 0             # connections (and proxied requests) of banned clients
 
     def event(self, name: str) -> None:
         self.events[name] += 1
+
+    def banned(self, rule: str) -> None:
+        self.bans[rule] = self.bans.get(rule, 0) + 1
 
     def route(self, site: str, label: str) -> RouteTally:
         found = self.routes.get((site, label))
@@ -130,7 +135,10 @@ class Tally:
                            t.errors, t.retries, t.checked, t.drained]
                           for proxy in self.proxies for t in proxy.targets],
             "control": self.control,
-            "events": self.events,
+            # Bans made by each rule ("ban:<rule>") and refusals of banned clients
+            # are added up with the events.
+            "events": {**self.events, **{f"ban:{rule}": n for rule, n in self.bans.items()},
+                       "ban_refused": self.ban_refused},
             "log_dropped": self.log_dropped,
             # kind ("static" or "pages"), site, route, hits, misses, bytes held
             "caches": [cache.cache_figures() for cache in self.caches],

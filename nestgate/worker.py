@@ -17,6 +17,7 @@ import sys
 import uvloop
 
 from nestgate.accesslog import AccessLog, should_log
+from nestgate.bans.watch import BANS
 from nestgate.admin.stats import TALLY_BYTES
 from nestgate.clock import CLOCK
 from nestgate.clientip import parse_networks
@@ -61,6 +62,8 @@ class ServerContext:
         self.trusted_proxies = parse_networks(trusted) if trusted else None
         self.proxy_protocol_from = parse_networks(listener.proxy_protocol_from)
         self.alpn_protocols = tuple(alpn_protocols(listener))   # a TLS listener's offer
+        # The bans clients are looked up in where they arrive; None: no bans to look up.
+        self.bans = BANS if BANS.enabled and worker.router is None else None
         self.max_per_client = listener.max_connections_per_client   # 0: not counted
         self.alt_svc = listener.http3    # HTTPS answers name the listener's HTTP/3
 
@@ -127,6 +130,8 @@ class Worker:
                       if sock.type == socket.SOCK_DGRAM]
         if quic_ports:
             announce_http3(quic_ports)   # before any route's answers are built
+        if self.router is None:
+            BANS.configure(self.config)       # before the routes: they ask what it counts
         router = self.router or build_router(self.config)
         if self.access_log is not None:
             self.access_log.geo = router.geo
@@ -158,6 +163,8 @@ class Worker:
         if self.access_log is not None:
             self.loop.add_signal_handler(signal.SIGUSR1, self.access_log.reopen)
         services = router.services
+        if self.router is None and BANS.enabled:
+            services = [*services, BANS]      # its table kept in step with the store
         tick = asyncio.create_task(self._tick(services))
         tick.add_done_callback(self._tick_ended)
         for service in services:            # proxy health checks, the shared store

@@ -54,6 +54,7 @@ class MemoryConnection:
 
     def __init__(self, ctx, client: str) -> None:
         self.ctx = ctx
+        self.router = ctx.router
         self.loop = ctx.loop
         self.limits = ctx.limits
         self.client = client

@@ -125,6 +125,7 @@ class AdminState:
         self.history = History()          # for the status page's chart
         self.answers = AnswerCounts()     # the sites' answers, over every worker
         self.store_counts = None          # () -> (allow entries, live sessions), or None
+        self.bans_active = None           # () -> {origin: bans in force}, or None
 
     def reported(self, report: dict) -> None:
         """A report from the supervisor (about once a second): keep it, and a sample of
@@ -298,6 +299,12 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     allow = AllowList(store_path, state.audit, error, reply)
     site.add_exact("/v1/allow", allow)
     site.add_exact("/v1/allow/{id}", allow)
+    from nestgate.admin.banapi import Bans
+    bans = Bans(config.bans.store if config.bans.enabled else "", state.audit, error, reply)
+    for path in ("/v1/bans", "/v1/bans/{address}", "/v1/bans/{address}/{prefix}"):
+        site.add_exact(path, bans)
+    if config.bans.enabled:
+        state.bans_active = bans_active
     sessions = Sessions(store_path, state.audit, error, reply)
     site.add_exact("/v1/sessions", sessions)
     site.add_exact("/v1/sessions/{id}", sessions)
@@ -363,6 +370,15 @@ def swagger_assets():
     options = StaticOptions(root=str(SWAGGER_DIR), cache_file_max=4 << 20,
                             sendfile_min=4 << 20, cache_control="public, max-age=3600")
     return StaticFiles(options, "/docs/", [("x-content-type-options", "nosniff")], NOT_FOUND)
+
+
+def bans_active() -> dict[str, int]:
+    """Bans in force by origin, from the table every process shares."""
+    from nestgate.bans.table import ban_table
+    counts: dict[str, int] = {}
+    for ban in ban_table().entries():
+        counts[ban.origin] = counts.get(ban.origin, 0) + 1
+    return counts
 
 
 def store_counts(store_path: str):

@@ -132,6 +132,18 @@ def render(state) -> bytes:
                "(H3_EXCESSIVE_LOAD) by a protection, by reason.",
                [({"reason": reason}, events.get(f"h3_{reason}", 0))
                 for reason in H3_PROTECTIONS])
+    out.family("bans", "counter", "Clients banned by a [[ban]] rule (each ban counted once, "
+               "by the worker that made it), by rule.",
+               [({"rule": name[4:]}, count) for name, count in sorted(events.items())
+                if name.startswith("ban:")])
+    out.family("ban_refused", "counter", "Connections of banned clients refused at accept "
+               "(or answered the ban page), and requests a trusted proxy forwarded for them.",
+               [({}, events.get("ban_refused", 0))])
+    bans = state.bans_active() if state.bans_active else None
+    if bans is not None:
+        out.family("bans_active", "gauge", "Bans in force now, by origin (rule, operator, "
+                   "or another source).",
+                   [({"origin": origin}, count) for origin, count in sorted(bans.items())])
     caches = sorted(state.answers.caches().items())
     for name, index, kind, help_text in (
             ("cache_hits", 0, "counter", "Answers from memory: static files and pages."),

@@ -65,6 +65,9 @@ _STATUS = _obj({
 }, ("version", "generations", "listeners", "reloads"))
 _ALLOW_ENTRY = _obj({"id": _INT, "cidr": _STR, "expires": _NUM, "comment": _STR},
                     ("id", "cidr", "expires", "comment"))
+_BAN = _obj({"network": _STR, "until": _NUM, "origin": _STR, "rule": _STR, "reason": _STR,
+             "answer": _STR, "strikes": {"type": ["integer", "null"]}},
+            ("network", "until", "origin", "answer"))
 _SESSION = _obj({"id": _STR, "user": _STR, "client": _STR, "created": _NUM,
                  "last_seen": _NUM, "expires": _NUM,
                  "factors": {"type": "array", "items": _STR}},
@@ -161,6 +164,22 @@ PATHS = {
     "/v1/allow/{id}": {"delete": _op("Remove an entry", {
         "204": {"description": "removed"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
         parameters=("id",))},
+    "/v1/bans": {
+        "get": _op("Every ban in force (rules', the operator's, other sources')", {
+            "200": _json(_obj({"bans": {"type": "array", "items": _BAN}}, ("bans",)),
+                         "the bans"), "409": _ERROR, "503": _ERROR}),
+        "post": _op("Ban an address or range (in force at every worker's next accept)", {
+            "201": _json(_BAN, "banned"), "409": _ERROR, "422": _ERROR, "503": _ERROR},
+            body={_JSON: {"schema": _obj({"network": _STR,
+                                          "for": {"type": ["string", "number"]},
+                                          "reason": _STR, "answer": _STR}, ("network",))}})},
+    "/v1/bans/{address}": {"delete": _op("Lift the ban on an address, or the one covering it",
+                                         {"204": {"description": "lifted"}, "404": _ERROR,
+                                          "409": _ERROR, "503": _ERROR},
+                                         parameters=("address",))},
+    "/v1/bans/{address}/{prefix}": {"delete": _op("Lift the ban on a range", {
+        "204": {"description": "lifted"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
+        parameters=("address", "prefix"))},
     "/v1/certificates/{name}": {"put": _op(
         "Install a certificate another tool renews (as `nestgate cert install`)", {
             "200": _json(_obj({"name": _STR, "sources": {"type": "array", "items": _STR},

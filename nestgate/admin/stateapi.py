@@ -28,6 +28,7 @@ class StoreEndpoint:
 
     is_async = True
     __slots__ = ("store_path", "audit", "error", "reply")
+    missing = "the config has no [auth] store to keep this in"   # the 409's detail
 
     def __init__(self, store_path: str, audit, error, reply) -> None:
         self.store_path = store_path      # "" when the config has no [auth] store
@@ -37,8 +38,7 @@ class StoreEndpoint:
 
     async def handle(self, request) -> None:
         if not self.store_path:
-            await request.send_prebuilt(self.error(
-                409, "no_store", "the config has no [auth] store to keep this in"))
+            await request.send_prebuilt(self.error(409, "no_store", self.missing))
             return
         from nestgate.auth.store import store_errors
         try:

@@ -53,6 +53,7 @@ import secrets
 import time
 from urllib.parse import parse_qs, quote
 
+from nestgate.bans.watch import BANS
 from nestgate.auth import recovery, totp
 from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH, PASSKEY_SCRIPT
 from nestgate.auth.passwords import verify_password
@@ -481,6 +482,7 @@ class LoginPage(_FormPath):
                                account, cfg.account_delays, trusted)
         if wait > 0:
             TALLY.event("signin_refused")
+            BANS.note("signin", client)        # [[ban]] rules on = "signin"
             await request.send(429, [(b"retry-after", b"%d" % math.ceil(wait)),
                                      (b"content-type", b"text/plain")],
                                b"too many failed sign-ins; try again later\n")
@@ -497,6 +499,7 @@ class LoginPage(_FormPath):
             factors = f"{PASSWORD} {second}"
         if not ok:
             TALLY.event("signin_failure")
+            BANS.note("signin", client)
             await signin.page(request, 401, next_url, "Wrong user, password or code.")
             return
         TALLY.event("signin_success")

@@ -62,6 +62,10 @@ CREATE TABLE IF NOT EXISTS ceremonies (
     user TEXT NOT NULL, bound BLOB NOT NULL, expires REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS recovery_codes (
     user TEXT NOT NULL, code_hash BLOB NOT NULL, PRIMARY KEY (user, code_hash));
+CREATE TABLE IF NOT EXISTS bans (
+    network TEXT PRIMARY KEY, until REAL NOT NULL, origin TEXT NOT NULL, rule TEXT NOT NULL,
+    reason TEXT NOT NULL, answer TEXT NOT NULL, strikes INTEGER NOT NULL,
+    created REAL NOT NULL, forget REAL NOT NULL);
 """
 # Columns added after a table was first made: (table, column, definition). `migrate`
 # adds the missing ones to a store made by an older version.

@@ -1,0 +1,352 @@
+"""A worker's side of bans: counting what clients do, banning them, keeping the shared
+table in step with the store, and refusing banned clients where they arrive.
+
+Theory of operation
+-------------------
+`BANS` is the process's `BanWatch`, configured by the worker from its config. Events
+come from the few places where a client did something a rule may count, all of them
+off the path of a good request: a failed or refused sign-in (the portal), a request
+refused as malformed (the protocol adapters' 400), a rate-limit refusal (429), and an
+answer whose status a rule watches (`answered`: a handler's answer, from
+`dispatch.record`, and the built-in 404 of an unmatched path, through `NotedNotFound`,
+which the route table puts in front of that 404 only when some rule counts 404s).
+
+Each rule counts per client network (the address, an IPv6 client's /64) in the rate
+table every worker shares (nestgate.ratelimit.RateTable), as a leaky bucket: `count`
+events in a burst, draining at `count` per `window`. The event that overflows it bans
+the network: at once in the shared table (`nestgate.bans.table`), for the rule's first
+duration, so every worker refuses it from its next accept; then in the store, which
+answers with the duration its strikes call for (a repeat offender's longer ban), and
+the table entry is brought up to that.
+
+Every SYNC_INTERVAL the worker asks the store for its bans' version; when it changed
+(a ban from another instance, `nestgate ban add` or `remove`, the admin API), it loads
+the bans in force into the table and lifts those it loaded before that are gone.
+
+A banned client is looked up once per connection, where its address becomes known
+(accept, a PROXY header, or per request for clients named by a trusted proxy in
+X-Forwarded-For): `refuses` closes it (before TLS on a TLS listener), or with
+`ban_answer = "403"` gives the connection a router whose every route is the page
+saying until when. A client that is not banned pays one shared-memory read per
+connection while the table is empty, and one lookup (a probe per prefix length in
+use) while it is not; nothing per request.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime, timezone
+
+from nestgate.bans.table import ban_table, client_network
+from nestgate.clientip import Networks, parse_networks
+from nestgate.handlers import GATED, Periodic, Service
+from nestgate.tally import TALLY
+
+SYNC_INTERVAL = 0.5          # seconds: a ban made elsewhere is in force here within 1 s
+PURGE_INTERVAL = 600.0
+LOOPBACK = Networks(["127.0.0.0/8", "::1/128"])
+
+
+class CountedRule:
+    """A `BanRule` ready to count: its exemptions parsed, its path patterns compiled,
+    its leaky bucket's figures."""
+
+    __slots__ = ("rule", "exempt", "paths", "interval", "tolerance", "identity")
+
+    def __init__(self, rule) -> None:
+        self.rule = rule
+        exempt = parse_networks(rule.exempt)
+        if not rule.ban_loopback:
+            for entry in LOOPBACK.entries:
+                exempt.add(entry)
+        self.exempt = exempt
+        self.paths = rule.path_matcher()
+        self.interval = rule.window / rule.count
+        # The count-th event within the window overflows: count - 1 pass in a burst.
+        self.tolerance = (rule.count - 2) * self.interval
+        self.identity = f"ban:{rule.name}|"
+
+    def counts(self, site: str, label: str, path: str, status: int) -> bool:
+        rule = self.rule
+        if rule.site and rule.site != site:
+            return False
+        if rule.on == "scanner":
+            return status == 404 and self.paths.fullmatch(path) is not None
+        if rule.route and rule.route != label:
+            return False
+        return status in rule.status
+
+
+class BanWatch(Service):
+    """This process's counting, banning and store sync (see the module docstring)."""
+
+    tick_every = SYNC_INTERVAL
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.table = None
+        self.kinds: dict[str, list[CountedRule]] = {}
+        self.statuses: frozenset[int] = frozenset()   # answers `answered` is told of
+        self.unmatched_404 = False      # some rule counts the 404 of unmatched paths
+        self.locator = ""
+        self.pages: dict[tuple, object] = {}
+        self._bans = None               # the store's bans (nestgate.bans.store)
+        self._executor = None
+        self._syncer = None
+        self._version = -1
+        self._loaded: set[str] = set()  # networks of the store's bans loaded last
+        self._purged = 0.0
+        self._down = False
+
+    def configure(self, config) -> None:
+        """Take `config`'s rules (the worker does this before building its routes)."""
+        bans = config.bans
+        self.enabled = bans.enabled
+        self.locator = bans.store
+        self.kinds = {}
+        statuses = set()
+        for rule in bans.rules:
+            self.kinds.setdefault(rule.on, []).append(CountedRule(rule))
+            statuses.update(rule.status)
+            if rule.on == "scanner":
+                statuses.add(404)
+        self.statuses = frozenset(statuses)
+        self.unmatched_404 = 404 in statuses
+        self.table = ban_table() if self.enabled else None
+
+    # ------------------------------------------------------------ events
+    def note(self, kind: str, client: str) -> None:
+        """`client` did something rules of `kind` count (signin, malformed, ratelimit)."""
+        for counted in self.kinds.get(kind, ()):
+            self._count(counted, client)
+
+    def answered(self, client: str, site: str, label: str, path: str, status: int) -> None:
+        """`client` was answered `status` (one of `statuses`) on `site`'s route `label`."""
+        for kind in ("scanner", "status"):
+            for counted in self.kinds.get(kind, ()):
+                if counted.counts(site, label, path, status):
+                    self._count(counted, client)
+
+    def _count(self, counted: CountedRule, client: str) -> None:
+        if not client or client in counted.exempt:
+            return
+        rule = counted.rule
+        network = client_network(client, rule.ipv4_prefix, rule.ipv6_prefix)
+        if not network:
+            return
+        if rule.count > 1:
+            from nestgate.ratelimit import shared_limits
+            rates = shared_limits().rates
+            tag, at = rates.place(hash(counted.identity + network))
+            if not rates.take(tag, at, time.monotonic(), counted.interval, counted.tolerance):
+                return
+        self.ban(rule, network, client)
+
+    def ban(self, rule, network: str, client: str) -> None:
+        """Ban `network` under `rule`: now in the shared table, then in the store."""
+        table = self.table
+        if table.lookup(client) is not None:
+            return                          # banned already (by another worker, just now)
+        reason = rule.name
+        table.add(network, time.time() + rule.ban_for[0], "rule", reason, rule.ban_answer)
+        TALLY.banned(rule.name)
+        print(f"nestgate: banned {network} ({rule.name}: {rule.count} x {rule.on} "
+              f"within {rule.window:g}s)", file=sys.stderr, flush=True)
+        if self._executor is not None:
+            import asyncio
+            loop = asyncio.get_running_loop()
+            future = loop.run_in_executor(self._executor, self._store_ban, rule, network)
+            future.add_done_callback(lambda done: self._stored(done, rule, network))
+
+    def _store_ban(self, rule, network: str) -> tuple[float, int]:
+        return self._store().ban(network, rule.ban_for, rule.remember, "rule", rule.name,
+                                 rule.name, rule.ban_answer)
+
+    def _stored(self, done, rule, network: str) -> None:
+        exc = done.exception()
+        if exc is not None:
+            self._complain(exc)
+            return
+        until, strikes = done.result()
+        self._loaded.add(network)
+        self.table.add(network, until, "rule", rule.name, rule.ban_answer)
+        if strikes > 1:
+            print(f"nestgate: {network} banned for the {_ordinal(strikes)} time "
+                  f"({rule.name}): until {utc(until)}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------ refusing
+    def refuses(self, conn) -> bool:
+        """At accept (or once a PROXY header named the client): True when `conn`'s
+        client is banned with the connection closed; with `ban_answer = "403"`, the
+        connection is given the page's router instead and False is returned."""
+        table = self.table
+        if not len(table):
+            return False
+        ban = table.lookup(conn.client)
+        if ban is None:
+            return False
+        if ban.answer == "403":
+            conn.serve_only(self.banned_router(ban, conn.client))
+            return False
+        TALLY.ban_refused += 1
+        conn.transport.close()
+        return True
+
+    def closes(self, client: str) -> bool:
+        """Before a TLS handshake: True (counted) when `client` is banned and is to be
+        closed; a ban answered with the page lets the handshake go on."""
+        table = self.table
+        if not len(table):
+            return False
+        ban = table.lookup(client)
+        if ban is None or ban.answer == "403":
+            return False
+        TALLY.ban_refused += 1
+        return True
+
+    def forwarded(self, client: str):
+        """For a client a trusted proxy named: the page's router when it is banned
+        (the proxy's connection carries others: it is never closed for one), else None."""
+        table = self.table
+        if not len(table):
+            return None
+        ban = table.lookup(client)
+        return None if ban is None else self.banned_router(ban, client)
+
+    def banned_router(self, ban, client: str):
+        key = (ban.network, round(ban.until), client)
+        found = self.pages.get(key)
+        if found is None:
+            if len(self.pages) > 256:
+                self.pages.clear()
+            found = self.pages[key] = BannedRouter(ban, client)
+        TALLY.ban_refused += 1
+        return found
+
+    # ------------------------------------------------------------ the store
+    def start(self) -> None:
+        """Load the store's bans before the first request, then poll for changes."""
+        if not self.enabled or self._syncer is not None:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="nestgate-bans")
+        try:
+            self._load(self._store().version(), self._store().live())
+        except Exception as exc:  # noqa: BLE001 - the store down: the poller retries
+            self._complain(exc)
+        self._syncer = Periodic(SYNC_INTERVAL, self._sync)
+
+    def stop(self) -> None:
+        if self._syncer is not None:
+            self._syncer.stop()
+            self._syncer = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+
+    def tick(self, now: float) -> None:
+        if self._syncer is not None:
+            self._syncer.tick(now)
+
+    def _store(self):
+        if self._bans is None:
+            from nestgate.bans.store import open_bans
+            self._bans = open_bans(self.locator)
+        return self._bans
+
+    async def _sync(self) -> None:
+        import asyncio
+        loop = asyncio.get_running_loop()
+        try:
+            changed = await loop.run_in_executor(self._executor, self._changes)
+        except Exception as exc:  # noqa: BLE001 - any store failure: the table stays
+            self._complain(exc)
+            return
+        if self._down:
+            self._down = False
+            print("nestgate: bans: the store answers again", file=sys.stderr, flush=True)
+        if changed is not None:
+            self._load(*changed)
+
+    def _changes(self):
+        """(version, bans in force) when the store's bans changed; else None."""
+        store = self._store()
+        if time.monotonic() - self._purged > PURGE_INTERVAL:
+            self._purged = time.monotonic()
+            store.purge()
+        version = store.version()
+        if version == self._version:
+            return None
+        return version, store.live()
+
+    def _load(self, version: int, rows) -> None:
+        table = self.table
+        now = set()
+        for row in rows:
+            now.add(row.network)
+            table.add(row.network, row.until, row.origin, row.reason, row.answer)
+        for network in self._loaded - now:
+            table.remove(network)            # lifted through the store
+        self._loaded = now
+        self._version = version
+
+    def _complain(self, exc: Exception) -> None:
+        if not self._down:
+            self._down = True
+            print(f"nestgate: bans: the store cannot be used ({exc}); bans are kept in "
+                  "memory until it answers", file=sys.stderr, flush=True)
+
+
+class NotedNotFound:
+    """The built-in 404 of an unmatched path, told to `BANS` when a client is given it
+    (put in front of a site's 404 by the route table when some rule counts 404s)."""
+
+    is_async = GATED
+    __slots__ = ("inner", "site", "path")
+
+    def __init__(self, inner, site: str, path: str) -> None:
+        self.inner = inner
+        self.site = site
+        self.path = path
+
+    def admit(self, conn, headers):
+        BANS.answered(conn.client, self.site, "", self.path, 404)
+        return self.inner
+
+
+class BannedRouter:
+    """What a connection of a client banned with `ban_answer = "403"` is routed by:
+    every Host and path is the page saying until when (HTTP/1.1's and HTTP/2's lookups,
+    `site_for` and `route`, are both answered)."""
+
+    __slots__ = ("exact_raw", "the_route")
+
+    def __init__(self, ban, client: str) -> None:
+        from nestgate.errorpages import DEFAULT_PAGES, HTML, error_html
+        from nestgate.responses import Prebuilt
+        from nestgate.routing import NO_PARAMS, Route
+        detail = (f"This address is banned until {utc(ban.until)} UTC "
+                  f"({ban.reason or ban.origin}). Requests from it are refused until then.")
+        page = Prebuilt(403, error_html(403, detail, client), HTML,
+                        [("cache-control", "no-store")])
+        self.exact_raw: dict = {}
+        self.the_route = Route(page, NO_PARAMS, "banned", "", DEFAULT_PAGES,
+                               TALLY.route("-", "banned"))
+
+    def site_for(self, host: bytes):
+        return self
+
+    def route(self, *raw) -> object:
+        return self.the_route
+
+
+def utc(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'tsnrhtdd'[(n // 10 % 10 != 1) * (n % 10 < 4) * n % 10::4]}"
+
+
+BANS = BanWatch()
