@@ -137,6 +137,7 @@ class SiteRoutes:
             raise RouteTaken(self.name, path, label or path, held[1])
         owner = handler
         handler = self.guard(handler, access, sign_in, limit, label or path, policy)
+        handler = BANS.watching(self.name, label or path, handler)
         self.owners[shape] = (owner, label or path)
         self.found.clear()
         if "{" in path:
@@ -153,6 +154,7 @@ class SiteRoutes:
                    access=None, sign_in: bool = True, limit=None, policy=None) -> None:
         label = label or prefix + "*"
         handler = self.guard(handler, access, sign_in, limit, label, policy)
+        handler = BANS.watching(self.name, label, handler)
         self.found.clear()
         self.prefixes.append((prefix, handler, label, TALLY.route(self.name, label)))
         self.prefixes.sort(key=lambda entry: len(entry[0]), reverse=True)

@@ -776,18 +776,22 @@ class Browser:
     """Just enough of a browser: one cookie jar, one Host. A new connection for each
     request, or with `keep` one kept-alive connection for all (so one worker)."""
 
-    def __init__(self, port: int, host: str = "private.test", keep: bool = False) -> None:
+    def __init__(self, port: int, host: str = "private.test", keep: bool = False,
+                 source: str = "127.0.0.1") -> None:
         self.port, self.host = port, host
+        self.source = (source, 0)        # the client's address: any of 127.0.0.0/8
         self.jar: dict[str, str] = {}
         self.conn = None
         if keep:
-            self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10,
+                                                   source_address=self.source)
             self.conn.connect()
             self.conn.auto_open = 0              # never quietly reconnect elsewhere
 
     def request(self, method: str, path: str, body: bytes | None = None, headers=None,
                 cookies: bool = True):
-        conn = self.conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn = self.conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=10,
+                                                       source_address=self.source)
         hdrs = {"Host": self.host}
         if cookies and self.jar:
             hdrs["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.jar.items())

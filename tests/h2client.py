@@ -13,8 +13,9 @@ import h2.events
 
 class H2Client:
     def __init__(self, port: int, cafile: str | None, server_hostname: str = "localhost",
-                 preamble: bytes = b"") -> None:
-        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+                 preamble: bytes = b"", source: str = "127.0.0.1") -> None:
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10,
+                                       source_address=(source, 0))
         raw.sendall(preamble)               # a PROXY header, sent in clear before TLS
         self.scheme = b"https" if cafile else b"http"
         if cafile is None:

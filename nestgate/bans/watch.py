@@ -128,6 +128,15 @@ class BanWatch(Service):
                 if counted.counts(site, label, path, status):
                     self._count(counted, client)
 
+    def watching(self, site: str, label: str, handler):
+        """`handler` as the route `label` of `site` is given it: behind `NotedAnswers`
+        when a status rule watches that route (or all of the site's)."""
+        for counted in self.kinds.get("status", ()):
+            rule = counted.rule
+            if rule.site in ("", site) and rule.route in ("", label):
+                return NotedAnswers(handler, site, label)
+        return handler
+
     def _count(self, counted: CountedRule, client: str) -> None:
         if not client or client in counted.exempt:
             return
@@ -296,6 +305,29 @@ class BanWatch(Service):
             self._down = True
             print(f"nestgate: bans: the store cannot be used ({exc}); bans are kept in "
                   "memory until it answers", file=sys.stderr, flush=True)
+
+
+class NotedAnswers:
+    """A route some `on = "status"` rule watches: a ready answer it gives (the route's
+    own, or its guard's refusal) is told to `BANS`; a handler's answer is told by
+    `dispatch.record`. Only watched routes have one, so others pay nothing."""
+
+    is_async = GATED
+    __slots__ = ("inner", "site", "label", "upgrades")
+
+    def __init__(self, inner, site: str, label: str) -> None:
+        self.inner = inner
+        self.site = site
+        self.label = label
+        self.upgrades = getattr(inner, "upgrades", False)
+
+    def admit(self, conn, headers):
+        handler = self.inner
+        while handler.is_async is GATED:
+            handler = handler.admit(conn, headers)
+        if not handler.is_async and handler.status in BANS.statuses:
+            BANS.answered(conn.client, self.site, self.label, "", handler.status)
+        return handler
 
 
 class NotedNotFound:

@@ -1,0 +1,455 @@
+"""Bans: the shared table, [[ban]] rules counting what clients do, refusal at accept in
+every worker, the 403 page, escalation, the store (restart, Redis), `nestgate ban`, the
+admin API and metrics. Clients are told apart by their loopback source address
+(127.0.0.0/8 is all the machine's), so rules here set `ban_loopback = true`."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import (REPO, _env, admin_headers, admin_token, config, get_from, poll,
+                      scrape, tls_block)
+from nestgate.bans.store import open_bans
+from nestgate.bans.table import BanTable, client_network
+from nestgate.config import ConfigError, parse_config
+
+SCANNER_RULE = """
+[[ban]]
+name = "scanners"
+on = "scanner"
+paths = ["/wp-*", "*.php", "/.env"]
+count = 3
+window = "1m"
+ban_for = ["1h"]
+ban_loopback = true
+{extra}
+"""
+
+HELLO_SITE = """
+[[site]]
+hosts = ["*"]
+
+[[site.route]]
+path = "/hello"
+type = "return"
+body = "hello"
+"""
+
+
+def site_with(rules: str, store, workers: int = 2, listen: str = "", top: str = "") -> str:
+    return config(HELLO_SITE + f'\n[bans]\nstore = "{store}"\n' + rules, listen,
+                  top + f"workers = {workers}\n").replace("workers = 1\n", "", 1)
+
+
+def refused(port: int, source: str) -> bool:
+    """True when a connection from `source` is closed before any answer."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5,
+                                      source_address=(source, 0)) as sock:
+            sock.sendall(b"GET /hello HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            return sock.recv(65536) == b""
+    except ConnectionResetError:
+        return True
+
+
+def scan(port: int, source: str, paths) -> list[int]:
+    """Each path from `source` on a new connection: its status, 0 when refused."""
+    out = []
+    for path in paths:
+        try:
+            out.append(get_from(port, path, source=source)[0])
+        except (ConnectionResetError, IndexError, ValueError):
+            out.append(0)
+    return out
+
+
+# ------------------------------------------------------------------ the table
+def test_table_holds_addresses_ranges_and_ipv6_prefixes():
+    table = BanTable(4096)
+    now = time.time()
+    assert len(table) == 0 and table.lookup("192.0.2.7") is None
+    table.add("192.0.2.7", now + 60, "rule", "scanners", "403")
+    table.add("10.0.0.0/8", now + 60, "crowdsec", "ssh-bf")
+    table.add(client_network("2001:db8:1:2::77"), now + 60, "rule", "sign-in")
+    table.add("198.51.100.9", now - 1, "rule", "ended")
+    assert table.lookup("192.0.2.7").answer == "403"
+    assert table.lookup("192.0.2.8") is None
+    # A range stays a range: any address in it, and its IPv4-mapped spelling.
+    assert table.lookup("10.200.3.4").network == "10.0.0.0/8"
+    assert table.lookup("::ffff:10.1.1.1").origin == "crowdsec"
+    assert table.lookup("11.0.0.1") is None
+    # An IPv6 client is banned by its /64.
+    assert table.lookup("2001:db8:1:2:ffff::1").network == "2001:db8:1:2::/64"
+    assert table.lookup("2001:db8:1:3::1") is None
+    assert table.lookup("198.51.100.9") is None                  # ended
+    assert {b.network for b in table.entries()} == {
+        "192.0.2.7/32", "10.0.0.0/8", "2001:db8:1:2::/64"}
+    assert table.remove("10.0.0.0/8") and table.lookup("10.200.3.4") is None
+    assert not table.remove("10.0.0.0/8")
+    with pytest.raises(ValueError, match="not an IP address or CIDR"):
+        table.add("10.0.0.300", now + 60)
+
+
+def test_table_is_shared_with_forked_processes():
+    table = BanTable(1024)
+    pid = os.fork()
+    if pid == 0:                                   # the child bans; the parent sees it
+        table.add("203.0.113.5", time.time() + 60, "rule", "child")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert table.lookup("203.0.113.5").reason == "child"
+
+
+def test_ten_thousand_bans_fit_and_are_found():
+    table = BanTable()
+    until = time.time() + 600
+    for i in range(10_000):
+        table.add(f"100.{64 + i // 65536}.{i // 256 % 256}.{i % 256}", until)
+    assert len(table) == 10_000
+    assert all(table.lookup(f"100.64.{i // 256}.{i % 256}") for i in range(0, 10_000, 97))
+    assert table.lookup("100.127.0.1") is None
+
+
+# ------------------------------------------------------------------ config
+def test_check_names_the_file_and_key_of_a_bad_rule(tmp_path):
+    bad = site_with("""
+[[ban]]
+on = "scanners"
+
+[[ban]]
+name = "x"
+on = "scanner"
+count = 0
+ban_for = ["10m", "soon"]
+exempt = ["10.0.0.0/33"]
+ban_answer = "404"
+
+[[ban]]
+name = "x"
+on = "status"
+site = "nowhere"
+""", tmp_path / "s.db")
+    import tomllib
+    with pytest.raises(ConfigError) as info:
+        parse_config(tomllib.loads(bad), "home.toml")
+    problems = "\n".join(info.value.problems)
+    for expected in ("home.toml: ban[0].on: expected one of 'signin', 'scanner'",
+                     "home.toml: ban[1].count: expected an integer 1..",
+                     "home.toml: ban[1].ban_for: expected a duration",
+                     "home.toml: ban[1].exempt:", "home.toml: ban[1].ban_answer:",
+                     "home.toml: ban[1].paths: expected at least one path pattern",
+                     "home.toml: ban[2].name: expected a name no other [[ban]] rule has",
+                     "home.toml: ban[2].status: expected a list of statuses",
+                     "home.toml: ban[2].site: expected the name of a [[site]]"):
+        assert expected in problems, problems
+
+
+def test_shipped_rules_load():
+    import tomllib
+    rules = (REPO / "examples" / "bans.toml").read_text()
+    cfg = parse_config(tomllib.loads(config(HELLO_SITE + rules)), "bans.toml")
+    assert {r.on for r in cfg.bans.rules} >= {"scanner", "signin", "malformed"}
+    assert all(not r.ban_loopback for r in cfg.bans.rules)
+
+
+# ------------------------------------------------------------------ serving
+def test_a_scanner_is_closed_at_accept_by_every_worker(start_server, tmp_path):
+    server = start_server(site_with(SCANNER_RULE.format(extra=""), tmp_path / "s.db"))
+    port = server.port()
+    statuses = scan(port, "127.0.0.5", ["/wp-login.php", "/.env", "/x.php", "/wp-admin/"])
+    assert statuses[:3] == [404, 404, 404] and statuses[3] == 0, statuses
+    server.wait_for("banned 127.0.0.5/32 (scanners")
+    # Refused by both workers (each connection lands on either), before any answer.
+    assert all(refused(port, "127.0.0.5") for _ in range(12))
+    # Nobody else pays: another address, and a 404 that is not a scanner's.
+    assert get_from(port, "/hello", source="127.0.0.6")[0] == 200
+    assert scan(port, "127.0.0.7", ["/missing"] * 6) == [404] * 6
+    assert get_from(port, "/hello", source="127.0.0.7")[0] == 200
+    # Kept in the store, with the rule and its first strike.
+    bans = open_bans(str(tmp_path / "s.db"))
+    [row] = bans.live()
+    bans.close()
+    assert (row.network, row.rule, row.strikes, row.origin) == (
+        "127.0.0.5/32", "scanners", 1, "rule")
+    assert 3500 < row.until - time.time() <= 3600
+
+
+def test_loopback_is_never_banned_unless_asked(start_server, tmp_path):
+    rule = SCANNER_RULE.format(extra="").replace("ban_loopback = true", "")
+    server = start_server(site_with(rule, tmp_path / "s.db", workers=1))
+    port = server.port()
+    assert scan(port, "127.0.0.5", ["/x.php"] * 8) == [404] * 8
+    assert get_from(port, "/hello", source="127.0.0.5")[0] == 200
+
+
+def test_exempt_networks_are_never_banned(start_server, tmp_path):
+    rule = SCANNER_RULE.format(extra='exempt = ["127.0.0.8/32"]')
+    server = start_server(site_with(rule, tmp_path / "s.db", workers=1))
+    port = server.port()
+    assert scan(port, "127.0.0.8", ["/x.php"] * 8) == [404] * 8
+
+
+def test_the_403_answer_says_until_when(start_server, tmp_path):
+    rule = SCANNER_RULE.format(extra='ban_answer = "403"')
+    server = start_server(site_with(rule, tmp_path / "s.db", workers=1))
+    port = server.port()
+    scan(port, "127.0.0.9", ["/x.php"] * 3)
+    status, fields, body = get_from(port, "/hello", source="127.0.0.9")
+    assert status == 403 and fields["cache-control"] == "no-store"
+    until = time.strftime("%Y-%m-%d %H:", time.gmtime(time.time() + 3600))
+    assert b"banned until " + until.encode() in body and b"(scanners)" in body
+    assert b"127.0.0.9" in body and b"<style>" in body
+    # Every path and Host of that connection is the page; another client is served.
+    assert get_from(port, "/anything", source="127.0.0.9")[0] == 403
+    assert get_from(port, "/hello", source="127.0.0.10")[0] == 200
+
+
+def tls_listener(certs) -> str:
+    return '\n[[listen]]\naddress = "127.0.0.1:0"\n' + tls_block(certs)
+
+
+def test_the_403_answer_over_http2(start_server, tmp_path, certs):
+    from h2client import H2Client
+    rule = SCANNER_RULE.format(extra='ban_answer = "403"')
+    server = start_server(site_with(rule, tmp_path / "s.db", workers=1,
+                                    listen=tls_listener(certs)))
+    scan(server.port(), "127.0.0.11", ["/x.php"] * 3)
+    client = H2Client(server.port("https"), certs["ca"], source="127.0.0.11")
+    status, _headers, body = client.request("GET", "/hello")
+    client.close()
+    assert status == 403 and b"banned until" in body
+    other = H2Client(server.port("https"), certs["ca"], source="127.0.0.24")
+    assert other.request("GET", "/hello")[0] == 200
+    other.close()
+
+
+def test_tls_is_never_started_for_a_banned_client(start_server, tmp_path, certs):
+    server = start_server(site_with(SCANNER_RULE.format(extra=""), tmp_path / "s.db",
+                                    workers=1, listen=tls_listener(certs)))
+    scan(server.port(), "127.0.0.12", ["/x.php"] * 3)
+    raw = socket.create_connection(("127.0.0.1", server.port("https")), timeout=5,
+                                   source_address=("127.0.0.12", 0))
+    ctx = ssl.create_default_context(cafile=certs["ca"])
+    with pytest.raises((ssl.SSLError, ConnectionResetError, OSError)):
+        ctx.wrap_socket(raw, server_hostname="localhost")     # closed: no ServerHello
+    raw.close()
+
+
+def test_a_client_named_by_a_trusted_proxy_gets_the_page_and_the_proxy_stays(
+        start_server, tmp_path):
+    top = '[client_ip]\ntrusted_proxies = ["127.0.0.1"]\n'
+    server = start_server(site_with(SCANNER_RULE.format(extra=""), tmp_path / "s.db",
+                                    workers=1) + "\n" + top)
+    port = server.port()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    statuses = []
+    for path in ("/x.php", "/y.php", "/z.php", "/hello", "/hello"):
+        conn.request("GET", path, headers={"X-Forwarded-For": "203.0.113.66"})
+        resp = conn.getresponse()
+        resp.read()
+        statuses.append(resp.status)
+    conn.close()
+    # The proxy's connection is never closed for one client: that client gets the page.
+    assert statuses == [404, 404, 404, 403, 403], statuses
+    assert get_from(port, "/hello", {"X-Forwarded-For": "203.0.113.67"})[0] == 200
+    assert get_from(port, "/hello")[0] == 200                       # the proxy itself
+
+
+def test_a_repeat_offender_is_banned_longer(start_server, tmp_path):
+    rule = """
+[[ban]]
+name = "broken"
+on = "malformed"
+count = 1
+ban_for = ["1s", "1h"]
+ban_loopback = true
+"""
+    server = start_server(site_with(rule, tmp_path / "s.db", workers=1))
+    port = server.port()
+
+    def garbage() -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=5,
+                                      source_address=("127.0.0.13", 0)) as sock:
+            sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            return sock.recv(65536)
+
+    assert garbage().startswith(b"HTTP/1.1 400")
+    assert refused(port, "127.0.0.13")
+    assert poll(lambda: refused(port, "127.0.0.13"), lambda banned: not banned,
+                timeout=5) is False                                   # the 1 s is over
+    assert garbage().startswith(b"HTTP/1.1 400")                   # the second offence
+    server.wait_for("banned for the 2nd time (broken)")
+    bans = open_bans(str(tmp_path / "s.db"))
+    [row] = bans.live()
+    bans.close()
+    assert row.strikes == 2 and row.until - time.time() > 3500
+    time.sleep(1.5)
+    assert refused(port, "127.0.0.13")
+
+
+def test_bans_survive_a_restart(start_server, tmp_path):
+    toml = site_with(SCANNER_RULE.format(extra=""), tmp_path / "s.db", workers=1)
+    server = start_server(toml)
+    scan(server.port(), "127.0.0.14", ["/x.php"] * 3)
+    server.wait_for("banned 127.0.0.14/32")
+    time.sleep(0.3)                                   # the store write after the table's
+    server.stop()
+    again = start_server(toml, name="again.toml")
+    assert refused(again.port(), "127.0.0.14")
+    assert get_from(again.port(), "/hello", source="127.0.0.15")[0] == 200
+
+
+def ban_cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nestgate", "ban", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=30, env=_env())
+
+
+def test_ban_cli_adds_lists_and_lifts_within_a_second(start_server, tmp_path):
+    server = start_server(site_with("", tmp_path / "s.db"))    # no rules: [bans] alone
+    port = server.port()
+    conf = str(tmp_path / "nestgate.toml")
+    done = ban_cli("add", "127.0.0.16", "--for", "2h", "--reason", "seen in the logs",
+                   "--config", conf, cwd=tmp_path)
+    assert done.returncode == 0 and "127.0.0.16/32 banned until" in done.stdout
+    assert poll(lambda: refused(port, "127.0.0.16"), bool, timeout=2)
+    listed = ban_cli("list", "--config", conf, cwd=tmp_path).stdout
+    assert "127.0.0.16/32" in listed and "operator" in listed and "seen in the logs" in listed
+    assert ban_cli("remove", "127.0.0.16", "--config", conf, cwd=tmp_path).returncode == 0
+    assert poll(lambda: refused(port, "127.0.0.16"), lambda r: not r, timeout=2) is False
+    gone = ban_cli("remove", "127.0.0.16", "--config", conf, cwd=tmp_path)
+    assert gone.returncode == 1 and "no ban in force on 127.0.0.16" in gone.stderr
+    bad = ban_cli("add", "127.0.0.300", "--config", conf, cwd=tmp_path)
+    assert bad.returncode == 2 and "not an IP address or CIDR" in bad.stderr
+
+
+def test_ban_cli_without_bans_in_the_config_says_so(tmp_path):
+    (tmp_path / "n.toml").write_text(config(HELLO_SITE))
+    done = ban_cli("list", "--config", str(tmp_path / "n.toml"), cwd=tmp_path)
+    assert done.returncode != 0 and "ban: expected [[ban]] rules or a [bans] table" in \
+        done.stderr
+
+
+def api(port: int, method: str, path: str, body=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    headers = admin_headers(port)
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    conn.request(method, path, json.dumps(body) if body is not None else None, headers)
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    return resp.status, json.loads(data) if data else None
+
+
+def test_admin_api_lists_adds_and_lifts_with_audit_and_metrics(start_server, tmp_path):
+    audit = tmp_path / "audit.log"
+    server = start_server(site_with(SCANNER_RULE.format(extra=""), tmp_path / "s.db")
+                          + f'\n[admin]\naudit_log = "{audit}"\n')
+    port, admin = server.port(), server.admin_port()
+    admin_token(admin)
+    scan(port, "127.0.0.17", ["/x.php"] * 4)
+    status, body = api(admin, "POST", "/v1/bans", {"network": "127.0.0.18", "for": "2h",
+                                                   "reason": "abuse report", "answer": "403"})
+    assert status == 201 and body["network"] == "127.0.0.18/32"
+    assert get_from(port, "/hello", source="127.0.0.18")[0] == 403      # at once
+    status, body = api(admin, "GET", "/v1/bans")
+    shown = {b["network"]: b for b in body["bans"]}
+    assert shown["127.0.0.17/32"]["rule"] == "scanners" and \
+        shown["127.0.0.17/32"]["strikes"] == 1
+    assert shown["127.0.0.18/32"]["origin"] == "operator" and \
+        shown["127.0.0.18/32"]["reason"] == "abuse report"
+    assert 7100 < shown["127.0.0.18/32"]["until"] - time.time() <= 7200
+    assert api(admin, "POST", "/v1/bans", {"network": "nope"})[0] == 422
+    assert refused(port, "127.0.0.17")
+
+    def metrics():
+        return scrape(admin)[2]
+    samples = poll(metrics, lambda s: s.get("nestgate_ban_refused_total", [({}, 0)])[0][1] >= 2)
+    assert ({"rule": "scanners"}, 1.0) in samples["nestgate_bans_total"]
+    assert ({"origin": "rule"}, 1.0) in samples["nestgate_bans_active"]
+    assert ({"origin": "operator"}, 1.0) in samples["nestgate_bans_active"]
+
+    assert api(admin, "DELETE", "/v1/bans/127.0.0.18")[0] == 204
+    assert get_from(port, "/hello", source="127.0.0.18")[0] == 200
+    assert api(admin, "DELETE", "/v1/bans/127.0.0.17/32")[0] == 204
+    assert api(admin, "DELETE", "/v1/bans/127.0.0.17")[0] == 404
+    assert poll(lambda: refused(port, "127.0.0.17"), lambda r: not r, timeout=2) is False
+    actions = [json.loads(line)["action"] for line in audit.read_text().splitlines()]
+    assert actions == ["ban.add", "ban.remove", "ban.remove"]
+
+
+def test_bans_are_shared_by_instances_through_redis(start_server, tmp_path):
+    from redisserver import RedisServer
+    redis = RedisServer(tmp_path)
+    try:
+        toml = site_with(SCANNER_RULE.format(extra=""), "unused.db", workers=1).replace(
+            '[bans]\nstore = "unused.db"\n', f'[state]\nbackend = "redis"\nurl = "{redis.url}"\n')
+        one = start_server(toml, name="one.toml")
+        two = start_server(toml, name="two.toml")
+        scan(one.port(), "127.0.0.19", ["/x.php"] * 3)
+        assert refused(one.port(), "127.0.0.19")
+        assert poll(lambda: refused(two.port(), "127.0.0.19"), bool, timeout=3)
+        assert get_from(two.port(), "/hello", source="127.0.0.20")[0] == 200
+    finally:
+        redis.stop()
+
+
+def test_rate_limit_refusals_and_watched_statuses_ban(start_server, tmp_path):
+    rules = """
+[[ban]]
+name = "flood"
+on = "ratelimit"
+count = 3
+ban_loopback = true
+
+[[ban]]
+name = "forbidden"
+on = "status"
+status = [403]
+site = "home"
+route = "/private"
+count = 2
+ban_loopback = true
+"""
+    toml = config(f"""
+[[site]]
+name = "home"
+hosts = ["*"]
+
+[[site.route]]
+path = "/limited"
+type = "return"
+body = "ok"
+rate_limit = {{ rate = "1/m", burst = 1 }}
+
+[[site.route]]
+path = "/private"
+type = "return"
+body = "no"
+allow = ["192.0.2.0/24"]
+
+[[site.route]]
+path = "/hello"
+type = "return"
+body = "hello"
+
+[bans]
+store = "{tmp_path / 's.db'}"
+{rules}
+""")
+    server = start_server(toml)
+    port = server.port()
+    assert scan(port, "127.0.0.21", ["/limited"] * 5)[:4] == [200, 429, 429, 429]
+    assert refused(port, "127.0.0.21")
+    assert scan(port, "127.0.0.22", ["/private"] * 3) == [403, 403, 0]
+    server.wait_for("banned 127.0.0.22/32 (forbidden")
+    assert get_from(port, "/hello", source="127.0.0.23")[0] == 200
