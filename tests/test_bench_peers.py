@@ -79,6 +79,21 @@ def test_nestgate_accepts_the_health_config(site_root, tmp_path):
     assert out.returncode == 0, out.stderr
 
 
+def test_the_bans_scenario_fills_the_store_the_config_names(site_root, tmp_path):
+    from nestgate.bans.store import open_bans
+    from nestgate.config import read_config
+    scenario = scenarios.BY_NAME["health-bans-10k"]
+    site = make_site(site_root, scenario.route, bans=scenario.bans)
+    path = tmp_path / "nestgate.toml"
+    path.write_text(peers.render_nestgate(site, tmp_path))
+    peers._fill_bans(site, tmp_path)
+    config = read_config(str(path))
+    bans = open_bans(config.bans.store)
+    rows = bans.live()
+    bans.close()
+    assert len(rows) == 10_000 and not any(r.network.startswith("127.") for r in rows)
+
+
 def test_nginx_health_returns_the_same_length(site_root, tmp_path):
     conf = peers.render_nginx(make_site(site_root, Route("health", scenarios.HEALTH)),
                               tmp_path, tmp_path / "e.log", peers._nginx_health(

@@ -40,6 +40,7 @@ class Site:
     rate_limit: tuple[int, int] | None = None   # (per second, burst) per client address
     state: str = ""                     # behind sign-in: "sqlite" or "redis" sessions
     policy: bool = False                # behind sign-in: only the bench user's group
+    bans: int = 0                       # bans put in the store before the start
     state_url: str = ""                 # the Redis server's, for "redis"
     wrapper: tuple[str, ...] = ()       # a command the server runs under (callgrind)
     http3: bool = False                 # nestgate's TLS listener also serves HTTP/3
@@ -219,6 +220,8 @@ class Nestgate(Peer):
         path.write_text(render_nestgate(site, self.workdir))
         if site.state:
             _open_bench_session(site, self.workdir)
+        if site.bans:
+            _fill_bans(site, self.workdir)
         return [path]
 
     def check(self, config: Path) -> None:
@@ -258,6 +261,26 @@ def _open_bench_session(site: Site, workdir: Path) -> None:
         store.close()
 
 
+def _bans_store(workdir: Path) -> str:
+    return str(workdir / "nestgate-bench-bans.db")
+
+
+def _fill_bans(site: Site, workdir: Path) -> None:
+    """`site.bans` bans in the store the server loads its table from at the start:
+    addresses of 100.64.0.0/10, never the driver's loopback."""
+    from nestgate.auth.store import prepare_store
+    from nestgate.bans.store import open_bans
+    locator = _bans_store(workdir)
+    prepare_store(locator)
+    bans = open_bans(locator)
+    try:
+        for i in range(site.bans):
+            bans.ban(f"100.{64 + i // 65536}.{i // 256 % 256}.{i % 256}", (86400.0,), 0.0,
+                     "operator", "", "bench", "close", replace=True)
+    finally:
+        bans.close()
+
+
 def _signed_in_tables(site: Site, workdir: Path) -> list[str]:
     from nestgate.auth.passwords import hash_password
     lines = ["[auth]", f"store = {_toml(str(workdir / 'nestgate-bench-state.db'))}",
@@ -291,6 +314,8 @@ def render_nestgate(site: Site, workdir: Path | None = None) -> str:
                   f"key = {_toml(str(site.certificate.key))}", 'names = ["localhost"]']
     if site.state:
         lines += [""] + _signed_in_tables(site, workdir)
+    if site.bans:
+        lines += ["", "[bans]", f"store = {_toml(_bans_store(workdir))}"]
     lines += ["", "[[site]]", f"hosts = {_toml([site.site_host or '*'])}"]
     if site.state:
         lines.append("protected = true")

@@ -131,7 +131,7 @@ def _sites(scenario: Scenario, opts: Options, workdir: Path, names: list[str],
                            cidrs=tuple(content.cidr_list()) if scenario.host else (),
                            backend_port=backend_port, captured=captured,
                            rate_limit=scenario.rate_limit, state=scenario.state,
-                           policy=scenario.policy,
+                           policy=scenario.policy, bans=scenario.bans,
                            state_url=state_url, http3=scenario.driver == "h3py",
                            wrapper=tuple(callgrind.wrapper(workdir))
                            if opts.instructions and name == "nestgate" else ())

@@ -40,6 +40,7 @@ class Scenario:
     rate_limit: tuple[int, int] | None = None   # (requests per second, burst) on the route
     state: str = ""                     # behind sign-in, sessions in "sqlite" or "redis"
     policy: bool = False                # behind sign-in: the site admits one group only
+    bans: int = 0                       # bans in the table (none of them the driver's)
 
     @property
     def scheme(self) -> str:
@@ -59,6 +60,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("health-limited", "health JSON behind a per-client rate limit that never "
              "refuses (nginx: limit_req, its JSON served as a file)", _health, HEALTH,
              rate_limit=(1_000_000, 1_000_000), needs="rate limits"),
+    # 10,000 bans in the table: what the lookup at accept costs a client not banned
+    # (the drivers keep their connections, so it is paid once per connection).
+    Scenario("health-bans-10k", "health JSON with 10,000 bans in the table (nginx: none)",
+             _health, HEALTH, bans=10_000, needs="bans"),
     Scenario("page", "cached page (~11 KB), HTTP/1.1", _page, "/page", needs="return body_file"),
     Scenario("page-br", "cached page (~11 KB) asked with Accept-Encoding: br, gzip "
              "(nginx: its gzip_static file)", _page, "/page",
