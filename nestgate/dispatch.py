@@ -210,7 +210,8 @@ def record(req, logged: bool) -> None:
     """Count a request that was answered (or failed) and, if `logged`, log it."""
     req.tally.timed(req.status, time.perf_counter() - req._t0)
     if req.status in BANS.statuses:          # an empty set unless a [[ban]] rule counts it
-        BANS.answered(req.client, req.tally.site, req.route, req.path, req.status)
+        BANS.answered(req.client, req.tally.site, req.route, req.path, req.status,
+                      req.connection)
     if logged:
         req.connection.ctx.access_log.record(
             req.client, req.method, req.host, req.path, req.status, req.sent, req._t0,

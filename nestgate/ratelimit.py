@@ -407,7 +407,7 @@ class Limited:
         if tat < now:
             tat = now
         if tat - now > self.allowance:
-            return self._refuse(tat - now - self.tolerance, headers, conn.client)
+            return self._refuse(tat - now - self.tolerance, headers, conn)
         tats[at + 1] = tat + self.interval
         if self.sync is not None:
             self.sync.used(key, tag, at, self.interval)
@@ -430,19 +430,19 @@ class Limited:
         now = time.monotonic()
         at = self.table.locate(tag, at, now)
         conn.decisions[self] = (client, tag, at, key)
-        return self._take(tag, at, key, now, headers, client)
+        return self._take(tag, at, key, now, headers, conn)
 
-    def _take(self, tag: int, at: int, key: str, now: float, headers, client: str):
+    def _take(self, tag: int, at: int, key: str, now: float, headers, conn):
         wait = self.table.take(tag, at, now, self.interval, self.tolerance)
         if wait:
-            return self._refuse(wait, headers, client)
+            return self._refuse(wait, headers, conn)
         if self.sync is not None:
             self.sync.used(key, tag, at, self.interval)
         return self.inner
 
-    def _refuse(self, wait: float, headers, client: str):
+    def _refuse(self, wait: float, headers, conn):
         self.refused[0] += 1
-        BANS.note("ratelimit", client)          # counted by [[ban]] rules on = "ratelimit"
+        BANS.note("ratelimit", conn.client, conn)   # [[ban]] rules on = "ratelimit"
         return self.errors.too_many(int(wait) + 1, headers)
 
     def place(self, client: str) -> tuple:
@@ -476,7 +476,7 @@ class LimitedByUser(Limited):
             return self.inner                               # exempt (by address)
         key = f"{self.identity}|user|{user}"
         tag, at = self.table.place(hash(key))
-        return self._take(tag, at, key, _now(), headers, conn.client)
+        return self._take(tag, at, key, _now(), headers, conn)
 
 
 def rate_sync(config):

@@ -183,6 +183,25 @@ def test_a_scanner_is_closed_at_accept_by_every_worker(start_server, tmp_path):
     assert 3500 < row.until - time.time() <= 3600
 
 
+def test_a_scanner_on_one_kept_alive_connection_is_cut_off_there_too(start_server, tmp_path):
+    server = start_server(site_with(SCANNER_RULE.format(extra=""), tmp_path / "s.db",
+                                    workers=1))
+    port = server.port()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5,
+                                      source_address=("127.0.0.25", 0))
+    answers = []
+    for path in ("/a.php", "/b.php", "/c.php", "/hello"):
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        answers.append((resp.status, resp.getheader("connection"), resp.read()))
+    conn.close()
+    # The third 404 bans: the answer under way goes out, the next is the page, and the
+    # connection ends with it; new connections are closed at accept.
+    assert [a[0] for a in answers] == [404, 404, 404, 403], answers
+    assert answers[3][1] == "close" and b"banned until" in answers[3][2]
+    assert refused(port, "127.0.0.25")
+
+
 def test_loopback_is_never_banned_unless_asked(start_server, tmp_path):
     rule = SCANNER_RULE.format(extra="").replace("ban_loopback = true", "")
     server = start_server(site_with(rule, tmp_path / "s.db", workers=1))

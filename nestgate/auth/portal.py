@@ -482,7 +482,7 @@ class LoginPage(_FormPath):
                                account, cfg.account_delays, trusted)
         if wait > 0:
             TALLY.event("signin_refused")
-            BANS.note("signin", client)        # [[ban]] rules on = "signin"
+            BANS.note("signin", client, request.connection)   # [[ban]] rules on = "signin"
             await request.send(429, [(b"retry-after", b"%d" % math.ceil(wait)),
                                      (b"content-type", b"text/plain")],
                                b"too many failed sign-ins; try again later\n")
@@ -499,7 +499,7 @@ class LoginPage(_FormPath):
             factors = f"{PASSWORD} {second}"
         if not ok:
             TALLY.event("signin_failure")
-            BANS.note("signin", client)
+            BANS.note("signin", client, request.connection)
             await signin.page(request, 401, next_url, "Wrong user, password or code.")
             return
         TALLY.event("signin_success")

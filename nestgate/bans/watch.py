@@ -116,17 +116,19 @@ class BanWatch(Service):
         self.table = ban_table() if self.enabled else None
 
     # ------------------------------------------------------------ events
-    def note(self, kind: str, client: str) -> None:
-        """`client` did something rules of `kind` count (signin, malformed, ratelimit)."""
+    def note(self, kind: str, client: str, conn=None) -> None:
+        """`client` did something rules of `kind` count (signin, malformed, ratelimit),
+        on `conn` when the caller has it (a ban then ends that connection too)."""
         for counted in self.kinds.get(kind, ()):
-            self._count(counted, client)
+            self._count(counted, client, conn)
 
-    def answered(self, client: str, site: str, label: str, path: str, status: int) -> None:
+    def answered(self, client: str, site: str, label: str, path: str, status: int,
+                 conn=None) -> None:
         """`client` was answered `status` (one of `statuses`) on `site`'s route `label`."""
         for kind in ("scanner", "status"):
             for counted in self.kinds.get(kind, ()):
                 if counted.counts(site, label, path, status):
-                    self._count(counted, client)
+                    self._count(counted, client, conn)
 
     def watching(self, site: str, label: str, handler):
         """`handler` as the route `label` of `site` is given it: behind `NotedAnswers`
@@ -137,7 +139,7 @@ class BanWatch(Service):
                 return NotedAnswers(handler, site, label)
         return handler
 
-    def _count(self, counted: CountedRule, client: str) -> None:
+    def _count(self, counted: CountedRule, client: str, conn) -> None:
         if not client or client in counted.exempt:
             return
         rule = counted.rule
@@ -150,16 +152,22 @@ class BanWatch(Service):
             tag, at = rates.place(hash(counted.identity + network))
             if not rates.take(tag, at, time.monotonic(), counted.interval, counted.tolerance):
                 return
-        self.ban(rule, network, client)
+        self.ban(rule, network, client, conn)
 
-    def ban(self, rule, network: str, client: str) -> None:
-        """Ban `network` under `rule`: now in the shared table, then in the store."""
+    def ban(self, rule, network: str, client: str, conn=None) -> None:
+        """Ban `network` under `rule`: now in the shared table, then in the store. The
+        client's connection the event came on (not a trusted proxy's, which carries
+        others) answers its later requests with the page, and with `ban_answer =
+        "close"` ends after the answer under way."""
         table = self.table
         if table.lookup(client) is not None:
             return                          # banned already (by another worker, just now)
-        reason = rule.name
-        table.add(network, time.time() + rule.ban_for[0], "rule", reason, rule.ban_answer)
+        table.add(network, time.time() + rule.ban_for[0], "rule", rule.name, rule.ban_answer)
         TALLY.banned(rule.name)
+        if conn is not None and conn.client == conn.peer == client:
+            conn.serve_only(self.banned_router(table.lookup(client), client))
+            if rule.ban_answer == "close":
+                conn.finish_and_close()
         print(f"nestgate: banned {network} ({rule.name}: {rule.count} x {rule.on} "
               f"within {rule.window:g}s)", file=sys.stderr, flush=True)
         if self._executor is not None:
@@ -326,7 +334,7 @@ class NotedAnswers:
         while handler.is_async is GATED:
             handler = handler.admit(conn, headers)
         if not handler.is_async and handler.status in BANS.statuses:
-            BANS.answered(conn.client, self.site, self.label, "", handler.status)
+            BANS.answered(conn.client, self.site, self.label, "", handler.status, conn)
         return handler
 
 
@@ -343,7 +351,7 @@ class NotedNotFound:
         self.path = path
 
     def admit(self, conn, headers):
-        BANS.answered(conn.client, self.site, "", self.path, 404)
+        BANS.answered(conn.client, self.site, "", self.path, 404, conn)
         return self.inner
 
 
