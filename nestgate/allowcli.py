@@ -51,13 +51,17 @@ def _add(store, args) -> int:
 
 
 def _list(store, args) -> int:
-    rows = [("ID", "CIDR", "EXPIRES (UTC)", "COMMENT")]
-    rows += [(str(i), cidr, _utc(expires), comment)
-             for i, cidr, expires, comment in store.allow_entries()]
-    widths = [max(len(row[col]) for row in rows) for col in range(3)]
-    for *cells, comment in rows:
-        print("  ".join([*(c.ljust(w) for c, w in zip(cells, widths)), comment]).rstrip())
+    print_table([("ID", "CIDR", "EXPIRES (UTC)", "COMMENT")] +
+                [(str(i), cidr, _utc(expires), comment)
+                 for i, cidr, expires, comment in store.allow_entries()])
     return 0
+
+
+def print_table(rows: list[tuple[str, ...]]) -> None:
+    """Columns padded to their widest cell; the last one (free text) as it is."""
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]) - 1)]
+    for *cells, last in rows:
+        print("  ".join([*(c.ljust(w) for c, w in zip(cells, widths)), last]).rstrip())
 
 
 def _remove(store, args) -> int:

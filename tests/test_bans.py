@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import (REPO, _env, admin_headers, admin_token, config, get_from, poll,
+from conftest import (HELLO, REPO, _env, admin_headers, admin_token, config, get_from, poll,
                       scrape, tls_block)
 from nestgate.bans.store import open_bans
 from nestgate.bans.table import BanTable, client_network
@@ -34,15 +34,7 @@ ban_loopback = true
 {extra}
 """
 
-HELLO_SITE = """
-[[site]]
-hosts = ["*"]
-
-[[site.route]]
-path = "/hello"
-type = "return"
-body = "hello"
-"""
+HELLO_SITE = '\n[[site]]\nhosts = ["*"]\n' + HELLO
 
 
 def site_with(rules: str, store, workers: int = 2, listen: str = "", top: str = "") -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nestgate.allowcli import _ttl, _utc, store_command
+from nestgate.allowcli import _ttl, _utc, print_table, store_command
 from nestgate.bans.table import ANSWERS
 
 DEFAULT_FOR = "1d"
@@ -33,12 +33,9 @@ def _add(bans, args) -> int:
 
 
 def _list(bans, args) -> int:
-    rows = [("NETWORK", "UNTIL (UTC)", "ORIGIN", "RULE", "STRIKES", "ANSWER", "REASON")]
-    rows += [(row.network, _utc(row.until), row.origin, row.rule or "-", str(row.strikes),
-              row.answer, row.reason) for row in bans.live()]
-    widths = [max(len(row[col]) for row in rows) for col in range(6)]
-    for *cells, reason in rows:
-        print("  ".join([*(c.ljust(w) for c, w in zip(cells, widths)), reason]).rstrip())
+    print_table([("NETWORK", "UNTIL (UTC)", "ORIGIN", "RULE", "STRIKES", "ANSWER", "REASON")] +
+                [(row.network, _utc(row.until), row.origin, row.rule or "-",
+                  str(row.strikes), row.answer, row.reason) for row in bans.live()])
     return 0
 
 
