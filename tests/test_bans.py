@@ -275,6 +275,19 @@ def test_a_client_named_by_a_trusted_proxy_gets_the_page_and_the_proxy_stays(
     assert get_from(port, "/hello")[0] == 200                       # the proxy itself
 
 
+def test_a_client_named_by_a_proxy_protocol_header_is_closed(start_server, tmp_path):
+    from conftest import ask, v1
+    listen = '\n[[listen]]\naddress = "127.0.0.1:0"\nproxy_protocol_from = ["127.0.0.1"]\n'
+    toml = site_with(SCANNER_RULE.format(extra=""), tmp_path / "s.db", workers=1)
+    server = start_server(toml.replace('[[listen]]\naddress = "127.0.0.1:0"\n', listen, 1))
+    port = server.port()
+    statuses = [ask(port, "a", path, proxy=v1("198.51.100.30"))[0]
+                for path in ("/a.php", "/b.php", "/c.php", "/hello")]
+    assert statuses == [404, 404, 404, 0], statuses
+    assert ask(port, "a", "/hello", proxy=v1("198.51.100.31")) == (200, b"hello")
+    assert ask(port, "a", "/hello") == (200, b"hello")          # the proxy itself
+
+
 def test_a_repeat_offender_is_banned_longer(start_server, tmp_path):
     rule = """
 [[ban]]
