@@ -201,6 +201,10 @@ class TLSHandshake(asyncio.Protocol):
         protocol = tls.get_protocol()    # the ALPN switch has put HTTP/2 or HTTP/1.1 there
         if self.source:
             protocol.set_client(self.source)
+            bans = self.ctx.bans
+            if bans is not None and bans.refuses(protocol):    # (its ban answers the page)
+                self._early = b""
+                return
         if self._early and not tls.is_closing():
             protocol.data_received(self._early)
         self._early = b""

@@ -288,6 +288,28 @@ def test_a_client_named_by_a_proxy_protocol_header_is_closed(start_server, tmp_p
     assert ask(port, "a", "/hello") == (200, b"hello")          # the proxy itself
 
 
+def test_proxy_protocol_before_tls_the_named_client_gets_its_page(start_server, tmp_path,
+                                                                  certs):
+    from conftest import v1
+    from h2client import H2Client
+    listen = ('\n[[listen]]\naddress = "127.0.0.1:0"\nproxy_protocol_from = ["127.0.0.1"]\n'
+              + tls_block(certs))
+    rule = SCANNER_RULE.format(extra='ban_answer = "403"')
+    server = start_server(site_with(rule, tmp_path / "s.db", workers=1, listen=listen))
+    port = server.port("https")
+
+    def get(ip: str, path: str) -> tuple[int, bytes]:
+        client = H2Client(port, certs["ca"], preamble=v1(ip))
+        status, _headers, body = client.request("GET", path)
+        client.close()
+        return status, body
+
+    assert [get("198.51.100.40", p)[0] for p in ("/a.php", "/b.php", "/c.php")] == [404] * 3
+    status, body = get("198.51.100.40", "/hello")
+    assert status == 403 and b"banned until" in body and b"198.51.100.40" in body
+    assert get("198.51.100.41", "/hello")[0] == 200
+
+
 def test_a_repeat_offender_is_banned_longer(start_server, tmp_path):
     rule = """
 [[ban]]
