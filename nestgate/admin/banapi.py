@@ -12,7 +12,7 @@ next accept and one lifted is lifted there too.
 
 from __future__ import annotations
 
-from nestgate.admin.replies import parse_json
+from nestgate.admin.replies import method_not_allowed, parse_json
 from nestgate.admin.stateapi import MAX_COMMENT, StoreEndpoint
 from nestgate.bans.table import ANSWERS, ban_table
 from nestgate.units import parse_duration
@@ -28,6 +28,14 @@ class Bans(StoreEndpoint):
     def store(self):
         from nestgate.bans.store import open_bans
         return open_bans(self.store_path)
+
+    async def handle(self, request) -> None:
+        # A method the path does not answer is 405 whether or not bans are kept.
+        allowed = "DELETE" if "address" in request.params else "GET, HEAD, POST"
+        if request.method.decode("latin-1") not in allowed.split(", "):
+            await request.send_prebuilt(method_not_allowed(allowed))
+            return
+        await super().handle(request)
 
     async def answer(self, request) -> str:
         params, method = request.params, request.method

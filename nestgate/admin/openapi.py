@@ -125,6 +125,14 @@ def _with_pattern(op: dict, name: str, pattern: str) -> dict:
     return op
 
 
+def _lift(summary: str, parameters: tuple[str, ...]) -> dict:
+    """DELETE of a ban: its path parameters are an address's and a prefix's characters."""
+    op = _op(summary, {"204": {"description": "lifted"}, "404": _ERROR, "409": _ERROR,
+                       "503": _ERROR}, parameters=parameters)
+    _with_pattern(op, "address", "^[0-9A-Fa-f:.]{2,45}$")
+    return _with_pattern(op, "prefix", "^[0-9]{1,3}$")
+
+
 PATHS = {
     "/v1/health": {"get": _op("Liveness: the admin process answers", {
         "200": _json(_obj({"status": {"const": "ok"}}, ("status",)), "alive")}, open_=True,
@@ -173,13 +181,10 @@ PATHS = {
             body={_JSON: {"schema": _obj({"network": _STR,
                                           "for": {"type": ["string", "number"]},
                                           "reason": _STR, "answer": _STR}, ("network",))}})},
-    "/v1/bans/{address}": {"delete": _op("Lift the ban on an address, or the one covering it",
-                                         {"204": {"description": "lifted"}, "404": _ERROR,
-                                          "409": _ERROR, "503": _ERROR},
-                                         parameters=("address",))},
-    "/v1/bans/{address}/{prefix}": {"delete": _op("Lift the ban on a range", {
-        "204": {"description": "lifted"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
-        parameters=("address", "prefix"))},
+    "/v1/bans/{address}": {"delete": _lift("Lift the ban on an address, or the one covering "
+                                           "it", ("address",))},
+    "/v1/bans/{address}/{prefix}": {"delete": _lift("Lift the ban on a range",
+                                                    ("address", "prefix"))},
     "/v1/certificates/{name}": {"put": _op(
         "Install a certificate another tool renews (as `nestgate cert install`)", {
             "200": _json(_obj({"name": _STR, "sources": {"type": "array", "items": _STR},
