@@ -267,7 +267,7 @@ def test_hand_over_with_data_right_after_the_handshake(run, certs):
         ctx = SimpleNamespace(loop=loop, connections=set(), proxy_protocol_from=Networks(
             ["127.0.0.1/32"]), limits=SimpleNamespace(header_timeout=5.0, max_connections=16),
             client_address=ServerContext.client_address, certificate_book=None,
-            alpn_protocols=("h2", "http/1.1"))
+            alpn_protocols=("h2", "http/1.1"), bans=None)
         server = await loop.create_server(lambda: ProxyThenTLS(ctx, server_ssl, Echo),
                                           "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
