@@ -57,7 +57,7 @@ from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import ConnectionTerminated, ProtocolNegotiated, \
     StopSendingReceived, StreamDataReceived, StreamReset
-from aioquic.quic.packet import pull_quic_header
+from aioquic.quic.packet import QuicErrorCode, QuicFrameType, pull_quic_header
 from aioquic.tls import load_pem_x509_certificates, pull_client_hello
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
@@ -288,6 +288,15 @@ class HTTP3Connection(QuicConnectionProtocol):
     def _arrived(self, addr) -> None:
         ctx = self.ctx
         take_peer(self, ctx.client_address(addr))
+        bans = ctx.bans
+        if bans is not None and bans.turns_away(self):
+            # Banned (nestgate.bans), closed before the handshake: a transport close,
+            # as QUIC refuses a connection (RFC 9000 20.1). A ban answered with the
+            # page is served it on this connection (`serve_only`).
+            self._ended = True
+            self._quic.close(error_code=QuicErrorCode.CONNECTION_REFUSED,
+                             frame_type=QuicFrameType.PADDING, reason_phrase="banned")
+            return
         if len(ctx.connections) >= self.limits.max_connections or \
                 (ctx.max_per_client and not count_connection(self)):
             self._ended = True
@@ -295,6 +304,10 @@ class HTTP3Connection(QuicConnectionProtocol):
             return
         ctx.connections.add(self)
         self._draining = ctx.draining
+
+    def serve_only(self, router) -> None:
+        """Route every stream of this connection with `router` (a banned client's page)."""
+        self.router = router
 
     def quic_event_received(self, event) -> None:
         kind = type(event)
@@ -345,7 +358,10 @@ class HTTP3Connection(QuicConnectionProtocol):
         method, raw_target, authority, headers, problem = read_head(
             event.headers, ended, self.limits)
         if self.xff_trusted:
-            refresh_client(self, headers)   # per request: streams may carry many clients
+            # Per request: streams may carry many clients (a banned one: the page).
+            banned = refresh_client(self, headers)
+        else:
+            banned = None
         length = None
         if problem is None and not ended:
             try:
@@ -358,7 +374,8 @@ class HTTP3Connection(QuicConnectionProtocol):
             refuse(self, stream_id, problem.status, method, authority, headers)
             req = None
         else:
-            req = open_stream(self, stream_id, method, raw_target, authority, headers)
+            req = open_stream(self, stream_id, method, raw_target, authority, headers,
+                              banned)
         if req is None:
             if not ended:
                 self._quic.stop_stream(stream_id, ErrorCode.H3_NO_ERROR)   # no body wanted

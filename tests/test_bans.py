@@ -255,6 +255,48 @@ def test_tls_is_never_started_for_a_banned_client(start_server, tmp_path, certs)
     raw.close()
 
 
+def h3_status(port: int, ca: str, headers=()) -> int:
+    """GET /hello over HTTP/3 (from 127.0.0.1): its status, 0 when the QUIC connection
+    is refused (closed before it is established)."""
+    import asyncio
+
+    import h3client
+
+    async def ask():
+        return await asyncio.wait_for(
+            h3client.requests(port, ca, [("GET", "/hello", headers, None)]), 10)
+    try:
+        return asyncio.run(ask())[0].status
+    except (ConnectionError, asyncio.TimeoutError):
+        return 0
+
+
+def test_http3_a_banned_client_gets_the_page_or_its_connection_refused(
+        start_server, tmp_path, certs):
+    listen = '\n[[listen]]\naddress = "127.0.0.1:0"\nhttp3 = true\n' + tls_block(certs)
+    top = '[client_ip]\ntrusted_proxies = ["127.0.0.1"]\n'
+    server = start_server(site_with("", tmp_path / "s.db", workers=1, listen=listen)
+                          + "\n" + top)
+    port, ca = server.port("https"), certs["ca"]
+    assert h3_status(port, ca) == 200
+    bans = open_bans(str(tmp_path / "s.db"))
+    # A client the trusted proxy names is banned with the page: its requests get it, the
+    # proxy's others are served on the same footing.
+    bans.ban("203.0.113.66", (3600.0,), 0.0, "operator", "", "seen in the logs", "403")
+    named = [("x-forwarded-for", "203.0.113.66")]
+    assert poll(lambda: h3_status(port, ca, named), lambda s: s == 403, timeout=3) == 403
+    assert h3_status(port, ca, [("x-forwarded-for", "203.0.113.67")]) == 200
+    # The QUIC peer itself banned with the page: every stream of its connections.
+    bans.ban("127.0.0.1", (3600.0,), 0.0, "operator", "", "seen in the logs", "403")
+    assert poll(lambda: h3_status(port, ca), lambda s: s == 403, timeout=3) == 403
+    # ... and banned to be closed: its QUIC connection is refused before the handshake.
+    bans.ban("127.0.0.1", (3600.0,), 0.0, "operator", "", "seen in the logs", "close",
+             replace=True)
+    assert poll(lambda: h3_status(port, ca), lambda s: s == 0, timeout=3) == 0
+    bans.unban("127.0.0.1")
+    assert poll(lambda: h3_status(port, ca), lambda s: s == 200, timeout=3) == 200
+
+
 def test_a_client_named_by_a_trusted_proxy_gets_the_page_and_the_proxy_stays(
         start_server, tmp_path):
     top = '[client_ip]\ntrusted_proxies = ["127.0.0.1"]\n'

@@ -25,7 +25,8 @@ the bans in force into the table and lifts those it loaded before that are gone.
 
 A banned client is looked up once per connection, where its address becomes known
 (accept, a PROXY header, or per request for clients named by a trusted proxy in
-X-Forwarded-For): `refuses` closes it (before TLS on a TLS listener), or with
+X-Forwarded-For): `refuses` closes it (before TLS on a TLS listener; an HTTP/3
+client's QUIC connection is closed with CONNECTION_REFUSED at its first datagram), or with
 `ban_answer = "403"` gives the connection a router whose every route is the page
 saying until when. A client that is not banned pays one shared-memory read per
 connection while the table is empty, and one lookup (a probe per prefix length in
@@ -197,6 +198,14 @@ class BanWatch(Service):
         """At accept (or once a PROXY header named the client): True when `conn`'s
         client is banned with the connection closed; with `ban_answer = "403"`, the
         connection is given the page's router instead and False is returned."""
+        if self.turns_away(conn):
+            conn.transport.close()
+            return True
+        return False
+
+    def turns_away(self, conn) -> bool:
+        """`refuses` but for the closing, which the caller does (a QUIC connection has
+        no transport of its own to close: nestgate.http3 closes it by QUIC's means)."""
         table = self.table
         if not len(table):
             return False
@@ -207,7 +216,6 @@ class BanWatch(Service):
             conn.serve_only(self.banned_router(ban, conn.client))
             return False
         TALLY.ban_refused += 1
-        conn.transport.close()
         return True
 
     def closes(self, client: str) -> bool:
