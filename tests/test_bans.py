@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from conftest import (HELLO, REPO, _env, admin_headers, admin_token, config, get_from, poll,
+from conftest import (HELLO, PASSWORD_HASH, REPO, Browser, _env, admin_headers, admin_token,
+                      config, get_from, poll,
                       scrape, tls_block)
 from nestgate.bans.store import open_bans
 from nestgate.bans.table import BanTable, client_network
@@ -253,6 +254,26 @@ def test_tls_is_never_started_for_a_banned_client(start_server, tmp_path, certs)
     with pytest.raises((ssl.SSLError, ConnectionResetError, OSError)):
         ctx.wrap_socket(raw, server_hostname="localhost")     # closed: no ServerHello
     raw.close()
+
+
+def test_failed_passkey_sign_ins_count_as_failed_sign_ins(start_server, tmp_path):
+    import softauthn
+    rule = ('\n[[ban]]\nname = "sign-in"\non = "signin"\ncount = 3\nwindow = "1m"\n'
+            'ban_for = ["1h"]\nban_loopback = true\n')
+    auth = (f'\n[auth]\nstore = "{tmp_path / "s.db"}"\n\n[[auth.user]]\nname = "demo"\n'
+            f'password = "{PASSWORD_HASH}"\n\n[[site]]\nname = "private"\n'
+            'hosts = ["private.test"]\nprotected = true\n\n[[site.route]]\npath = "/"\n'
+            'type = "return"\nbody = "in"\n')
+    server = start_server(site_with(rule, tmp_path / "s.db", workers=1) + auth)
+    port = server.port()
+    sprayer = Browser(port, source="127.0.0.31")
+    for _ in range(2):      # a ceremony begun, answered with what no authenticator signed
+        resp, page = softauthn.finish_sign_in(sprayer, softauthn.begin_sign_in(sprayer)[0],
+                                              "{}")
+        assert resp.status == 401 and b"Passkey refused" in page
+    softauthn.finish_sign_in(sprayer, softauthn.begin_sign_in(sprayer)[0], "{}")
+    assert refused(port, "127.0.0.31")          # the third failure banned it
+    assert get_from(port, "/hello", source="127.0.0.32")[0] == 200
 
 
 def h3_status(port: int, ca: str, headers=()) -> int:

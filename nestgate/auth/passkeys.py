@@ -55,6 +55,7 @@ from nestgate.auth.passwords import verify_password
 from nestgate.auth.policy import PASSKEY, PASSWORD, VERIFIED, two_factors
 from nestgate.auth.portal import (_PAGE_HEADERS, _FormPath, _entering, _page_html, cookies,
                                   login_url, safe_next)
+from nestgate.bans.watch import BANS
 from nestgate.routing import host_name
 from nestgate.tally import TALLY
 
@@ -294,6 +295,7 @@ class PasskeySignIn(_FormPath):
                 raise PasskeyError("this passkey's user is no longer configured")
         except PasskeyError as exc:
             TALLY.event("signin_failure")
+            BANS.note("signin", request.client, request.connection)   # as a wrong password
             await signin.page(request, 401, next_url, f"Passkey refused: {exc}.")
             return
         TALLY.event("signin_success")
@@ -311,6 +313,7 @@ class PasskeySignIn(_FormPath):
                                cfg.max_failures, account, cfg.account_delays, trusted)
         if wait > 0:
             TALLY.event("signin_refused")
+            BANS.note("signin", request.client, request.connection)
             await request.send(429, [(b"retry-after", b"%d" % math.ceil(wait)),
                                      (b"content-type", b"text/plain")],
                                b"too many failed sign-ins; try again later\n")
