@@ -6,7 +6,9 @@ An adapter turns bytes into a request head, a body and its end (or a reset), and
 answers back into bytes; everything between is here:
 
 1. `take_peer` / `refresh_client`: who the client is (the socket peer, or for a
-   trusted proxy each request's X-Forwarded-For) and whether its requests are logged.
+   trusted proxy each request's X-Forwarded-For) and whether its requests are logged;
+   on a listener keeping bans, a banned client named by the proxy is routed by the ban
+   page's router (the adapter closes or pages a banned peer when it connects).
 2. Route (the router's `route`; HTTP/1.1 looks the raw target up in
    `SiteRoutes.exact_raw` first, the same table) then `resolve`: the route's handler
    settles what answers. A GATED handler (a site's access control, compiled into the

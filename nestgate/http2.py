@@ -829,11 +829,8 @@ class HTTP2Connection:
             self._last_stream = stream_id
         method, raw_target, authority, headers, problem = read_head(
             event.headers, event.ended, self.limits)
-        if self.xff_trusted:
-            # Per request: streams may carry many clients (a banned one: the page).
-            banned = refresh_client(self, headers)
-        else:
-            banned = None
+        # Per request: streams may carry many clients (a banned one gets the page).
+        banned = refresh_client(self, headers) if self.xff_trusted else None
         if problem is None and event.length > self.limits.max_body:
             problem = RequestError(413)                 # before a byte of it comes
         if problem is not None:

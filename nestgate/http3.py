@@ -357,11 +357,8 @@ class HTTP3Connection(QuicConnectionProtocol):
         ended = event.stream_ended
         method, raw_target, authority, headers, problem = read_head(
             event.headers, ended, self.limits)
-        if self.xff_trusted:
-            # Per request: streams may carry many clients (a banned one: the page).
-            banned = refresh_client(self, headers)
-        else:
-            banned = None
+        # Per request: streams may carry many clients (a banned one gets the page).
+        banned = refresh_client(self, headers) if self.xff_trusted else None
         length = None
         if problem is None and not ended:
             try:
