@@ -25,7 +25,8 @@ serve: $(STAMP)
 # tests/goclient (Go's net/http as an HTTP/2 client), python3-venv for the documented
 # install under /opt, valgrind for the bench's instruction counts, Apache with
 # mod_auth_openidc as a relying party of nestgate's OpenID provider, CrowdSec's Local
-# API and cscli for the bouncer).
+# API and cscli for the bouncer, glewlwyd as the OpenID provider of the "Sign in with
+# ..." tests).
 # Installed only when missing and only when running as root. crowdsec's post-install
 # registers with CrowdSec's central API, which fails offline and leaves dpkg with a
 # broken package (every later apt-get install fails too); a non-empty
@@ -53,6 +54,7 @@ debian-deps:
 	command -v apache2 >/dev/null || test -x /usr/sbin/apache2 || missing="$$missing apache2"; \
 	test -e /usr/lib/apache2/modules/mod_auth_openidc.so || \
 	  missing="$$missing libapache2-mod-auth-openidc"; \
+	command -v glewlwyd >/dev/null || missing="$$missing glewlwyd"; \
 	/usr/bin/python3 -c "import ensurepip" 2>/dev/null || missing="$$missing python3-venv"; \
 	command -v cscli >/dev/null || missing="$$missing crowdsec"; \
 	if [ -n "$$missing" ]; then \

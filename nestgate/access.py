@@ -37,6 +37,9 @@ from nestgate.handlers import GATED, Service, TellsIdentity
 from nestgate.routing import unguarded
 
 DENY, PASS, SIGN_IN = 0, 1, 2   # PASS: no sign-in needed; SIGN_IN: allowed, sign-in if protected
+# Users from a provider whose answers a route keeps (each route's answers are a dict
+# of every configured user's; those from providers are added as they come).
+MAX_KEPT_ANSWERS = 10_000
 
 
 @dataclass(frozen=True)
@@ -152,16 +155,18 @@ class Gate:
 
     is_async = GATED
     __slots__ = ("inner", "policy", "auth", "answers", "dynamic", "errors", "to_https",
-                 "upgrades", "geo", "refused")
+                 "upgrades", "geo", "refused", "user_policy")
 
     def __init__(self, inner, policy: Policy | None, auth, dynamic, errors,
                  answers: dict | None = None, to_https=None, geo=None,
-                 refused=None) -> None:
+                 refused=None, user_policy=None) -> None:
         self.inner = inner
         self.policy = policy
         self.auth = auth              # nestgate.auth.portal.SignIn, or None
-        # session key (policy.session_key: user and factors) -> the handler answering it
+        # session key (policy.session_key: user and factors; the `User` of one who
+        # signed in through a provider as nobody configured) -> the handler answering it
         self.answers = answers
+        self.user_policy = user_policy   # the nestgate.auth.policy.UserPolicy compiled in
         self.dynamic = dynamic
         self.errors = errors          # the site's ErrorPages: its 403
         self.to_https = to_https      # the redirect of plain-HTTP requests, or None
@@ -258,9 +263,11 @@ class Gateway(Service):
             self.state = SharedState(config.auth.store)
             self.dynamic = self.state.dynamic
             if any(site.protected for site in config.sites) or config.auth.forward:
+                from nestgate.auth.oidc.client import known_groups
                 from nestgate.auth.passkeys import Passkeys
                 from nestgate.auth.portal import SignIn
-                self.signin = SignIn(config.auth, self.state)
+                self.signin = SignIn(config.auth, self.state, self.answer_for,
+                                     known_groups(config))
                 if config.auth.provider is not None:
                     from nestgate.auth.oidc.endpoints import OpenIDProvider
                     self.provider = OpenIDProvider(config.auth, self.signin)
@@ -316,7 +323,7 @@ class Gateway(Service):
         answers = self.answers(handler, policy) if protected else None
         return Gate(handler, self._policy(access), self.signin if protected else None,
                     self.dynamic, errors, answers, self.to_https if protected else None,
-                    self.geo, self.refused)
+                    self.geo, self.refused, policy)
 
     def answers(self, handler, policy) -> dict:
         """The handler each configured user gets at a route under `policy`: the route
@@ -329,15 +336,34 @@ class Gateway(Service):
         told: dict[str, object] = {}            # user -> the route told who they are
         for key, verdict in self._verdicts(policy).items():
             user = session_user(key)            # keys: a user's sessions of 2 and 1 factors
-            if verdict != ALLOWED:
-                out[key] = self.signin.refusal(user, verdict)
+            if verdict == ALLOWED and user in told:
+                out[key] = told[user]
                 continue
-            if user not in told:
-                lines = lines_of[user]
-                told[user] = handler.with_identity(lines) \
-                    if lines and isinstance(handler, TellsIdentity) else handler
-            out[key] = told[user]
+            out[key] = self._answer(handler, user, verdict, lines_of[user])
+            if verdict == ALLOWED:
+                told[user] = out[key]
         return out
+
+    def _answer(self, handler, user: str, verdict: str, lines: bytes):
+        from nestgate.auth.policy import ALLOWED
+        if verdict != ALLOWED:
+            return self.signin.refusal(user, verdict)
+        return handler.with_identity(lines) \
+            if lines and isinstance(handler, TellsIdentity) else handler
+
+    def answer_for(self, gate: Gate, user):
+        """The handler `gate`'s route gives a user no configured name stands for (one
+        who signed in through a provider: nestgate.auth.config.User), worked out on
+        their first request and kept with the route's answers while there are fewer
+        than MAX_KEPT_ANSWERS of them."""
+        from nestgate.auth.identity import identity_lines
+        from nestgate.auth.policy import decide
+        # A provider's sign-in is one factor (nestgate.auth.policy).
+        handler = self._answer(gate.inner, user.name, decide(gate.user_policy, user, False),
+                               identity_lines(self.config.auth.identity_headers, user))
+        if len(gate.answers) < MAX_KEPT_ANSWERS:
+            gate.answers[user] = handler
+        return handler
 
     def _verdicts(self, policy) -> dict[str, str]:
         from nestgate.auth.policy import verdicts
@@ -393,6 +419,8 @@ class Gateway(Service):
                 self.provider.add_routes(site)
             for path, handler, label in self.passkeys.routes():
                 site.add_exact(path, handler, label, sign_in=False)
+            for path, handler in self.signin.provider_pages():
+                site.add_exact(path, handler, "auth-oidc", sign_in=False)
             authz = self._authz()
             authz.questions.add_site(site_config, self.question)
             site.add_exact(FORWARD_AUTH_PATH, authz.forward_auth, "forward-auth",

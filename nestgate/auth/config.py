@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from nestgate.auth.forwardconfig import read_forward_entry
 from nestgate.auth.identity import IdentityHeaders, read_identity_headers
 from nestgate.auth.oidc.config import ProviderConfig, read_provider
+from nestgate.auth.providers import OidcProvider, read_providers
 from nestgate.auth.totp import secret_problem
 
 # The sign-in portal's pages on every protected site (nestgate.auth.portal); `check`
@@ -31,6 +32,8 @@ FORWARD_AUTH_PATH = "/api/authz/forward-auth"
 AUTH_REQUEST_PATH = "/api/authz/auth-request"
 AUTHZ_PATHS = {FORWARD_AUTH_PATH: "the forward-auth endpoint",
                AUTH_REQUEST_PATH: "the auth-request endpoint"}
+# Sign-in through an OpenID provider: OIDC_PATH + <name> starts it, + "/callback" ends it.
+OIDC_PATH = "/__auth__/oidc/"
 
 
 def _can_hold(folder: str) -> bool:
@@ -85,10 +88,16 @@ class AuthConfig:
     provider: ProviderConfig | None = None  # nestgate as an OpenID provider (issuer, clients)
     # [[auth.forward]]: hosts another proxy serves and asks nestgate about
     forward: tuple = ()                     # nestgate.auth.forwardconfig.ForwardEntry
+    # [[auth.oidc]]: the providers users may sign in with ("Sign in with ..."); not to be
+    # confused with `provider`, nestgate itself as one.
+    providers: tuple[OidcProvider, ...] = ()
 
     @property
     def account_delays(self) -> tuple[int, float, float]:
         return self.account_failures, self.account_delay, self.account_delay_max
+
+    def sign_in_provider(self, name: str) -> OidcProvider | None:
+        return next((p for p in self.providers if p.name == name), None)
 
     def user(self, name: str) -> User | None:
         for user in self.users:
@@ -130,6 +139,7 @@ def read_auth(s) -> AuthConfig | None:
         identity_headers=read_identity_headers(s),
         provider=read_provider(s),
         forward=tuple(read_forward_entry(t, i) for i, t in enumerate(s.tables("forward"))),
+        providers=read_providers(s),
     )
     if not cfg.cookie_name or not all(c.isalnum() or c in "_-" for c in cfg.cookie_name):
         s.fail("cookie_name", "letters, digits, _ and -", cfg.cookie_name)

@@ -299,7 +299,7 @@ class PasskeySignIn(_FormPath):
             await signin.page(request, 401, next_url, f"Passkey refused: {exc}.")
             return
         TALLY.event("signin_success")
-        await signin.login.signed_in(request, user, request.client, next_url, factors)
+        await signin.start_session(request, user, next_url, factors)
 
     async def _after_password(self, request, form, challenge: bytes) -> str | None:
         """PASSWORD PASSKEY when the password is the named user's and the passkey

@@ -18,6 +18,12 @@ alone, or a passkey that did not verify the user, is one. Sign-in asks every use
 has a TOTP secret for a second factor, so only users without one have one-factor
 sessions. `one_factor` (the default) admits any allowed user, `two_factor` only a
 session of two factors.
+
+A sign-in through an OpenID provider ([[auth.oidc]]) records "oidc:<provider>": one
+factor, whatever the provider asked for, so `two_factor` refuses it. A configured user
+signed in that way has the key of one factor; one the config does not name is keyed
+by the `User` the provider's claims make (nestgate.auth.oidc.client.session_key_of),
+and `session_user` gives that user's name too.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ NO_SECOND_FACTOR = "no_second_factor"    # two_factor, and the session has one f
 
 # What a session was signed in with (space-separated in the store's `factors`).
 PASSWORD, TOTP, PASSKEY, VERIFIED, RECOVERY = "password", "totp", "passkey", "uv", "recovery"
+OIDC = "oidc"        # "oidc:<provider name>": signed in through that OpenID provider
 # Appended to the user name for a session of one factor: no user name holds a space.
 ONE_FACTOR = " 1"
 
@@ -47,8 +54,11 @@ def session_key(user: str, factors: str) -> str:
     return user if two_factors(factors) else user + ONE_FACTOR
 
 
-def session_user(key: str) -> str:
-    """The user name in a `session_key`."""
+def session_user(key) -> str:
+    """The user name in a `session_key`, or of the `User` keying a session from an
+    OpenID provider for a user the config does not name."""
+    if not isinstance(key, str):
+        return key.name
     return key[:-len(ONE_FACTOR)] if key.endswith(ONE_FACTOR) else key
 
 

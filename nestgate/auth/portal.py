@@ -49,16 +49,18 @@ import hmac
 import html
 import json
 import math
+import re
 import secrets
 import time
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 from nestgate.bans.watch import BANS
 from nestgate.auth import recovery, totp
-from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH, PASSKEY_SCRIPT
+from nestgate.auth.config import LOGIN_PATH, LOGOUT_PATH, OIDC_PATH, PASSKEY_SCRIPT, User
+from nestgate.auth.oidc.client import Http, Provider, session_key_of
 from nestgate.auth.passwords import verify_password
 from nestgate.auth.policy import (NO_SECOND_FACTOR, NOT_ALLOWED, PASSWORD, RECOVERY, TOTP,
-                                  session_key, session_user)
+                                  session_user)
 from nestgate.auth.store import token_hash
 from nestgate.clock import CLOCK
 from nestgate.dispatch import resolve
@@ -72,6 +74,7 @@ REFRESH_AFTER = 0.75 * RECHECK
 CSRF_COOKIE = "nestgate_csrf"
 MAX_FORM = 16 * 1024
 _CACHE_LIMIT = 10_000
+_HOST_PORT = re.compile(r"[a-z0-9][a-z0-9.-]*(:[0-9]{1,5})?")
 
 _PAGE_HEADERS = [
     (b"content-type", b"text/html; charset=utf-8"),
@@ -82,6 +85,12 @@ _PAGE_HEADERS = [
      b"default-src 'none'; style-src 'unsafe-inline'; script-src 'self'; "
      b"connect-src 'self'; form-action 'self'; frame-ancestors 'none'"),
 ]
+
+
+def origin(url: str) -> str:
+    """scheme://host[:port] of `url`, as CSP names a site."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def safe_next(value: str | None) -> str:
@@ -123,19 +132,28 @@ async def answer_with(handler, request) -> None:
 class SignIn:
     """Sign-in for the protected sites of one config."""
 
-    def __init__(self, cfg, state) -> None:
+    def __init__(self, cfg, state, answer_for=None, known_groups=frozenset()) -> None:
         self.cfg = cfg
         self.state = state                  # nestgate.auth.store.SharedState
-        # hash -> session key (policy.session_key: user and factors), expires, checked
-        self._sessions: dict[bytes, tuple[str, float, float]] = {}
+        # hash -> session key (policy.session_key: user and factors; the `User` of one
+        # who signed in through a provider as nobody configured), expires, checked
+        self._sessions: dict[bytes, tuple[str | User, float, float]] = {}
         # Cookie header values as received -> the session token's hash (b"" for none):
         # a browser sends the same value on every request, so the usual request costs
         # one lookup instead of splitting the header and hashing the token.
         self._hashed_by_cookie: dict[bytes, bytes] = {}
         self._marker = cfg.cookie_name.encode() + b"="
         self._asking: dict[bytes, asyncio.Future] = {}   # hash -> the store check under way
+        # The handler a route gives a user its answers were not compiled for
+        # (nestgate.access.Gateway.answer_for), and the groups the config names.
+        self._answer_for = answer_for
+        self.known_groups = known_groups
+        self.http = Http()
+        self.providers = {p.name: Provider(p, self.http) for p in cfg.providers}
         self._refusals: dict[tuple[str, str], Refusal] = {}
         self.page_headers = _PAGE_HEADERS
+        self._form_origins: set[str] = set()
+        self.allow_form_redirects(origin(p.issuer) for p in cfg.providers if p.end_session)
         self.challenge = Challenge(self)
         self.login = LoginPage(self)
         self.logout = Logout(self)
@@ -150,7 +168,20 @@ class SignIn:
         user = self._checked_user(hashed)
         if user is None:
             return SessionCheck(self, gate, hashed)
-        return gate.answers.get(user) or self.challenge
+        return self.answer(gate, user) or self.challenge
+
+    def answer(self, gate, key):
+        """The handler `gate`'s route gives a session's `key` (policy.session_key, or
+        the `User` of one from a provider); None when there is none."""
+        handler = gate.answers.get(key)
+        if handler is None and isinstance(key, User) and self._answer_for is not None:
+            handler = self._answer_for(gate, key)
+        return handler
+
+    def provider_pages(self) -> list:
+        """(path, handler) of the pages that sign in through each provider."""
+        from nestgate.auth.oidc.signin_pages import provider_pages
+        return provider_pages(self)
 
     async def session_of(self, headers) -> str | None:
         """The key (policy.session_key: user and factors) of the live session the
@@ -212,7 +243,7 @@ class SignIn:
         return hit[0] if age < RECHECK else None
 
     async def cookie_user(self, request) -> str | None:
-        """The user whose live session the request's cookie carries, if any."""
+        """The name of the user whose live session the request's cookie carries, if any."""
         token = cookies(request.headers).get(self.cfg.cookie_name)
         key = await self.session_user(token_hash(token)) if token else None
         return None if key is None else session_user(key)
@@ -229,8 +260,9 @@ class SignIn:
             return None
         return hashed, found[0], found[2]
 
-    async def session_user(self, hashed: bytes) -> str | None:
-        """The session's key (policy.session_key), None when it is not live."""
+    async def session_user(self, hashed: bytes) -> str | User | None:
+        """The session's key (policy.session_key, or the `User` of one who signed in
+        through a provider as nobody configured), None when it is not live."""
         # One store question per session at a time: the requests of a session that
         # arrive while it is being checked wait for that answer (a page's many
         # connections find the check due together after a pause of RECHECK or more).
@@ -251,14 +283,14 @@ class SignIn:
             # (the store is down, said once by SharedState) is taken here, not logged.
             done.exception()
 
-    async def _ask(self, hashed: bytes) -> str | None:
+    async def _ask(self, hashed: bytes) -> str | User | None:
         found = await self.state.run("session", hashed)
-        if found is None:
+        key = found and session_key_of(found[0], found[2], found[3], self.cfg)
+        if key is None:
             self._sessions.pop(hashed, None)
             return None
         if len(self._sessions) >= _CACHE_LIMIT:
             self._sessions.clear()
-        key = session_key(found[0], found[2])
         self._sessions[hashed] = (key, found[1], time.monotonic())
         return key
 
@@ -305,20 +337,26 @@ class SignIn:
 
     def allow_form_redirects(self, origins) -> None:
         """Let the forms' answers redirect to `origins` too: browsers hold a form's
-        redirects to its page's CSP form-action, and signing in to an OpenID client
-        (nestgate.auth.oidc) ends at the client's redirect URI."""
-        extra = " ".join(sorted(set(origins)))
+        redirects to its page's CSP form-action. Signing in to an OpenID client
+        (nestgate.auth.oidc.endpoints) ends at the client's redirect URI; signing out
+        of a session from a provider goes on to the provider's end-session endpoint
+        (nestgate.auth.oidc.client). Each caller adds its origins to the others'."""
+        self._form_origins.update(origins)
+        extra = " ".join(sorted(self._form_origins)).encode()
         self.page_headers = [
-            (name, value.replace(b"form-action 'self'", b"form-action 'self' " + extra.encode())
+            (name, value.replace(b"form-action 'self'", b"form-action 'self' " + extra)
              if name == b"content-security-policy" else value)
             for name, value in _PAGE_HEADERS]
 
     # ------------------------------------------------------ the pages
     async def page(self, request, status: int, next_url: str, message: str = "") -> None:
         """The sign-in form, naming the site being entered (the Host asked for)."""
-        fields = _entering(request) + _login_fields(next_url, message)
-        await self._form_page(request, status, LOGIN_PATH, self.cfg.title, fields, "Sign in",
-                              _PASSKEY_BUTTON)
+        with_password = bool(self.cfg.users)
+        fields = (_entering(request) + _provider_links(self.cfg.providers, next_url)
+                  + _login_fields(next_url, message, with_password))
+        await self._form_page(request, status, LOGIN_PATH, self.cfg.title, fields,
+                              "Sign in" if with_password else "",
+                              _PASSKEY_BUTTON if with_password else "")
 
     async def refusal_page(self, request, user: str, reason: str,
                            next_url: str | None = None) -> None:
@@ -346,7 +384,59 @@ class SignIn:
         await request.send(status, [*self.page_headers, self._csrf_cookie(request, nonce, 3600)],
                            body)
 
-    async def leave(self, request, location: str, session: str, max_age: int) -> None:
+    async def notice_page(self, request, status: int, heading: str, message: str,
+                          next_url: str = "/", headers=()) -> None:
+        """A page that says why something stopped, with a way back to signing in."""
+        esc = html.escape
+        body = _page_html(self.cfg.title, f"<main><h1>{esc(heading)}</h1><p>{esc(message)}"
+                          f'</p><p><a href="{esc(login_url(next_url))}">Sign in again</a>'
+                          "</p></main>")
+        await request.send(status, [*_PAGE_HEADERS, *headers], body)
+
+    async def start_session(self, request, user: str, next_url: str, factors: str,
+                            identity: str = "", headers=()) -> None:
+        """A new session of `user` (signed in from the request's client with `factors`,
+        nestgate.auth.policy): stored for every worker, its cookie set, and the browser
+        sent on to `next_url`. `identity`: what a sign-in through a provider keeps with
+        it (nestgate.auth.oidc.client)."""
+        cfg, state, client = self.cfg, self.state, request.client
+        token = secrets.token_urlsafe(32)
+        hashed = token_hash(token)
+        expires = time.time() + cfg.session_ttl
+        await state.run("create_session", hashed, user, expires, client, factors, identity)
+        await state.run("signed_in", user, client)
+        key = session_key_of(user, factors, identity, cfg)
+        if key is not None:
+            self._sessions[hashed] = (key, expires, time.monotonic())
+        if cfg.ip_grant > 0 and client:
+            await state.run("add_allow", client, cfg.ip_grant, f"signed in: {user}")
+            await state.refresh(force=True)
+        await self.leave(request, next_url, token, int(cfg.session_ttl), headers)
+
+    def absolute(self, request, path: str) -> str | None:
+        """`path` on this site as a full URL, for a provider to send the browser back
+        to; None when the Host is not a plain name (and port)."""
+        raw = request.host.decode("latin-1").strip().lower()
+        if plain_host_name(request.host) is None or not _HOST_PORT.fullmatch(raw):
+            return None
+        return f"{request.scheme}://{raw}{path}"
+
+    async def provider_sign_out(self, request, identity: str, after: str) -> str | None:
+        """Where sign-out sends a browser that signed in through a provider: the
+        provider's end-session endpoint, coming back to `after` here (None: the
+        provider has none, or the session says no provider)."""
+        try:
+            data = json.loads(identity)
+        except ValueError:
+            return None
+        provider = self.providers.get(data.get("provider")) if isinstance(data, dict) else None
+        back = self.absolute(request, after)
+        if provider is None or back is None:
+            return None
+        return await provider.end_session_url(str(data.get("id_token", "")), back)
+
+    async def leave(self, request, location: str, session: str, max_age: int,
+                    headers=()) -> None:
         """303 to `location`, setting the session cookie (or clearing it: `max_age` 0)
         and dropping the CSRF nonce the form just used. Signing out also asks the
         browser to forget the protected pages it cached (Clear-Site-Data), so the back
@@ -356,6 +446,7 @@ class SignIn:
             (b"cache-control", b"no-store"),
             self.cookie(request, self.cfg.cookie_name, session, max_age),
             self._csrf_cookie(request, "", 0),
+            *headers,
         ]
         if not max_age:
             headers.append((b"clear-site-data", b'"cache"'))
@@ -367,17 +458,17 @@ class SessionCheck:
     the challenge does."""
 
     is_async = True
-    __slots__ = ("signin", "answers", "hashed", "upgrades")
+    __slots__ = ("signin", "gate", "hashed", "upgrades")
 
     def __init__(self, signin: SignIn, gate, hashed: bytes) -> None:
         self.signin = signin
-        self.answers = gate.answers
+        self.gate = gate
         self.hashed = hashed
         self.upgrades = gate.upgrades
 
     async def handle(self, request) -> None:
         user = await self.signin.session_user(self.hashed)
-        handler = self.answers.get(user) if user is not None else None
+        handler = self.signin.answer(self.gate, user) if user is not None else None
         if handler is not None:
             await answer_with(handler, request)
         else:
@@ -503,7 +594,7 @@ class LoginPage(_FormPath):
             await signin.page(request, 401, next_url, "Wrong user, password or code.")
             return
         TALLY.event("signin_success")
-        await self.signed_in(request, user.name, client, next_url, factors)
+        await signin.start_session(request, user.name, next_url, factors)
 
     async def _second_factor(self, user, code: str) -> str | None:
         """TOTP or RECOVERY when `code` is a fresh TOTP code or one of the user's
@@ -520,21 +611,6 @@ class LoginPage(_FormPath):
             return RECOVERY
         return None
 
-    async def signed_in(self, request, user: str, client: str, next_url: str,
-                        factors: str) -> None:
-        """A new session of `user`, signed in with `factors`; 303 to `next_url`."""
-        signin = self.signin
-        cfg, state = signin.cfg, signin.state
-        token = secrets.token_urlsafe(32)
-        hashed = token_hash(token)
-        expires = time.time() + cfg.session_ttl
-        await state.run("create_session", hashed, user, expires, client, factors)
-        await state.run("signed_in", user, client)
-        signin._sessions[hashed] = (session_key(user, factors), expires, time.monotonic())
-        if cfg.ip_grant > 0 and client:
-            await state.run("add_allow", client, cfg.ip_grant, f"signed in: {user}")
-            await state.refresh(force=True)
-        await signin.leave(request, next_url, token, int(cfg.session_ttl))
 
 
 class Logout(_FormPath):
@@ -548,13 +624,18 @@ class Logout(_FormPath):
     async def submit(self, request, form: dict[str, str]) -> None:
         signin = self.signin
         token = cookies(request.headers).get(signin.cfg.cookie_name)
+        next_url = form.get("next")
+        after = login_url(safe_next(next_url)) if next_url else LOGIN_PATH
         if token:
             hashed = token_hash(token)
             signin._sessions.pop(hashed, None)
+            found = await signin.state.run("session", hashed)
             await signin.state.run("delete_session", hashed)
-        next_url = form.get("next")
-        await signin.leave(request, login_url(safe_next(next_url)) if next_url else LOGIN_PATH,
-                           "", 0)
+            # Signed in through a provider: its session ends too, where it offers that,
+            # and it sends the browser back to the sign-in page here.
+            if found and found[3]:
+                after = await signin.provider_sign_out(request, found[3], after) or after
+        await signin.leave(request, after, "", 0)
 
 
 _SECURE_OVER_HTTP = (
@@ -626,11 +707,22 @@ _PASSKEY_BUTTON = (
     f'<script src="{PASSKEY_SCRIPT}" defer></script>')
 
 
-def _login_fields(next_url: str, message: str) -> str:
+def _provider_links(providers, next_url: str) -> str:
+    """A button (a link: the provider is another site, which the page's form-action
+    would not let a form go on to) for each provider."""
+    esc = html.escape
+    return "".join(
+        f'<a class="sso" href="{esc(OIDC_PATH + p.name)}?next={esc(quote(next_url, safe="/"))}">'
+        f"Sign in with {esc(p.label)}</a>" for p in providers)
+
+
+def _login_fields(next_url: str, message: str, with_password: bool = True) -> str:
     esc = html.escape
     code = ('<label>Code <small>(one-time or recovery code, when the account has them)'
             '</small><input name="code" autocomplete="one-time-code"></label>')
     note = f'<p class="err" role="alert">{esc(message)}</p>' if message else ""
+    if not with_password:
+        return note
     return f"""{note}<input type="hidden" name="next" value="{esc(next_url)}">
 <label>User <input name="user" autocomplete="username" required autofocus></label>
 <label>Password <input name="password" type="password" autocomplete="current-password" required>
@@ -643,7 +735,7 @@ def _render_page(title: str, heading: str, action: str, csrf: str, fields: str,
     esc = html.escape
     return _page_html(title, f"""<form method="post" action="{action}"><h1>{esc(heading)}</h1>
 <input type="hidden" name="csrf" value="{esc(csrf)}">
-{fields}<button type="submit">{esc(button)}</button>{after}</form>""")
+{fields}{f'<button type="submit">{esc(button)}</button>' if button else ""}{after}</form>""")
 
 
 def _page_html(title: str, card: str) -> bytes:
@@ -655,7 +747,9 @@ def _page_html(title: str, card: str) -> bytes:
 background:#f4f4f5;margin:0}}form,main{{background:#fff;padding:2em;border-radius:8px;
 box-shadow:0 1px 4px #0002;display:grid;gap:1em;min-width:18em;max-width:30em}}
 label{{display:grid;gap:.3em}}h1{{margin:0}}.to{{margin:0;color:#555}}
-input{{font:inherit;padding:.4em}}button{{font:inherit;padding:.5em}}.err{{color:#b00020}}</style>
+input{{font:inherit;padding:.4em}}button{{font:inherit;padding:.5em}}.err{{color:#b00020}}
+a.sso{{display:block;text-align:center;padding:.5em;border:1px solid #888;border-radius:4px;
+color:inherit;text-decoration:none}}</style>
 </head><body>{card}</body></html>
 """.encode()
 

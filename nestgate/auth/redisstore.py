@@ -6,8 +6,8 @@ TOTP replay guard, the dynamic allow-list), so `SharedState`, the admin API and
 Keys (all under the configured prefix, `nestgate:` by default):
 
     secret                  the CSRF key, made once (SET NX)
-    session:<hash hex>      hash: user, created, expires, ip, last_seen, factors; expires
-                            with it
+    session:<hash hex>      hash: user, created, expires, ip, last_seen, factors,
+                            identity; expires with it
     sessions                sorted set of session hashes by expiry (listing, purging)
     user-sessions:<user>    set of a user's session hashes (revoke all of a user)
     failures:<ip>           sorted set of failed sign-ins by time; expires after the window
@@ -154,29 +154,31 @@ class RedisStore:
 
     # ------------------------------------------------------ sessions
     def create_session(self, hashed: bytes, user: str, expires: float, ip: str,
-                       factors: str = "password") -> None:
+                       factors: str = "password", identity: str = "") -> None:
         now = time.time()
         name = self.key("session", hashed.hex())
         with self.db.pipeline() as pipe:
             pipe.hset(name, mapping={"user": user, "created": now, "expires": expires,
-                                     "ip": ip, "last_seen": now, "factors": factors})
+                                     "ip": ip, "last_seen": now, "factors": factors,
+                                     "identity": identity})
             pipe.expireat(name, int(expires) + 1)
             pipe.zadd(self.key("sessions"), {hashed.hex(): expires})
             pipe.sadd(self.key("user-sessions", user), hashed.hex())
             pipe.execute()
 
-    def session(self, hashed: bytes) -> tuple[str, float, str] | None:
-        """(user, expires, factors) of a live session, seen now (its last_seen is
-        written when older than SEEN_EVERY)."""
+    def session(self, hashed: bytes) -> tuple[str, float, str, str] | None:
+        """(user, expires, factors, identity) of a live session, seen now (its
+        last_seen is written when older than SEEN_EVERY)."""
         now = time.time()
         name = self.key("session", hashed.hex())
-        user, expires, last_seen, factors = self.db.hmget(name, "user", "expires",
-                                                          "last_seen", "factors")
+        user, expires, last_seen, factors, identity = self.db.hmget(
+            name, "user", "expires", "last_seen", "factors", "identity")
         if user is None or float(expires) <= now:
             return None
         if now - float(last_seen or 0) >= SEEN_EVERY:
             self.db.hset(name, "last_seen", now)
-        return user.decode(), float(expires), (factors or b"password").decode()
+        return (user.decode(), float(expires), (factors or b"password").decode(),
+                (identity or b"").decode())
 
     def delete_session(self, hashed: bytes) -> None:
         name = self.key("session", hashed.hex())

@@ -42,7 +42,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     token_hash BLOB PRIMARY KEY, user TEXT NOT NULL, created REAL NOT NULL,
-    expires REAL NOT NULL, ip TEXT NOT NULL DEFAULT '', last_seen REAL NOT NULL DEFAULT 0);
+    expires REAL NOT NULL, ip TEXT NOT NULL DEFAULT '', last_seen REAL NOT NULL DEFAULT 0,
+    identity TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS failures (ip TEXT NOT NULL, at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS failures_ip ON failures (ip, at);
 CREATE TABLE IF NOT EXISTS allow (
@@ -71,7 +72,8 @@ CREATE TABLE IF NOT EXISTS bans (
 # adds the missing ones to a store made by an older version.
 # A session of an older version counts as signed in with a password only.
 _ADDED_COLUMNS = (("sessions", "last_seen", "REAL NOT NULL DEFAULT 0"),
-                  ("sessions", "factors", "TEXT NOT NULL DEFAULT 'password'"))
+                  ("sessions", "factors", "TEXT NOT NULL DEFAULT 'password'"),
+                  ("sessions", "identity", "TEXT NOT NULL DEFAULT ''"))
 SEEN_EVERY = 60.0            # seconds: a session's last_seen is written at most this often
 ACCOUNT_MEMORY = 24 * 3600.0   # an account's failures are forgotten after a day of none
 KNOWN_FOR = 90 * 24 * 3600.0   # an address a user signed in from stays known this long
@@ -144,28 +146,29 @@ class Store:
 
     # ------------------------------------------------------ sessions
     def create_session(self, hashed: bytes, user: str, expires: float, ip: str,
-                       factors: str = "password") -> None:
+                       factors: str = "password", identity: str = "") -> None:
         """`factors`: what the user signed in with, words separated by spaces
-        (nestgate.auth.factors)."""
+        (nestgate.auth.policy); `identity`: what a sign-in through a provider keeps
+        (nestgate.auth.oidc.client)."""
         now = time.time()
         self.db.execute("INSERT INTO sessions (token_hash, user, created, expires, ip, "
-                        "last_seen, factors) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (hashed, user, now, expires, ip, now, factors))
+                        "last_seen, factors, identity) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (hashed, user, now, expires, ip, now, factors, identity))
 
-    def session(self, hashed: bytes) -> tuple[str, float, str] | None:
-        """(user, expires, factors) of a live session, which is seen now: its
+    def session(self, hashed: bytes) -> tuple[str, float, str, str] | None:
+        """(user, expires, factors, identity) of a live session, which is seen now: its
         `last_seen` is written when older than SEEN_EVERY (workers ask once per
         `portal.RECHECK` per session in use, so a busy session costs one write a
         minute)."""
         now = time.time()
-        row = self.db.execute("SELECT user, expires, last_seen, factors FROM sessions "
+        row = self.db.execute("SELECT user, expires, last_seen, factors, identity FROM sessions "
                               "WHERE token_hash = ? AND expires > ?", (hashed, now)).fetchone()
         if row is None:
             return None
         if now - row[2] >= SEEN_EVERY:
             self.db.execute("UPDATE sessions SET last_seen = ? WHERE token_hash = ?",
                             (now, hashed))
-        return row[0], row[1], row[3]
+        return row[0], row[1], row[3], row[4]
 
     def delete_session(self, hashed: bytes) -> None:
         self.db.execute("DELETE FROM sessions WHERE token_hash = ?", (hashed,))

@@ -31,7 +31,7 @@ from authlib.oauth2.rfc6749 import scope_to_list
 from nestgate.auth.oidc.server import (AUTHORIZE_PATH, DISCOVERY_PATH, JWKS_PATH,
                                        REVOKE_PATH, TOKEN_PATH, USERINFO_PATH, Headers,
                                        Provider, ProviderRequest, UserModel)
-from nestgate.auth.portal import cookies, login_url
+from nestgate.auth.portal import cookies, login_url, origin
 from nestgate.auth.store import StoreUnavailable, store_errors, token_hash
 
 MAX_FORM = 16 * 1024
@@ -52,7 +52,7 @@ class OpenIDProvider:
         self.auth = auth
         self.server = Provider(auth, auth.store)
         self.signin = signin                   # nestgate.auth.portal.SignIn
-        signin.allow_form_redirects(_origin(uri) for client in auth.provider.clients
+        signin.allow_form_redirects(origin(uri) for client in auth.provider.clients
                                     for uri in client.redirect_uris)
         self._pools: dict[bool, ThreadPoolExecutor] = {}
         self._errors = store_errors()
@@ -292,11 +292,6 @@ class Authorize(_Endpoint):
                   '<button type="submit" name="decision" value="deny">Deny</button>')
         await self.provider.signin._form_page(request, 200, AUTHORIZE_PATH,
                                               f"Sign in to {client.name}", fields, "Allow")
-
-
-def _origin(uri: str) -> str:
-    parts = urlsplit(uri)
-    return f"{parts.scheme}://{parts.netloc}"
 
 
 def _query_text(query: dict[str, list[str]]) -> str:
