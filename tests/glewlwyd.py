@@ -39,42 +39,32 @@ class Glewlwyd:
         assert os.path.exists(SCHEMA), "glewlwyd's SQLite schema is missing"
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.issuer = f"{self.url}/api/{PLUGIN}"
         db = folder / "glewlwyd.db"
         with sqlite3.connect(db) as conn:
             conn.executescript(Path(SCHEMA).read_text())
+        # A copy (its static file server serves no symbolic links), with the
+        # config.json the package links to.
         webapp = folder / "webapp"
-        webapp.mkdir()
-        for entry in os.listdir(WEBAPP):
-            if entry != "config.json":
-                os.symlink(os.path.join(WEBAPP, entry), webapp / entry)
+        shutil.copytree(WEBAPP, webapp, ignore=shutil.ignore_patterns("config.json"))
         shutil.copy(WEBAPP_CONFIG, webapp / "config.json")
-        conf = Path("/etc/glewlwyd/glewlwyd.conf").read_text()
-        conf = re.sub(r"(?m)^port=.*$", f"port={self.port}", conf)
-        conf = re.sub(r"(?m)^external_url=.*$", f'external_url="{self.url}/"', conf)
-        conf = re.sub(r"(?m)^log_mode=.*$", 'log_mode="file"', conf)
-        conf = re.sub(r"(?m)^log_file=.*$", f'log_file="{folder}/glewlwyd.log"', conf)
-        conf = re.sub(r"(?m)^log_level=.*$", 'log_level="DEBUG"', conf)
-        conf = re.sub(r"(?m)^#? *static_files_path=.*$", f'static_files_path="{webapp}/"', conf)
-        conf = conf.replace('@include "/etc/glewlwyd/glewlwyd-db.conf"',
-                            f'database = {{ type = "sqlite3"\n path = "{db}" }};')
-        (folder / "glewlwyd.conf").write_text(conf)
-        self.proc = subprocess.Popen([binary, "-c", str(folder / "glewlwyd.conf")],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.admin = httpx.Client(base_url=f"{self.url}/api", timeout=10)
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                if self.admin.post("/auth/", json={"username": ADMIN[0],
-                                                   "password": ADMIN[1]}).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert self.proc.poll() is None, "glewlwyd exited: " + self.log()[-2000:]
-            assert time.monotonic() < deadline, "glewlwyd did not start"
-            time.sleep(0.1)
+        # A port free when asked may be taken before glewlwyd binds it: then another.
+        for _attempt in range(3):
+            if self._start(binary, db, webapp):
+                break
+        else:
+            raise AssertionError("glewlwyd did not start: " + self.log()[-2000:])
+        # The database backend keeps a user's extra properties; "groups" as a list.
+        users = self._call("GET", "/mod/user/database").json()
+        users["parameters"]["data-format"]["groups"] = {
+            "multiple": True, "read": True, "write": True, "profile-read": True,
+            "profile-write": False}
+        self._call("PUT", "/mod/user/database", users)
+        self._call("PUT", "/mod/user/database/reset")     # the instance takes it
+        clients = self._call("GET", "/mod/client/database").json()
+        clients["parameters"]["data-format"]["post_logout_redirect_uris"] = {
+            "multiple": True, "read": True, "write": True}
+        self._call("PUT", "/mod/client/database", clients)
+        self._call("PUT", "/mod/client/database/reset")
         key, cert = _key_pair_pem()
         self._call("POST", "/mod/plugin/", {
             "module": "oidc", "name": PLUGIN, "display_name": "OpenID Connect",
@@ -92,14 +82,48 @@ class Glewlwyd:
                 "auth-type-none-enabled": False, "auth-type-password-enabled": False,
                 "auth-type-client-enabled": False, "auth-type-refresh-enabled": True,
                 "scope": [], "claims": [
-                    {"name": "groups", "user-property": "groups", "type": "string",
-                     "multiple": True, "on-demand": False, "scope": []}],
-                "name-claim": "no", "email-claim": "no",
+                    {"name": claim, "user-property": prop, "type": "string",
+                     "mandatory": True, "on-demand": False, "scope": []}
+                    for claim, prop in (("preferred_username", "username"),
+                                        ("groups", "groups"))],
+                "name-claim": "mandatory", "email-claim": "mandatory",
                 "allowed-scope": ["openid"], "pkce-allowed": True,
                 "pkce-method-plain-allowed": False, "jwks-show": True,
                 "session-management-allowed": True, "subject-type": "public",
                 "secret-type": "public", "request-parameter-allow": False,
             }})
+
+    def _start(self, binary: str, db: Path, webapp: Path) -> bool:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.issuer = f"{self.url}/api/{PLUGIN}"
+        conf = Path("/etc/glewlwyd/glewlwyd.conf").read_text()
+        conf = re.sub(r"(?m)^port=.*$", f"port={self.port}", conf)
+        conf = re.sub(r"(?m)^external_url=.*$", f'external_url="{self.url}"', conf)
+        conf = re.sub(r"(?m)^log_mode=.*$", 'log_mode="file"', conf)
+        conf = re.sub(r"(?m)^log_file=.*$", f'log_file="{self.folder}/glewlwyd.log"', conf)
+        conf = re.sub(r"(?m)^log_level=.*$", 'log_level="DEBUG"', conf)
+        conf = re.sub(r"(?m)^#bind_address=.*$", 'bind_address="127.0.0.1"', conf)
+        conf = re.sub(r"(?m)^#? *static_files_path=.*$", f'static_files_path="{webapp}/"', conf)
+        conf = conf.replace('@include "/etc/glewlwyd/glewlwyd-db.conf"',
+                            f'database = {{ type = "sqlite3"\n path = "{db}" }};')
+        (self.folder / "glewlwyd.conf").write_text(conf)
+        self.proc = subprocess.Popen([binary, "-c", str(self.folder / "glewlwyd.conf"), "-l", "DEBUG"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.admin = httpx.Client(base_url=f"{self.url}/api", timeout=10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                if self.admin.post("/auth/", json={"username": ADMIN[0],
+                                                   "password": ADMIN[1]}).status_code == 200:
+                    return True
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.stop()
+        return False
 
     def _call(self, method: str, path: str, body=None) -> httpx.Response:
         answer = self.admin.request(method, path, json=body)
@@ -112,12 +136,13 @@ class Glewlwyd:
             "enabled": True, "scope": ["openid"], "password": password,
             "groups": list(groups)})
 
-    def add_client(self, client_id: str, secret: str, redirect_uris) -> None:
+    def add_client(self, client_id: str, secret: str, redirect_uris, logout_uris=()) -> None:
         self._call("POST", "/client/", {
             "client_id": client_id, "name": client_id, "enabled": True,
-            "confidential": True, "password": secret, "redirect_uri": list(redirect_uris),
+            "confidential": True, "client_secret": secret, "redirect_uri": list(redirect_uris),
             "authorization_type": ["code", "refresh_token"], "scope": ["openid"],
-            "post_logout_redirect_uris": list(redirect_uris)})
+            "token_endpoint_auth_method": ["client_secret_basic", "client_secret_post"],
+            "post_logout_redirect_uris": list(logout_uris)})
 
     def log(self) -> str:
         path = self.folder / "glewlwyd.log"

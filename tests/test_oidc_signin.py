@@ -1,0 +1,176 @@
+"""Sign in with an OpenID provider, end to end: Debian's glewlwyd as the provider,
+headless Chromium through the redirects (its own login page included), and a small
+test-side client for the refusals a browser cannot be made to produce (a wrong state,
+a replayed code); the ID token checks run against tokens glewlwyd really issued."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import httpx
+import pytest
+
+from browser import Browser as Chromium
+from conftest import HASH, HTML, Browser, Server, Upstream, _env, admin_headers
+from glewlwyd import Glewlwyd
+
+SECRET = "nestgate-client-secret"
+PASSWORDS = {"ann": "ann-password-1", "eve": "eve-password-1", "carol": "carol-password-1"}
+
+CONFIG = """
+[server]
+workers = 1
+
+[[listen]]
+address = "127.0.0.1:0"
+
+[auth]
+store = "{store}"
+cookie_secure = false
+
+[[auth.user]]
+name = "carol"
+password = "{hash}"
+groups = ["family", "admins"]
+display_name = "Carol at home"
+
+[[auth.oidc]]
+name = "glew"
+display_name = "Glewlwyd"
+issuer = "{issuer}"
+client_id = "nestgate"
+client_secret_file = "{secret_file}"
+scopes = ["openid"]
+allowed_groups = ["family", "friends"]
+allowed_users = ["carol"]
+
+[[site]]
+hosts = ["app.localhost"]
+protected = true
+allow_groups = ["family"]
+
+[[site.route]]
+prefix = "/"
+type = "proxy"
+upstream = "{up}"
+"""
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """glewlwyd with ann (family), eve (strangers) and carol (a configured nestgate
+    user); nestgate in front of an echoing upstream, signing in through glewlwyd."""
+    folder = tmp_path_factory.mktemp("oidc")
+    provider = Glewlwyd(folder / "glewlwyd")
+    upstream = Upstream("up", None)
+    server = None
+    try:
+        provider.add_user("ann", PASSWORDS["ann"], ["family"])
+        provider.add_user("eve", PASSWORDS["eve"], ["strangers"])
+        provider.add_user("carol", PASSWORDS["carol"])
+        (folder / "secret").write_text(SECRET + "\n")
+        (folder / "nestgate.toml").write_text(CONFIG.format(
+            store=folder / "state.db", hash=HASH, issuer=provider.issuer,
+            secret_file=folder / "secret", up=upstream.url))
+        server = Server(folder / "nestgate.toml", env=_env())
+        site = f"http://app.localhost:{server.port()}"
+        provider.add_client("nestgate", SECRET, [f"{site}/__auth__/oidc/glew/callback"],
+                            [f"{site}/__auth__/login"])
+        provider.add_client("other", "other-secret", ["http://other.localhost/cb"])
+        yield provider, server, site
+    finally:
+        if server is not None:
+            server.stop()
+        upstream.stop()
+        provider.stop()
+
+
+def provider_session(provider: Glewlwyd, user: str, client: str = "nestgate") -> httpx.Client:
+    """A client signed in to glewlwyd as `user`, who has granted `client` its scopes
+    (as the consent page would)."""
+    session = httpx.Client(base_url=provider.url, timeout=10)
+    assert session.post("/api/auth/", json={"username": user,
+                                            "password": PASSWORDS[user]}).status_code == 200
+    assert session.put(f"/api/auth/grant/{client}", json={"scope": "openid"}).status_code == 200
+    return session
+
+
+def to_provider(visitor: Browser, next_url: str = "/echo") -> str:
+    """The visitor presses "Sign in with Glewlwyd": where nestgate sends it."""
+    resp, _ = visitor.request("GET", "/__auth__/oidc/glew?" + urlencode({"next": next_url}))
+    assert resp.status == 303
+    assert "nestgate_oidc" in visitor.jar
+    return resp.getheader("location")
+
+
+def provider_answer(session: httpx.Client, authorize: str) -> str:
+    """glewlwyd's redirect back for a signed-in user (`g_continue`: past its own login
+    page, which the browser test goes through): the callback path and query."""
+    answer = session.get(authorize + "&g_continue")
+    assert answer.status_code == 302, answer.text
+    back = urlsplit(answer.headers["location"])
+    return f"{back.path}?{back.query}"
+
+
+def visitor(server: Server) -> Browser:
+    return Browser(server.port(), f"app.localhost:{server.port()}")
+
+
+def fill(chromium: Chromium, selector: str, text: str) -> None:
+    """Type into the input once the page shows it (glewlwyd's pages render late)."""
+    assert chromium.wait_for(
+        f"(() => {{ const input = document.querySelector({json.dumps(selector)});"
+        " if (!(input instanceof HTMLInputElement)) return false;"
+        " Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value')"
+        f".set.call(input, {json.dumps(text)});"
+        " input.dispatchEvent(new Event('input', {bubbles: true})); return true; })()")
+
+
+def seen(body: bytes) -> dict[str, str]:
+    return {k.lower(): v for k, v in json.loads(body)["headers"]}
+
+
+# ---------------------------------------------------------------- a real browser
+
+
+def test_a_browser_signs_in_through_the_provider_and_out_of_both(world):
+    provider, server, site = world
+    chromium = Chromium(f"{site}/echo?from=browser")
+    try:
+        # The sign-in page offers the provider; the visitor takes it.
+        assert chromium.wait_for("document.querySelector('a.sso') !== null")
+        assert chromium.evaluate("document.querySelector('a.sso').textContent") \
+            == "Sign in with Glewlwyd"
+        chromium.evaluate("document.querySelector('a.sso').click()")
+        # glewlwyd's own login page.
+        assert chromium.wait_for("location.href.includes('/login.html') && "
+                          "document.querySelector('input[name=username]') !== null")
+        fill(chromium, "input[name=username]", "ann")
+        fill(chromium, "input[name=password]", PASSWORDS["ann"])
+        assert chromium.wait_for("(() => { const b = document.querySelector('button[type=submit]');"
+                          " return b ? (b.click(), true) : false; })()")
+        # Its consent: grant nestgate the openid scope, then back through nestgate.
+        landed = chromium.wait_for(
+            "location.href.startsWith(" + json.dumps(site) + ") ? location.href : "
+            "(document.querySelector('#grantButton, button.btn-success') && "
+            "(document.querySelector('#grantButton, button.btn-success').click(), false))",
+            timeout=30)
+        assert landed == f"{site}/echo?from=browser", landed
+        headers = json.loads(chromium.evaluate("document.body.innerText"))["headers"]
+        told = {k.lower(): v for k, v in headers}
+        assert told["remote-user"] == "ann" and told["remote-groups"] == "family"
+        assert told["remote-email"] == "ann@example.test"
+        # Signing out here ends the provider's session too.
+        chromium.evaluate("location.href = '/__auth__/logout'")
+        assert chromium.wait_for("document.querySelector('form button') !== null")
+        chromium.evaluate("document.querySelector('form button').click()")
+        assert chromium.wait_for("location.href.includes('/__auth__/login')", timeout=30)
+        chromium.evaluate(f"location.href = {json.dumps(site + '/echo')}")
+        assert chromium.wait_for("document.querySelector('a.sso') !== null")
+        chromium.evaluate("document.querySelector('a.sso').click()")
+        assert chromium.wait_for("location.href.includes('/login.html')")
+    finally:
+        chromium.close()
