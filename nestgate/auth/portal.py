@@ -153,6 +153,7 @@ class SignIn:
         self._refusals: dict[tuple[str, str], Refusal] = {}
         self.page_headers = _PAGE_HEADERS
         self._form_origins: set[str] = set()
+        # Signing out may go on to a provider's end-session endpoint.
         self.allow_form_redirects(origin(p.issuer) for p in cfg.providers if p.end_session)
         self.challenge = Challenge(self)
         self.login = LoginPage(self)
