@@ -180,3 +180,73 @@ def test_a_browser_signs_in_through_the_provider_and_out_of_both(world):
         assert chromium.wait_for("document.querySelector('a.sso') !== null")
     finally:
         chromium.close()
+
+
+# ---------------------------------------------------------------- the refusals
+
+
+def test_a_wrong_state_is_refused_and_spends_no_code(world):
+    provider, server, _site = world
+    guest = visitor(server)
+    back = provider_answer(provider_session(provider, "ann"), to_provider(guest))
+    path, query = back.split("?", 1)
+    fields = dict(parse_qsl(query))
+    forged = path + "?" + urlencode({**fields, "state": fields["state"][:-2] + "xx"})
+    resp, page = guest.request("GET", forged, headers=HTML)
+    assert resp.status == 400 and b"not started in this browser" in page
+    assert "nestgate_session" not in guest.jar
+    # A state from another browser (the attacker's own sign-in) is as wrong.
+    stranger = visitor(server)
+    assert stranger.request("GET", back, headers=HTML)[0].status == 400
+    assert "nestgate_session" not in stranger.jar
+    # The provider was never asked: the code still works, once, for its own flow.
+    resp, _ = guest.request("GET", back)
+    assert resp.status == 303 and resp.getheader("location") == "/echo"
+    resp, body = guest.request("GET", "/echo")
+    assert resp.status == 200 and seen(body)["remote-user"] == "ann"
+
+
+def test_a_replayed_code_is_refused_by_the_provider(world):
+    provider, server, _site = world
+    guest = visitor(server)
+    back = provider_answer(provider_session(provider, "ann"), to_provider(guest))
+    flow = guest.jar["nestgate_oidc"]
+    assert guest.request("GET", back)[0].status == 303
+    # The same callback again, flow cookie and all (what someone who copied both
+    # would send): glewlwyd has spent the code, so nothing signs in.
+    thief = visitor(server)
+    thief.jar["nestgate_oidc"] = flow
+    resp, page = thief.request("GET", back, headers=HTML)
+    assert resp.status == 403 and b"did not confirm" in page
+    assert "nestgate_session" not in thief.jar
+
+
+def test_a_user_outside_the_allowed_groups_gets_no_session(world):
+    provider, server, _site = world
+    guest = visitor(server)
+    back = provider_answer(provider_session(provider, "eve"), to_provider(guest))
+    resp, page = guest.request("GET", back, headers=HTML)
+    assert resp.status == 403 and b"eve may not sign in here" in page
+    assert "nestgate_session" not in guest.jar
+    assert guest.request("GET", "/echo")[0].status == 401
+
+
+def test_a_configured_user_signs_in_as_configured_with_one_factor(world):
+    provider, server, _site = world
+    guest = visitor(server)
+    back = provider_answer(provider_session(provider, "carol"), to_provider(guest))
+    assert guest.request("GET", back)[0].status == 303
+    told = seen(guest.request("GET", "/echo")[1])
+    # carol's groups and name are nestgate's (the provider gave her none).
+    assert told["remote-user"] == "carol" and told["remote-groups"] == "family,admins"
+    assert told["remote-name"] == "Carol at home"
+
+
+def test_made_up_callbacks_are_counted_as_failed_sign_ins(world):
+    _provider, server, _site = world
+    prober = Browser(server.port(), f"app.localhost:{server.port()}")
+    statuses = [prober.request("GET", "/__auth__/oidc/glew/callback?code=x&state=y",
+                               headers={**HTML, "X-Probe": str(i)})[0].status
+                for i in range(8)]
+    # One address: refused (400) until max_failures (5 a minute), then held back.
+    assert statuses[:5] == [400] * 5 and set(statuses[5:]) == {429}, statuses

@@ -55,12 +55,13 @@ class _ProviderPage:
         return self.signin.cookie(request, FLOW_COOKIE, value, max_age, path=OIDC_PATH,
                                   samesite="Lax")
 
-    async def refuse(self, request, refused: Refused, next_url: str = "/") -> None:
+    async def refuse(self, request, refused: Refused, next_url: str = "/",
+                     end_flow: bool = True) -> None:
         log.warning("sign-in through %s refused for %s: %s", self.provider.cfg.name,
                     request.client, refused)
         await self.signin.notice_page(request, refused.status, "Sign-in refused",
                                       refused.message, next_url,
-                                      [self._flow_cookie(request, "", 0)])
+                                      [self._flow_cookie(request, "", 0)] if end_flow else [])
 
 
 class ProviderStart(_ProviderPage):
@@ -99,25 +100,31 @@ class ProviderCallback(_ProviderPage):
                                b"too many failed sign-ins; try again later\n")
             return
         flow = Flow.open(cookies(request.headers).get(FLOW_COOKIE, ""), await state.secret())
+        given = query.get("state", "").encode("utf-8", "surrogateescape")
+        if flow is None or flow.provider != self.provider.cfg.name \
+                or not hmac.compare_digest(flow.state.encode(), given):
+            # Not this browser's sign-in (another site may send it here): refused, and
+            # the sign-in this browser has under way, if any, goes on.
+            TALLY.event("signin_failure")
+            await self.refuse(request, Refused(
+                400, "This sign-in was not started in this browser, or took too long. "
+                "Start it again.", "state does not match the flow cookie"), end_flow=False)
+            return
         try:
             user, identity_json = await self._signed_in_user(flow, query)
         except Refused as refused:
             TALLY.event("signin_failure")
-            await self.refuse(request, refused, flow.next_url if flow else "/")
+            await self.refuse(request, refused, flow.next_url)
             return
         TALLY.event("signin_success")
         await signin.start_session(request, user, flow.next_url,
                                    provider_factor(self.provider.cfg.name), identity_json,
                                    [self._flow_cookie(request, "", 0)])
 
-    async def _signed_in_user(self, flow: Flow | None, query: dict[str, str]):
-        """(user name, what the session keeps) for this callback; Refused otherwise."""
+    async def _signed_in_user(self, flow: Flow, query: dict[str, str]):
+        """(user name, what the session keeps) for this browser's callback; Refused
+        when the provider's answer does not make one."""
         provider, signin = self.provider, self.signin
-        given = query.get("state", "").encode("utf-8", "surrogateescape")
-        if flow is None or flow.provider != provider.cfg.name \
-                or not hmac.compare_digest(flow.state.encode(), given):
-            raise Refused(400, "This sign-in was not started in this browser, or took too "
-                          "long. Start it again.", "state does not match the flow cookie")
         if "error" in query:
             raise Refused(403, f"{provider.cfg.label} did not sign you in.",
                           f"provider error {query['error'][:100]!r}")
