@@ -65,12 +65,19 @@ class Glewlwyd:
             "multiple": True, "read": True, "write": True}
         self._call("PUT", "/mod/client/database", clients)
         self._call("PUT", "/mod/client/database/reset")
+        self.plugin(PLUGIN, token_duration)
+
+    def plugin(self, name: str, token_duration: int, method: str = "POST") -> str:
+        """An OpenID Connect plugin `name` with a new RSA key, its tokens (the ID
+        token too) valid `token_duration` seconds; its issuer. With method "PUT", the
+        plugin of that name is given a new key (the provider rotates its keys)."""
         key, cert = _key_pair_pem()
-        self._call("POST", "/mod/plugin/", {
-            "module": "oidc", "name": PLUGIN, "display_name": "OpenID Connect",
+        issuer = f"{self.url}/api/{name}"
+        self._call(method, "/mod/plugin/" + ("" if method == "POST" else name), {
+            "module": "oidc", "name": name, "display_name": "OpenID Connect",
             "enabled": True,
             "parameters": {
-                "iss": self.issuer, "jwt-type": "rsa", "jwt-key-size": "256",
+                "iss": issuer, "jwt-type": "rsa", "jwt-key-size": "256",
                 "key": key, "cert": cert,
                 "session-cookie-name": "GLEWLWYD2_OIDC_SID",
                 "session-cookie-expiration": 2592000,
@@ -92,6 +99,10 @@ class Glewlwyd:
                 "session-management-allowed": True, "subject-type": "public",
                 "secret-type": "public", "request-parameter-allow": False,
             }})
+        if method == "PUT":
+            self._call("PUT", f"/mod/plugin/{name}/reset")
+        return issuer
+
 
     def _start(self, binary: str, db: Path, webapp: Path) -> bool:
         self.port = free_port()

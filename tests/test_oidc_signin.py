@@ -6,6 +6,9 @@ a replayed code); the ID token checks run against tokens glewlwyd really issued.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import json
 import time
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
@@ -16,8 +19,11 @@ import pytest
 from browser import Browser as Chromium
 from conftest import HASH, HTML, Browser, Server, Upstream, _env, admin_headers
 from glewlwyd import Glewlwyd
+from nestgate.auth.oidc.client import Http, Provider, Refused
+from nestgate.auth.providers import OidcProvider
 
 SECRET = "nestgate-client-secret"
+OTHER_CALLBACK = "http://other.localhost/cb"
 PASSWORDS = {"ann": "ann-password-1", "eve": "eve-password-1", "carol": "carol-password-1"}
 
 CONFIG = """
@@ -79,7 +85,8 @@ def world(tmp_path_factory):
         site = f"http://app.localhost:{server.port()}"
         provider.add_client("nestgate", SECRET, [f"{site}/__auth__/oidc/glew/callback"],
                             [f"{site}/__auth__/login"])
-        provider.add_client("other", "other-secret", ["http://other.localhost/cb"])
+        provider.add_client("other", "other-secret", [OTHER_CALLBACK])
+        provider.plugin("short", 4)             # ID tokens good for four seconds
         yield provider, server, site
     finally:
         if server is not None:
@@ -242,6 +249,115 @@ def test_a_configured_user_signs_in_as_configured_with_one_factor(world):
     assert told["remote-name"] == "Carol at home"
 
 
+def test_a_new_signing_key_at_the_provider_is_fetched_on_its_first_token(world):
+    provider, server, _site = world
+    first = visitor(server)
+    back = provider_answer(provider_session(provider, "ann"), to_provider(first))
+    assert first.request("GET", back)[0].status == 303       # the keys are cached now
+    provider.plugin("oidc", 300, method="PUT")              # glewlwyd signs with a new key
+    again = visitor(server)
+    back = provider_answer(provider_session(provider, "ann"), to_provider(again))
+    assert again.request("GET", back)[0].status == 303, server.lines[-3:]
+    assert seen(again.request("GET", "/echo")[1])["remote-user"] == "ann"
+
+
+# ---------------------------------------------------------------- the ID token
+
+
+def issued_id_token(provider: Glewlwyd, client: str, secret: str, redirect_uri: str,
+                    nonce: str, plugin: str = "oidc") -> str:
+    """An ID token glewlwyd issues `client` after ann signs in (a code flow)."""
+    from authlib.oauth2.rfc6749.parameters import prepare_grant_uri
+    from authlib.oauth2.rfc7636 import create_s256_code_challenge
+    verifier = "v" * 64
+    authorize = prepare_grant_uri(
+        f"{provider.url}/api/{plugin}/auth", client, "code", redirect_uri=redirect_uri,
+        scope="openid", state="s", nonce=nonce,
+        code_challenge=create_s256_code_challenge(verifier), code_challenge_method="S256")
+    back = provider_answer(provider_session(provider, "ann", client), authorize)
+    code = dict(parse_qsl(back.split("?", 1)[1]))["code"]
+    answer = httpx.post(f"{provider.url}/api/{plugin}/token", auth=(client, secret), data={
+        "grant_type": "authorization_code", "client_id": client, "code": code,
+        "redirect_uri": redirect_uri, "code_verifier": verifier})
+    assert answer.status_code == 200, answer.text
+    return answer.json()["id_token"]
+
+
+def token_part(token: str, index: int) -> dict:
+    """The header (0) or claims (1) of a compact JWT."""
+    part = token.split(".")[index]
+    return json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+
+
+def check(issuer: str, id_token: str, nonce: str, leeway: float = 60.0) -> dict:
+    """nestgate's check of an ID token, as the callback makes it for client nestgate."""
+    async def run():
+        http = Http()
+        try:
+            cfg = OidcProvider("glew", issuer, "nestgate", SECRET, clock_leeway=leeway)
+            return await Provider(cfg, http).id_claims(id_token, nonce)
+        finally:
+            await http.close()
+    return asyncio.run(run())
+
+
+def nestgate_token(provider: Glewlwyd, server: Server, nonce: str, plugin: str = "oidc"):
+    redirect = f"http://app.localhost:{server.port()}/__auth__/oidc/glew/callback"
+    return issued_id_token(provider, "nestgate", SECRET, redirect, nonce, plugin)
+
+
+def test_an_id_token_for_another_audience_is_refused(world):
+    provider, server, _site = world
+    assert check(provider.issuer, nestgate_token(provider, server, "n-1"), "n-1")["sub"]
+    other = issued_id_token(provider, "other", "other-secret", OTHER_CALLBACK, "n-2")
+    with pytest.raises(Refused, match="aud"):
+        check(provider.issuer, other, "n-2")
+
+
+def test_an_id_token_for_another_flow_is_refused(world):
+    provider, server, _site = world
+    with pytest.raises(Refused, match="nonce"):
+        check(provider.issuer, nestgate_token(provider, server, "n-3"), "n-4")
+
+
+def test_an_expired_id_token_is_refused(world):
+    provider, server, _site = world
+    short = f"{provider.url}/api/short"
+    token = nestgate_token(provider, server, "n-5", plugin="short")
+    assert check(short, token, "n-5", leeway=0)["sub"]
+    time.sleep(max(0.0, token_part(token, 1)["exp"] - time.time()) + 1.1)
+    with pytest.raises(Refused, match="exp"):
+        check(short, token, "n-5", leeway=0)
+    assert check(short, token, "n-5", leeway=60)["sub"]      # within the clock leeway
+
+
+def test_forged_id_tokens_are_refused(world):
+    """Unsigned (alg none), HMAC-keyed with the provider's public key (algorithm
+    confusion), or signed with another key under the provider's key id."""
+    from joserfc import jwk, jwt
+    provider, server, _site = world
+    real = nestgate_token(provider, server, "n-6")
+    claims = real.split(".")[1]
+    kid = token_part(real, 0)["kid"]
+    payload = token_part(real, 1)
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).decode().rstrip("=")
+    unsigned = f"{b64(json.dumps({'alg': 'none', 'kid': kid}).encode())}.{claims}."
+    keys = httpx.get(f"{provider.issuer}/jwks").json()
+    public_pem = jwk.import_key(keys["keys"][0]).as_pem(private=False)
+    # joserfc itself will not make this one: HMAC by hand, keyed with the public key.
+    signed = f"{b64(json.dumps({'alg': 'HS256', 'kid': kid}).encode())}.{claims}"
+    confused = signed + "." + b64(hmac.new(public_pem, signed.encode(), hashlib.sha256).digest())
+    stranger = jwk.RSAKey.generate_key(2048, parameters={"kid": kid})
+    foreign = jwt.encode({"alg": "RS256", "kid": kid}, payload, stranger)
+    for forged in (unsigned, confused, foreign):
+        with pytest.raises(Refused):
+            check(provider.issuer, forged, "n-6")
+    assert check(provider.issuer, real, "n-6")["nonce"] == "n-6"
+
+
+# Last: it leaves the tests' address held back for a minute.
 def test_made_up_callbacks_are_counted_as_failed_sign_ins(world):
     _provider, server, _site = world
     prober = Browser(server.port(), f"app.localhost:{server.port()}")

@@ -26,6 +26,7 @@ class OidcProvider:
     allowed_groups: tuple[str, ...] = ()
     allow_unknown: bool = False        # a subject that is no configured user or group
     end_session: bool = True           # sign-out also ends the provider's session
+    clock_leeway: float = 60.0         # seconds the provider's clock may be off from ours
 
     @property
     def label(self) -> str:
@@ -38,7 +39,8 @@ class OidcProvider:
                 "scopes": list(self.scopes), "user_claim": self.user_claim,
                 "groups_claim": self.groups_claim, "allowed_users": list(self.allowed_users),
                 "allowed_groups": list(self.allowed_groups),
-                "allow_unknown": self.allow_unknown, "end_session": self.end_session}
+                "allow_unknown": self.allow_unknown, "end_session": self.end_session,
+                "clock_leeway": self.clock_leeway}
 
 
 def read_providers(s) -> tuple[OidcProvider, ...]:
@@ -79,7 +81,8 @@ def read_provider(p) -> OidcProvider:
         groups_claim=p.str("groups_claim", OidcProvider.groups_claim),
         allowed_users=p.strings("allowed_users"), allowed_groups=p.strings("allowed_groups"),
         allow_unknown=p.bool("allow_unknown", False),
-        end_session=p.bool("end_session", True))
+        end_session=p.bool("end_session", True),
+        clock_leeway=p.duration("clock_leeway", OidcProvider.clock_leeway))
     if not provider.user_claim:
         p.fail("user_claim", "the name of the claim that holds the user name")
     p.check_unknown()

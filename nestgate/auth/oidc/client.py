@@ -52,7 +52,6 @@ FLOW_TTL = 600                 # seconds from the button to the callback
 DOCUMENT_TTL = 3600.0          # seconds discovery and JWKS are kept
 HTTP_TIMEOUT_S = 10.0          # each request to the provider
 MAX_ANSWER = 512 * 1024        # bytes read of any answer from the provider
-LEEWAY_S = 60                  # clock difference allowed with the provider
 FLOW_COOKIE = "nestgate_oidc"
 # Signature algorithms an ID token may use: public-key ones only, so a token can never
 # be "signed" with the provider's public key as an HMAC secret, nor not at all.
@@ -269,6 +268,7 @@ class Provider:
         """The claims of an ID token issued to this client for this flow; Refused(403)
         for any other."""
         doc = await self.metadata()
+        leeway = self.cfg.clock_leeway
         offered = doc.get("id_token_signing_alg_values_supported") or ["RS256"]
         algorithms = [a for a in offered if a in ASYMMETRIC]
         try:
@@ -276,12 +276,12 @@ class Provider:
             if id_token.count(".") != 2 or header.get("alg") not in algorithms:
                 raise Refused(403, _BAD_TOKEN, f"ID token algorithm {header.get('alg')!r}")
             keys = await self._keys.get()
-            if header.get("kid") is not None and keys.get_by_kid(header["kid"]) is None:
+            if not _holds(keys, header.get("kid")):
                 keys = await self._keys.get(fresh=True)      # the provider rotated keys
             token = jwt.decode(id_token, keys, algorithms=algorithms)
             claims = token.claims
             jwt.JWTClaimsRegistry(
-                leeway=LEEWAY_S,
+                leeway=int(leeway),
                 iss={"essential": True, "value": self.cfg.issuer},
                 aud={"essential": True, "value": self.cfg.client_id},
                 sub={"essential": True}, exp={"essential": True},
@@ -293,7 +293,7 @@ class Provider:
             raise Refused(403, _BAD_TOKEN, f"ID token: {exc!r}") from None
         now = time.time()
         # Issued for this flow: not in the future, not before the flow began.
-        if not now - FLOW_TTL - LEEWAY_S <= claims["iat"] <= now + LEEWAY_S:
+        if not now - FLOW_TTL - leeway <= claims["iat"] <= now + leeway:
             raise Refused(403, _BAD_TOKEN, f"ID token iat {claims['iat']} is not now")
         audience = claims["aud"] if isinstance(claims["aud"], list) else [claims["aud"]]
         azp = claims.get("azp")
@@ -341,6 +341,17 @@ class Provider:
 
 
 _BAD_TOKEN = "The sign-in provider's answer did not hold up."
+
+
+def _holds(keys: KeySet, kid) -> bool:
+    """`keys` has the key `kid` names (a token without a kid: any key may be it)."""
+    if kid is None:
+        return True
+    try:
+        keys.get_by_kid(kid)
+    except JoseError:
+        return False
+    return True
 
 
 # ------------------------------------------------------------------ who signs in
