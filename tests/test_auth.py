@@ -19,7 +19,7 @@ from conftest import (HTML, PASSWORD_HASH, REPO, TOTP_SECRET, Browser, _env, ask
                       protected, settled_step, v1)
 from nestgate.auth import totp
 from nestgate.auth.passwords import verify_password
-from nestgate.auth.config import AuthConfig
+from nestgate.auth.config import AuthConfig, User
 from nestgate.auth.portal import REFRESH_AFTER, SessionCheck, SignIn, safe_next
 from nestgate.auth.store import ACCOUNT_MEMORY, Store, StoreUnavailable, account_delay
 from nestgate.responses import Prebuilt
@@ -90,7 +90,7 @@ class _SessionStore:
 
 def _checked_ago(store, seconds: float):
     """A SignIn whose worker checked the request's session `seconds` ago."""
-    signin = SignIn(AuthConfig(), store)
+    signin = SignIn(AuthConfig(users=(User("ann", PASSWORD_HASH),)), store)
     headers = [(b"cookie", b"nestgate_session=a-token")]
     signin._sessions[signin._session_hash(headers)] = \
         ("ann", time.time() + 3600, time.monotonic() - seconds)
@@ -99,7 +99,7 @@ def _checked_ago(store, seconds: float):
 
 def test_a_session_in_use_is_checked_again_before_its_check_runs_out():
     async def scenario():
-        store = _SessionStore(("ann", time.time() + 3600, "password totp"))
+        store = _SessionStore(("ann", time.time() + 3600, "password totp", ""))
         signin, headers = _checked_ago(store, 0.5)
         assert signin.admit(GATE, headers, "192.0.2.7") is ROUTE
         await asyncio.sleep(0.01)

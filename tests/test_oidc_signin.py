@@ -189,6 +189,19 @@ def test_a_browser_signs_in_through_the_provider_and_out_of_both(world):
         chromium.close()
 
 
+def test_the_admin_api_lists_the_providers_without_their_secrets(world):
+    provider, server, _site = world
+    port = server.admin_port()
+    answer = httpx.get(f"http://127.0.0.1:{port}/v1/providers",
+                       headers=admin_headers(port), timeout=10)
+    assert answer.status_code == 200
+    [listed] = answer.json()["providers"]
+    assert listed["name"] == "glew" and listed["issuer"] == provider.issuer
+    assert listed["client_id"] == "nestgate" and listed["confidential"] is True
+    assert listed["allowed_groups"] == ["family", "friends"]
+    assert SECRET not in answer.text
+
+
 # ---------------------------------------------------------------- the refusals
 
 

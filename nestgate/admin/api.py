@@ -6,6 +6,7 @@
     /v1/allow, /v1/sessions, /v1/passkeys   the shared store's state (nestgate.admin.stateapi)
     /v1/oidc/*       the OpenID provider's clients and grants (nestgate.admin.oidcapi)
     GET /v1/users    the serving config's users and groups (never a hash or a secret)
+    GET /v1/providers  its OpenID providers for "Sign in with ..." (never a client secret)
     GET /docs/json   the OpenAPI 3.1 document of all of these (nestgate.admin.openapi)
     /v1/config       the config, its validation and reload (nestgate.admin.configapi)
     GET /v1/status   version, uptime, config file and hash, generations, each worker's
@@ -217,6 +218,10 @@ class AdminState:
         """The OpenID provider's clients of the config the workers serve."""
         return 200, {"clients": self.report.get("oidc_clients", [])}
 
+    def providers(self):
+        """The OpenID providers of the config the workers serve ([[auth.oidc]])."""
+        return 200, {"providers": self.report.get("providers", [])}
+
     def status(self):
         report = self.report
         now = CLOCK.wall
@@ -295,6 +300,7 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     site.add_exact("/v1/ready", Endpoint(state.ready))
     site.add_exact("/v1/status", Endpoint(state.status))
     site.add_exact("/v1/users", Endpoint(state.users))
+    site.add_exact("/v1/providers", Endpoint(state.providers))
     site.add_exact("/metrics", Endpoint(state.metrics, metrics.CONTENT_TYPE))
     allow = AllowList(store_path, state.audit, error, reply)
     site.add_exact("/v1/allow", allow)

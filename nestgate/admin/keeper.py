@@ -42,6 +42,7 @@ class AdminKeeper:
         self.certificates: list[dict] = []      # of the serving config (nestgate.certinfo)
         self.users: list[dict] = []             # of the serving config, without secrets
         self.oidc_clients: list[dict] = []      # the same: the OpenID provider's clients
+        self.providers: list[dict] = []         # its [[auth.oidc]], without client secrets
         self._last_report = b""
         # Workers gone since the last report, with the last answer counts they
         # published: the admin process adds them to its totals (nestgate/admin/answers.py).
@@ -58,6 +59,7 @@ class AdminKeeper:
         self.certificates = certificate_expiry(config)
         self.users = user_listing(config)
         self.oidc_clients = client_listing(config)
+        self.providers = provider_listing(config)
         admin = config.admin
         if not admin.enabled:
             return
@@ -88,6 +90,7 @@ class AdminKeeper:
         self.certificates = certificate_expiry(config)
         self.users = user_listing(config)
         self.oidc_clients = client_listing(config)
+        self.providers = provider_listing(config)
         if self.sock is None:
             return
         if (config.admin.host, config.admin.port, config.admin.enabled) != \
@@ -199,6 +202,7 @@ class AdminKeeper:
             "certificates": self.certificates,
             "users": self.users,
             "oidc_clients": self.oidc_clients,
+            "providers": self.providers,
         }
         data = json.dumps(state, separators=(",", ":")).encode()
         now = time.monotonic()
@@ -239,6 +243,13 @@ def client_listing(config) -> list[dict]:
 def user_listing(config) -> list[dict]:
     """The config's users as the admin API lists them (`User.listing`: no secrets)."""
     return [user.listing() for user in config.auth.users] if config.auth is not None else []
+
+
+def provider_listing(config) -> list[dict]:
+    """The config's OpenID providers as the admin API lists them (no client secret)."""
+    if config.auth is None:
+        return []
+    return [provider.listing() for provider in config.auth.providers]
 
 
 def _shown(sock: socket.socket) -> str:

@@ -88,6 +88,14 @@ _PASSKEY = _obj({"id": _STR, "user": _STR, "name": _STR, "sign_count": _INT,
 _USER = _obj({"name": _STR, "groups": {"type": "array", "items": _STR},
               "display_name": _STR, "email": _STR, "second_factor": _BOOL},
              ("name", "groups", "display_name", "email", "second_factor"))
+_PROVIDER = _obj({"name": _STR, "display_name": _STR, "issuer": _STR, "client_id": _STR,
+                  "confidential": _BOOL, "scopes": {"type": "array", "items": _STR},
+                  "user_claim": _STR, "groups_claim": _STR,
+                  "allowed_users": {"type": "array", "items": _STR},
+                  "allowed_groups": {"type": "array", "items": _STR},
+                  "allow_unknown": _BOOL, "end_session": _BOOL,
+                  "clock_leeway": {"type": "number"}},
+                 ("name", "issuer", "client_id", "confidential"))
 _CHANGE = _obj({"added": {"type": "array", "items": _STR},
                 "removed": {"type": "array", "items": _STR}}, ("added", "removed"))
 
@@ -212,6 +220,10 @@ PATHS = {
                              "hash or TOTP secret), as the serving config has them", {
         "200": _json(_obj({"users": {"type": "array", "items": _USER}}, ("users",)),
                      "the users")})},
+    "/v1/providers": {"get": _op("The OpenID providers visitors may sign in with "
+                                 "([[auth.oidc]]; never a client secret)", {
+        "200": _json(_obj({"providers": {"type": "array", "items": _PROVIDER}},
+                          ("providers",)), "the providers")})},
     "/v1/sessions": {"get": _op("The live sign-in sessions", {
         "200": _json(_obj({"sessions": {"type": "array", "items": _SESSION}}, ("sessions",)),
                      "the sessions"), "409": _ERROR, "503": _ERROR})},
