@@ -140,6 +140,54 @@ def seen(body: bytes) -> dict[str, str]:
     return {k.lower(): v for k, v in json.loads(body)["headers"]}
 
 
+# ---------------------------------------------------------------- the config
+
+
+def test_a_bad_provider_entry_is_named_with_its_file_and_key(tmp_path):
+    from nestgate.config import ConfigError, read_config
+    (tmp_path / "empty.secret").write_text("\n")
+    path = tmp_path / "nestgate.toml"
+    path.write_text(f"""
+[[listen]]
+address = "127.0.0.1:0"
+
+[auth]
+store = "{tmp_path / 'state.db'}"
+
+[[auth.oidc]]
+name = "Pocket ID"
+issuer = "http://id.example.com"
+scopes = ["profile"]
+client_secret = "s"
+client_secret_file = "{tmp_path / 'empty.secret'}"
+clinet_id = "typo"
+
+[[auth.oidc]]
+name = "ok"
+issuer = "https://id.example.com/"
+client_id = "nestgate"
+client_secret_file = "{tmp_path / 'empty.secret'}"
+
+[[auth.oidc]]
+name = "ok"
+issuer = "https://other.example.com"
+client_id = "nestgate"
+""")
+    with pytest.raises(ConfigError) as info:
+        read_config(path)
+    problems = "\n".join(info.value.problems)
+    for expected in ("auth.oidc[0].name: expected a short name", "auth.oidc[0].issuer: "
+                     "expected an https:// URL (http:// only to localhost",
+                     "auth.oidc[0].client_id: expected the client id",
+                     "auth.oidc[0].client_secret_file: expected either client_secret or",
+                     "auth.oidc[0].scopes: expected a list holding \"openid\"",
+                     "auth.oidc[0].clinet_id: unknown key",
+                     "auth.oidc[1].client_secret_file: expected a file holding the client "
+                     "secret (it is empty)", "auth.oidc: expected each provider name once"):
+        assert f"{path}: {expected}" in problems, problems
+    assert problems.count("\n") == 7, problems
+
+
 # ---------------------------------------------------------------- a real browser
 
 
