@@ -124,10 +124,11 @@ def test_a_store_from_an_older_version_gains_the_new_columns(tmp_path):
     store = Store(path)
     try:
         assert store.ready()
-        # A session of the older version counts as signed in with a password only.
+        # A session of the older version counts as signed in with a password only, and
+        # keeps no provider identity.
         assert store.live_sessions() == [(b"\x01", "ops", 1.0, 4102444800.0, "10.0.0.1", 0.0,
                                           "password")]
-        assert store.session(b"\x01") == ("ops", 4102444800.0, "password")   # seen: written now
+        assert store.session(b"\x01") == ("ops", 4102444800.0, "password", "")   # seen: now
         assert store.live_sessions()[0][5] > 1_000_000_000
     finally:
         store.close()
