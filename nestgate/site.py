@@ -71,6 +71,8 @@ def handler_modules(config) -> set[str]:
         names.add("nestgate.auth.delegate")         # asking an auth server first
     if any(site.protected for site in config.sites + forward_sites(config.auth)):
         names.add("nestgate.auth.provider")         # the forward-auth endpoints
+    if config.auth is not None and config.auth.providers:
+        names.add("nestgate.auth.oidc.signin_pages")      # with Authlib, joserfc and httpx
     return names
 
 

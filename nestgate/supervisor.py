@@ -496,6 +496,7 @@ ENGINE_MODULES = ("nestgate.worker", "nestgate.site", "nestgate.compress",
                   "nestgate.errorpages", "nestgate.handlers.static",
                   "nestgate.handlers.redirect", "nestgate.proxy.handler",
                   "nestgate.notes.pages", "nestgate.notes.api", "nestgate.auth.portal",
+                  "nestgate.auth.oidc.signin_pages",
                   "nestgate.auth.store", "nestgate.auth.totp", "nestgate.admin.page",
                   "nestgate.http2", "nestgate.h2engine", "encodings.unicode_escape", "encodings.idna")
 

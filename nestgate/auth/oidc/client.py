@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
+import httpx
 from authlib.common.security import generate_token
 from authlib.oauth2.rfc6749.parameters import prepare_grant_uri
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
@@ -137,7 +138,6 @@ class Http:
     async def json(self, method: str, url: str, **kwargs) -> tuple[int, dict]:
         """(status, JSON object) of a request; Refused(502) when the provider cannot
         be reached or answers with something else than a JSON object."""
-        import httpx
         client = await self.client()
         try:
             async with client.stream(method, url, **kwargs) as answer:
@@ -166,7 +166,6 @@ class Http:
 
 
 def _make_client():
-    import httpx
     return httpx.AsyncClient(timeout=HTTP_TIMEOUT_S, follow_redirects=False,
                              headers={"accept": "application/json"})
 
