@@ -20,6 +20,8 @@ from browser import Browser as Chromium
 from conftest import HASH, HTML, Browser, Server, Upstream, _env, admin_headers
 from glewlwyd import Glewlwyd
 from nestgate.auth.oidc.client import Http, Provider, Refused
+from nestgate.auth.config import AuthConfig
+from nestgate.auth.portal import SignIn
 from nestgate.auth.providers import OidcProvider
 
 SECRET = "nestgate-client-secret"
@@ -57,6 +59,12 @@ allowed_users = ["carol"]
 hosts = ["app.localhost"]
 protected = true
 allow_groups = ["family"]
+
+[[site.route]]
+prefix = "/admin/"
+type = "proxy"
+upstream = "{up}"
+policy = "two_factor"
 
 [[site.route]]
 prefix = "/"
@@ -308,6 +316,39 @@ def test_a_configured_user_signs_in_as_configured_with_one_factor(world):
     # carol's groups and name are nestgate's (the provider gave her none).
     assert told["remote-user"] == "carol" and told["remote-groups"] == "family,admins"
     assert told["remote-name"] == "Carol at home"
+
+
+def test_a_sign_in_through_the_provider_is_one_factor_and_two_factor_refuses_it(world):
+    provider, server, _site = world
+    for name in ("carol", "ann"):              # configured, and known by her group only
+        guest = visitor(server)
+        back = provider_answer(provider_session(provider, name), to_provider(guest))
+        assert guest.request("GET", back)[0].status == 303
+        assert guest.request("GET", "/echo")[0].status == 200
+        resp, page = guest.request("GET", "/admin/", headers=HTML)
+        assert resp.status == 403 and b"needs a second factor" in page, (name, page)
+        resp, body = guest.request("GET", "/admin/")
+        assert resp.status == 403
+        assert json.loads(body)["reason"] == "no_second_factor"
+    # The store lists each session with the provider it came through as its one factor.
+    port = server.admin_port()
+    listed = httpx.get(f"http://127.0.0.1:{port}/v1/sessions",
+                       headers=admin_headers(port), timeout=10).json()["sessions"]
+    factors = {tuple(s["factors"]) for s in listed if s["user"] in ("carol", "ann")}
+    assert factors == {("oidc:glew",)}
+
+
+def test_the_sign_in_pages_may_redirect_to_providers_and_to_clients():
+    """The form-action names the providers' origins (sign-out goes on to theirs) and
+    the OpenID clients' (nestgate's own provider sends the browser back to them), both
+    at once whichever is added last."""
+    provider = OidcProvider(name="p", issuer="https://id.example.test:8443/realm",
+                            client_id="c")
+    signin = SignIn(AuthConfig(providers=(provider,)), None)
+    signin.allow_form_redirects(["https://grafana.example.test"])
+    [csp] = [v for n, v in signin.page_headers if n == b"content-security-policy"]
+    assert b"form-action 'self' https://grafana.example.test https://id.example.test:8443;" \
+        in csp
 
 
 def test_a_new_signing_key_at_the_provider_is_fetched_on_its_first_token(world):
