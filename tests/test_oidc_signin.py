@@ -338,6 +338,25 @@ def test_a_sign_in_through_the_provider_is_one_factor_and_two_factor_refuses_it(
     assert factors == {("oidc:glew",)}
 
 
+def test_forward_auth_answers_a_provider_s_user_as_the_gate_does(world):
+    """Another proxy asking /api/authz/forward-auth about a session from the provider
+    (of a user the config does not name) gets the gate's answers: yes with her
+    identity where one factor will do, the two_factor refusal where it will not."""
+    provider, server, _site = world
+    guest = visitor(server)
+    back = provider_answer(provider_session(provider, "ann"), to_provider(guest))
+    assert guest.request("GET", back)[0].status == 303
+    host = f"app.localhost:{server.port()}"
+    resp, _ = guest.request("GET", "/api/authz/forward-auth",
+                            headers={"X-Forwarded-Host": host, "X-Forwarded-Uri": "/echo"})
+    assert resp.status == 200
+    assert resp.getheader("remote-user") == "ann"
+    assert resp.getheader("remote-groups") == "family"
+    resp, body = guest.request("GET", "/api/authz/forward-auth",
+                               headers={"X-Forwarded-Host": host, "X-Forwarded-Uri": "/admin/"})
+    assert resp.status == 403 and json.loads(body)["reason"] == "no_second_factor"
+
+
 def test_the_sign_in_pages_may_redirect_to_providers_and_to_clients():
     """The form-action names the providers' origins (sign-out goes on to theirs) and
     the OpenID clients' (nestgate's own provider sends the browser back to them), both

@@ -54,9 +54,10 @@ import json
 
 from nestgate.access import DENY, PASS, network_verdict
 from nestgate.auth.config import PORTAL_PATHS
+from nestgate.auth.identity import identity_pairs
 from nestgate.auth.passwords import verify_password
 from nestgate.auth.portal import login_url, safe_next
-from nestgate.auth.policy import ALLOWED, PASSWORD, session_key, session_user
+from nestgate.auth.policy import ALLOWED, PASSWORD, decide, session_key, session_user
 from nestgate.errors import RequestError
 from nestgate.grammar import TCHAR
 from nestgate.routing import Router, SiteRoutes, plain_host_name, valid_host
@@ -229,7 +230,7 @@ class Provider:
             await request.send(200, [*self.nobody, _NO_STORE], b"")
             return
         key = await self.signin.session_of(request.headers)
-        if key is None or key not in question.verdicts:
+        if key is None or self.reason(question, key) is None:
             basic = _basic(request)
             if basic is not None:
                 name = await self.basic_user(request, *basic)
@@ -238,19 +239,35 @@ class Provider:
                                      [(b"www-authenticate", b'Basic realm="nestgate"')])
                     return
                 key = session_key(name, PASSWORD)   # a password alone: one factor
-        reason = question.verdicts.get(key) if key is not None else None
+        reason = self.reason(question, key) if key is not None else None
         if reason is None:
             await self.sign_in_first(request, asked, original)
             return
         user = session_user(key)
         if reason == ALLOWED:
-            await request.send(200, [*self.pairs.get(user, ()), _NO_STORE], b"")
+            await request.send(200, [*self.identity(key), _NO_STORE], b"")
         elif not original and _browser(request):
             await self.signin.refusal_page(request, user, reason,
                                            safe_next(asked.uri.decode("latin-1")))
         else:
             await _send_json(request, 403, {"error": "forbidden", "reason": reason,
                                             "user": user})
+
+    @staticmethod
+    def reason(question: Question, key) -> str | None:
+        """The verdict for a session's key: compiled with the question for configured
+        users; worked out for the `User` of one who signed in through an OpenID
+        provider as nobody configured, as the gate does (nestgate.access.Gateway.
+        answer_for): one factor. None: no verdict, so no session."""
+        if isinstance(key, str):
+            return question.verdicts.get(key)
+        return decide(question.policy, key, False)
+
+    def identity(self, key) -> list:
+        """The identity header pairs a yes names for a session's key."""
+        if isinstance(key, str):
+            return self.pairs.get(session_user(key), [])
+        return identity_pairs(self.signin.cfg.identity_headers, key)
 
     async def sign_in_first(self, request, asked: Asked, original: bool) -> None:
         location = (b"location", asked.sign_in_url())
