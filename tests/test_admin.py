@@ -1407,3 +1407,15 @@ upstream = "{up.url}"
     result = ctl("install-cert", "example.test", "--cert", chain, "--key", key, *where)
     assert result.returncode == 1 and "404" in result.stderr
     assert ctl("install-cert", "example.test", *where).returncode == 2     # no files named
+
+
+def test_ctl_takes_an_id_that_begins_with_a_dash():
+    """A passkey's id is base64url and may begin with "-": ctl reads it as the id (and
+    goes on to ask the admin listener), while a misspelt option is still refused."""
+    closed = free_port()
+    asked = ctl("--address", f"127.0.0.1:{closed}", "--token", "t", "passkeys", "revoke",
+                "-uoHaFfTSR9BMyRCOYnd-w")
+    assert asked.returncode != 2 and "cannot reach the admin listener" in asked.stderr, \
+        asked.stderr
+    misspelt = ctl("--address", f"127.0.0.1:{closed}", "--token", "t", "passkeys", "--jsn")
+    assert misspelt.returncode == 2 and "unrecognized arguments: --jsn" in misspelt.stderr

@@ -66,7 +66,12 @@ def ctl_main(argv: list[str]) -> int:
     parser.add_argument("--cafile", help="HTTPS: the certificate (or CA) to trust "
                         "(default: [admin] certificate's cert; with --address: plain HTTP)")
     parser.add_argument("--json", action="store_true", help="print the API's JSON as it is")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # An id may begin with "-" (a passkey's is base64url): one argparse does not know
+    # is the id, not an option. A misspelt "--option" is still refused.
+    if any(word.startswith("--") for word in extra):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.rest += extra
 
     request = _request(args)
     if request is None:
