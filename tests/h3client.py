@@ -122,3 +122,35 @@ def fetch(port: int, ca_file: str, path: str = "/", method: str = "GET", headers
     """One request on a fresh connection."""
     return asyncio.run(requests(port, ca_file, [(method, path, headers, body)],
                                 server_name, authority))[0]
+
+
+def serve_with_upstream(folder, certs, upstream_handler, workers: int, routes: str):
+    """A nestgate with an HTTP/3 TLS listener in front of a threaded upstream running
+    `upstream_handler`: yields the server (conftest.Server), then stops both. `routes`
+    are [[site.route]] tables; "{upstream}" in them is the upstream's address."""
+    import http.server
+    import threading
+
+    from conftest import Server, tls_block
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), upstream_handler)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    config = folder / "nestgate.toml"
+    config.write_text(f"""
+[server]
+workers = {workers}
+
+[[listen]]
+address = "127.0.0.1:0"
+http3 = true
+{tls_block(certs)}
+
+[[site]]
+hosts = ["*"]
+""" + routes.replace("{upstream}", f"http://127.0.0.1:{upstream.server_address[1]}"))
+    server = Server(config, ())
+    try:
+        yield server
+    finally:
+        server.stop()
+        upstream.shutdown()
+        upstream.server_close()

@@ -11,14 +11,12 @@ import http.client
 import http.server
 import os
 import ssl
-import threading
 
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import h3client
-from conftest import Server, tls_block
 
 TEXT = b"0123456789abcdef" * 4096                 # 64 KiB: more than one DATA frame
 PAGE = b"<!doctype html><title>over quic</title><p id=done>ok</p>\n"
@@ -58,21 +56,7 @@ def server(tmp_path_factory, certs):
     (folder / "www").mkdir()
     (folder / "www" / "text.txt").write_bytes(TEXT)
     (folder / "www" / "index.html").write_bytes(PAGE)
-    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    config = folder / "nestgate.toml"
-    config.write_text(f"""
-[server]
-workers = 2
-
-[[listen]]
-address = "127.0.0.1:0"
-http3 = true
-{tls_block(certs)}
-
-[[site]]
-hosts = ["*"]
-
+    yield from h3client.serve_with_upstream(folder, certs, _Upstream, 2, f"""
 [[site.route]]
 prefix = "/files/"
 type = "static"
@@ -81,13 +65,8 @@ root = "{folder / 'www'}"
 [[site.route]]
 prefix = "/app/"
 type = "proxy"
-upstream = "http://127.0.0.1:{upstream.server_address[1]}"
+upstream = "{{upstream}}"
 """)
-    started = Server(config, ())
-    yield started
-    started.stop()
-    upstream.shutdown()
-    upstream.server_close()
 
 
 def test_a_static_file_over_http3(server, certs):

@@ -10,13 +10,11 @@ import asyncio
 import http.server
 import random
 import string
-import threading
 import time
 
 import pytest
 
 import h3client
-from conftest import Server, tls_block
 from nestgate.http2 import RESET_ALLOWANCE
 
 pytestmark = pytest.mark.attack
@@ -44,22 +42,8 @@ class _SlowUpstream(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory, certs):
-    folder = tmp_path_factory.mktemp("h3flood")
-    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowUpstream)
-    threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    config = folder / "nestgate.toml"
-    config.write_text(f"""
-[server]
-workers = 1
-
-[[listen]]
-address = "127.0.0.1:0"
-http3 = true
-{tls_block(certs)}
-
-[[site]]
-hosts = ["*"]
-
+    yield from h3client.serve_with_upstream(tmp_path_factory.mktemp("h3flood"), certs,
+                                            _SlowUpstream, 1, """
 [[site.route]]
 path = "/hello"
 type = "return"
@@ -68,13 +52,8 @@ body = "hello"
 [[site.route]]
 prefix = "/app/"
 type = "proxy"
-upstream = "http://127.0.0.1:{upstream.server_address[1]}"
+upstream = "{upstream}"
 """)
-    server = Server(config, ())
-    yield server
-    server.stop()
-    upstream.shutdown()
-    upstream.server_close()
 
 
 def _still_answered(server, certs) -> None:
