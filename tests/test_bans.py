@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import (HELLO, PASSWORD_HASH, REPO, Browser, _env, admin_headers, admin_token,
-                      config, get_from, poll,
+                      config, get_from, one_request, poll,
                       scrape, tls_block)
 from nestgate.bans.store import open_bans
 from nestgate.bans.table import BanTable, client_network
@@ -274,6 +274,61 @@ def test_failed_passkey_sign_ins_count_as_failed_sign_ins(start_server, tmp_path
     softauthn.finish_sign_in(sprayer, softauthn.begin_sign_in(sprayer)[0], "{}")
     assert refused(port, "127.0.0.31")          # the third failure banned it
     assert get_from(port, "/hello", source="127.0.0.32")[0] == 200
+
+
+SIGN_IN_RULE = ('\n[[ban]]\nname = "sign-in"\non = "signin"\ncount = 3\nwindow = "1m"\n'
+                'ban_for = ["1h"]\n')
+PROTECTED = ('\n[auth]\nstore = "{store}"\ncookie_secure = false\n\n[[auth.user]]\n'
+             'name = "demo"\npassword = "{hash}"\n\n[[site]]\nname = "private"\n'
+             'hosts = ["private.test"]\nprotected = true\n\n[[site.route]]\npath = "/"\n'
+             'type = "return"\nbody = "in"\n')
+
+
+def test_forward_auth_basic_failures_ban_the_client_the_proxy_names(start_server, tmp_path):
+    """Another proxy asks nestgate (forward auth) with a Basic credential: each wrong
+    password counts as a failed sign-in of the client the trusted proxy names, so a
+    password spray through Caddy or nginx is banned as one on the sign-in form is."""
+    import base64
+    top = '[client_ip]\ntrusted_proxies = ["127.0.0.1"]\n'
+    server = start_server(site_with(SIGN_IN_RULE, tmp_path / "s.db", workers=1) + "\n" + top
+                          + PROTECTED.format(store=tmp_path / "s.db", hash=PASSWORD_HASH))
+    port = server.port()
+
+    def ask(client: str, password: str) -> int:
+        basic = base64.b64encode(f"demo:{password}".encode()).decode()
+        return one_request(port, "/api/authz/forward-auth", "private.test", {
+            "X-Forwarded-For": client,
+            "X-Forwarded-Method": "GET", "X-Forwarded-Proto": "https",
+            "X-Forwarded-Host": "private.test", "X-Forwarded-Uri": "/",
+            "Authorization": f"Basic {basic}"})[0]
+
+    assert ask("203.0.113.70", "demo-password") == 200
+    assert [ask("203.0.113.71", "wrong") for _ in range(3)] == [401, 401, 401]
+    # Banned: even the right password is refused for that client, and only for it.
+    assert ask("203.0.113.71", "demo-password") == 403
+    assert ask("203.0.113.70", "demo-password") == 200
+    listed = poll(lambda: ban_cli("list", "--config", str(tmp_path / "nestgate.toml"),
+                                  cwd=tmp_path).stdout,
+                  lambda out: "203.0.113.71" in out, timeout=5)
+    assert "203.0.113.71/32" in listed and "sign-in" in listed, listed
+
+
+def test_refused_provider_callbacks_count_as_failed_sign_ins(start_server, tmp_path):
+    """A callback from a sign-in provider that this browser did not start (a forged or
+    replayed state) is a failed sign-in: [[ban]] rules on "signin" count it."""
+    provider = ('\n[[auth.oidc]]\nname = "idp"\nissuer = "https://idp.test"\n'
+                'client_id = "nestgate"\nclient_secret = "s3cret"\nallow_unknown = true\n')
+    server = start_server(site_with(SIGN_IN_RULE + "ban_loopback = true\n", tmp_path / "s.db",
+                                    workers=1)
+                          + PROTECTED.format(store=tmp_path / "s.db", hash=PASSWORD_HASH)
+                          + provider)
+    port = server.port()
+    callback = "/__auth__/oidc/idp/callback?code=stolen&state=forged"
+    statuses = [one_request(port, callback, "private.test", source="127.0.0.33")[0]
+                for _ in range(3)]
+    assert statuses == [400, 400, 400], statuses
+    assert refused(port, "127.0.0.33")          # the third failure banned it
+    assert get_from(port, "/hello", source="127.0.0.34")[0] == 200
 
 
 def h3_status(port: int, ca: str, headers=()) -> int:

@@ -55,7 +55,6 @@ from nestgate.auth.passwords import verify_password
 from nestgate.auth.policy import PASSKEY, PASSWORD, VERIFIED, two_factors
 from nestgate.auth.portal import (_PAGE_HEADERS, _FormPath, _entering, _page_html, cookies,
                                   login_url, safe_next)
-from nestgate.bans.watch import BANS
 from nestgate.routing import host_name
 from nestgate.tally import TALLY
 
@@ -294,8 +293,7 @@ class PasskeySignIn(_FormPath):
             if signin.cfg.user(user) is None:
                 raise PasskeyError("this passkey's user is no longer configured")
         except PasskeyError as exc:
-            TALLY.event("signin_failure")
-            BANS.note("signin", request.client, request.connection)   # as a wrong password
+            signin.failed(request)                                   # as a wrong password
             await signin.page(request, 401, next_url, f"Passkey refused: {exc}.")
             return
         TALLY.event("signin_success")
@@ -305,18 +303,10 @@ class PasskeySignIn(_FormPath):
         """PASSWORD PASSKEY when the password is the named user's and the passkey
         theirs; None when the sign-in must wait (answered 429 here)."""
         signin = self.signin
-        cfg, state = signin.cfg, signin.state
-        user = cfg.user(form.get("user", ""))
+        user = signin.cfg.user(form.get("user", ""))
         account = user.name if user else ""
         trusted = bool(account) and await signin.cookie_user(request) == account
-        wait = await state.run("take_sign_in", request.client, cfg.failure_window,
-                               cfg.max_failures, account, cfg.account_delays, trusted)
-        if wait > 0:
-            TALLY.event("signin_refused")
-            BANS.note("signin", request.client, request.connection)
-            await request.send(429, [(b"retry-after", b"%d" % math.ceil(wait)),
-                                     (b"content-type", b"text/plain")],
-                               b"too many failed sign-ins; try again later\n")
+        if not await signin.attempt(request, account, trusted):
             return None
         owner, _uv = await self.passkeys.verify_assertion(request, challenge,
                                                           form.get("credential", ""))

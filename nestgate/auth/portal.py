@@ -179,6 +179,35 @@ class SignIn:
             handler = self._answer_for(gate, key)
         return handler
 
+    # ------------------------------------------------- counting attempts
+    async def attempt(self, request, account: str = "", trusted: bool = False,
+                      answer: bool = True) -> bool:
+        """Counts a sign-in attempt as a failure of the client (and of `account`, a
+        configured user) before the credentials are checked, so concurrent guesses
+        cannot all pass; the store forgets it when the attempt succeeds. False when the
+        client or the account must wait: tallied, counted by [[ban]] rules on =
+        "signin", and answered 429 here (Retry-After) unless `answer` is False (forward
+        auth's Basic answers 401 itself: the proxy asking it has no use for a 429)."""
+        cfg = self.cfg
+        wait = await self.state.run("take_sign_in", request.client, cfg.failure_window,
+                                    cfg.max_failures, account, cfg.account_delays, trusted)
+        if wait <= 0:
+            return True
+        TALLY.event("signin_refused")
+        BANS.note("signin", request.client, request.connection)
+        if answer:
+            await request.send(429, [(b"retry-after", b"%d" % math.ceil(wait)),
+                                     (b"content-type", b"text/plain")],
+                               b"too many failed sign-ins; try again later\n")
+        return False
+
+    @staticmethod
+    def failed(request) -> None:
+        """A sign-in of any kind (password, code, passkey, Basic, a provider's answer)
+        was refused: tallied, and counted by [[ban]] rules on = "signin"."""
+        TALLY.event("signin_failure")
+        BANS.note("signin", request.client, request.connection)
+
     def provider_pages(self) -> list:
         """(path, handler) of the pages that sign in through each provider."""
         from nestgate.auth.oidc.signin_pages import provider_pages
@@ -562,22 +591,13 @@ class LoginPage(_FormPath):
 
     async def submit(self, request, form: dict[str, str]) -> None:
         signin = self.signin
-        cfg, state, client = signin.cfg, signin.state, request.client
         next_url = safe_next(form.get("next"))
-        user = cfg.user(form.get("user", ""))
+        user = signin.cfg.user(form.get("user", ""))
         # Only the configured accounts are counted: a made-up name signs in nowhere,
         # and counting it would let guessed names grow the store.
         account = user.name if user else ""
         trusted = bool(account) and await signin.cookie_user(request) == account
-        # Counted before the password is checked: concurrent guesses cannot all pass.
-        wait = await state.run("take_sign_in", client, cfg.failure_window, cfg.max_failures,
-                               account, cfg.account_delays, trusted)
-        if wait > 0:
-            TALLY.event("signin_refused")
-            BANS.note("signin", client, request.connection)   # [[ban]] rules on = "signin"
-            await request.send(429, [(b"retry-after", b"%d" % math.ceil(wait)),
-                                     (b"content-type", b"text/plain")],
-                               b"too many failed sign-ins; try again later\n")
+        if not await signin.attempt(request, account, trusted):
             return
         loop = asyncio.get_running_loop()
         ok = await loop.run_in_executor(None, verify_password,
@@ -590,8 +610,7 @@ class LoginPage(_FormPath):
             ok = second is not None
             factors = f"{PASSWORD} {second}"
         if not ok:
-            TALLY.event("signin_failure")
-            BANS.note("signin", client, request.connection)
+            signin.failed(request)
             await signin.page(request, 401, next_url, "Wrong user, password or code.")
             return
         TALLY.event("signin_success")

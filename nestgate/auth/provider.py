@@ -285,21 +285,16 @@ class Provider:
         refused. A user with a TOTP secret is refused: the sign-in form never takes
         their password alone, and Basic carries nothing more."""
         signin = self.signin
-        cfg, state, client = signin.cfg, signin.state, request.client
-        user = cfg.user(name)
-        account = user.name if user else ""
-        wait = await state.run("take_sign_in", client, cfg.failure_window, cfg.max_failures,
-                               account, cfg.account_delays, False)
-        if wait > 0:
-            TALLY.event("signin_refused")
+        user = signin.cfg.user(name)
+        if not await signin.attempt(request, user.name if user else "", answer=False):
             return None
         ok = await asyncio.get_running_loop().run_in_executor(
             None, verify_password, user.password if user else None, password)
         if not ok or user.second_factor:
-            TALLY.event("signin_failure")
+            signin.failed(request)
             return None
         TALLY.event("signin_success")
-        await state.run("signed_in", user.name, client)
+        await signin.state.run("signed_in", user.name, request.client)
         return user.name
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import math
 from urllib.parse import parse_qs
 
 from nestgate.auth.config import OIDC_PATH
@@ -91,21 +90,16 @@ class ProviderCallback(_ProviderPage):
 
     async def answer(self, request, query: dict[str, str]) -> None:
         signin = self.signin
-        cfg, state, client = signin.cfg, signin.state, request.client
-        wait = await state.run("take_sign_in", client, cfg.failure_window, cfg.max_failures)
-        if wait > 0:
-            TALLY.event("signin_refused")
-            await request.send(429, [(b"retry-after", b"%d" % math.ceil(wait)),
-                                     (b"content-type", b"text/plain")],
-                               b"too many failed sign-ins; try again later\n")
+        if not await signin.attempt(request):
             return
-        flow = Flow.open(cookies(request.headers).get(FLOW_COOKIE, ""), await state.secret())
+        flow = Flow.open(cookies(request.headers).get(FLOW_COOKIE, ""),
+                         await signin.state.secret())
         given = query.get("state", "").encode("utf-8", "surrogateescape")
         if flow is None or flow.provider != self.provider.cfg.name \
                 or not hmac.compare_digest(flow.state.encode(), given):
             # Not this browser's sign-in (another site may send it here): refused, and
             # the sign-in this browser has under way, if any, goes on.
-            TALLY.event("signin_failure")
+            signin.failed(request)
             await self.refuse(request, Refused(
                 400, "This sign-in was not started in this browser, or took too long. "
                 "Start it again.", "state does not match the flow cookie"), end_flow=False)
@@ -113,7 +107,7 @@ class ProviderCallback(_ProviderPage):
         try:
             user, identity_json = await self._signed_in_user(flow, query)
         except Refused as refused:
-            TALLY.event("signin_failure")
+            signin.failed(request)
             await self.refuse(request, refused, flow.next_url)
             return
         TALLY.event("signin_success")
