@@ -23,8 +23,8 @@ serve: $(STAMP)
 # as the ACME CA, BIND for DNS-01, PowerDNS with its SQLite backend as a DNS provider's
 # API, certutil for Chromium's trust store, curl as a verifying client, Go to build
 # tests/goclient (Go's net/http as an HTTP/2 client), python3-venv for the documented
-# install under /opt, valgrind for the bench's instruction counts, Apache with
-# mod_auth_openidc as a relying party of nestgate's OpenID provider, CrowdSec's Local
+# install under /opt, valgrind for the bench's instruction counts, perf for its CPU
+# profiles, Apache with mod_auth_openidc as a relying party of nestgate's OpenID provider, CrowdSec's Local
 # API and cscli for the bouncer, glewlwyd as the OpenID provider of the "Sign in with
 # ..." tests).
 # Installed only when missing and only when running as root. crowdsec's post-install
@@ -50,6 +50,7 @@ debian-deps:
 	command -v certutil >/dev/null || missing="$$missing libnss3-tools"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	command -v callgrind_control >/dev/null || missing="$$missing valgrind"; \
+	command -v perf >/dev/null || missing="$$missing linux-perf"; \
 	command -v go >/dev/null || missing="$$missing golang-go"; \
 	command -v apache2 >/dev/null || test -x /usr/sbin/apache2 || missing="$$missing apache2"; \
 	test -e /usr/lib/apache2/modules/mod_auth_openidc.so || \

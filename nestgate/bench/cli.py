@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import BenchError, SkipScenario, callgrind, envinfo, scenarios, summary, tools
+from . import (BenchError, SkipScenario, callgrind, envinfo, perfprofile, scenarios,
+               summary, tools)
 from .peers import PEERS, Nestgate
 from .runner import Options, ScenarioFailed, run_scenario
 
@@ -54,6 +55,10 @@ def parser() -> argparse.ArgumentParser:
                    help="run nestgate alone under valgrind's callgrind and report the "
                         "instructions each request costs (steady on a busy machine; about "
                         "50x slower, so use a few short runs)")
+    p.add_argument("--profile", action="store_true",
+                   help="after the runs, one more run per server under perf: where its "
+                        "CPU per request goes (kernel, OpenSSL, httptools, the event loop, "
+                        "the Python interpreter, the server's binary)")
     p.add_argument("--idle-memory", action="store_true",
                    help="only measure nestgate's idle memory (PSS of the embedded default's "
                         "process tree, --runs starts, default 3) and exit")
@@ -76,6 +81,7 @@ def options(args: argparse.Namespace, argv: list[str]) -> Options:
                    workers=args.workers, connections=args.connections, peers=peers,
                    require_zero_non2xx=require, count_status=args.count_status,
                    sweep=args.sweep, progress=not args.quiet, instructions=args.instructions,
+                   profile=args.profile,
                    command="nestgate bench " + shlex.join(argv))
 
 
@@ -87,6 +93,11 @@ def preflight(chosen: list[scenarios.Scenario], opts: Options) -> None:
     missing = [t for t in sorted(needed) if not tools.which(t)]
     if opts.instructions and callgrind.missing():
         raise BenchError(f"--instructions: {callgrind.missing()}")
+    if opts.profile and perfprofile.missing():
+        raise BenchError(f"--profile: {perfprofile.missing()}")
+    if opts.profile and opts.instructions:
+        raise BenchError("--profile and --instructions: one at a time (valgrind would be "
+                         "what perf sees)")
     if missing:
         raise BenchError("missing tools: " + ", ".join(
             f"{t} (Debian package {tools.DEBIAN_PACKAGES[t]})" for t in missing)

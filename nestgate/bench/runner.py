@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import BenchError, SkipScenario, callgrind, content, drivers, procstat, pyclient, summary
+from . import (BenchError, SkipScenario, callgrind, content, drivers, perfprofile, procstat,
+               pyclient, summary)
 from .peers import PEERS, NOTES_TOKEN, Nestgate, NginxBackend, Peer, Site, fetch
 from .scenarios import Route, Scenario
 
@@ -48,6 +49,7 @@ class Options:
     sweep: bool = False
     sweep_runs: int = 3
     instructions: bool = False          # nestgate under callgrind (see callgrind.py)
+    profile: bool = False               # one more run per peer under perf (perfprofile.py)
     progress: bool = True
     command: str = ""
     stamp: str = field(default_factory=lambda: time.strftime("%Y%m%d_%H%M%S"))
@@ -331,7 +333,8 @@ def _record(kind: str, peer: str, number: int, raw: Path, result, values: dict,
 def _drive(scenario: Scenario, opts: Options, peers: list[Peer], sites: dict[str, Site],
            outdir: Path) -> tuple[list[dict], dict]:
     sweep = opts.sweep and scenario.sweep and scenario.driver == "wrk"
-    slots = len(peers) * (1 + opts.runs + (len(SWEEP_LEVELS) * opts.sweep_runs if sweep else 0))
+    slots = len(peers) * (1 + opts.runs + opts.profile
+                          + (len(SWEEP_LEVELS) * opts.sweep_runs if sweep else 0))
     progress = Progress(scenario.name, slots, opts.duration_s + 1, opts.progress)
     servers = {p.name: _idle(p) for p in peers}
     runs: list[dict] = []
@@ -355,11 +358,32 @@ def _drive(scenario: Scenario, opts: Options, peers: list[Peer], sites: dict[str
                          f"P99 {_f(values['latency_p99_ms'])} ms"
                          + (f", {values['instructions_per_request']:,.0f} instructions/request"
                             if values.get("instructions_per_request") else ""))
+    if opts.profile:
+        runs += _profile(scenario, opts, peers, sites, outdir, progress)
     if sweep:
         runs += _sweep(scenario, opts, peers, sites, outdir, progress)
     for peer in peers:
         servers[peer.name].update(_after(peer))
     return runs, servers
+
+
+def _profile(scenario, opts, peers, sites, outdir, progress) -> list[dict]:
+    """One more run per peer with perf sampling its process tree: the shares of its
+    CPU by shared object (perfprofile), kept out of the medians."""
+    runs = []
+    for peer in peers:
+        raw = outdir / f"{peer.name}_profile.txt"
+        progress.step(f"{peer.name} profile run under perf")
+        pids = [st.pid for st in procstat.tree(peer.pid)]
+        with perfprofile.Recorder(pids, outdir / f"{peer.name}_perf.data") as recorder:
+            result, values = measure(peer, lambda: _drive_once(
+                scenario, opts, sites[peer.name], opts.duration_s, raw))
+        runs.append(_record("profile", peer.name, 0, raw, result, values, scenario,
+                            profile_shares=recorder.split))
+        progress.say(f"  {peer.name}: " + ", ".join(
+            f"{name} {share:.0%}" for name, share in sorted(
+                recorder.split.items(), key=lambda item: -item[1])))
+    return runs
 
 
 def _sweep(scenario, opts, peers, sites, outdir, progress) -> list[dict]:

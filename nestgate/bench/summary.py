@@ -8,6 +8,8 @@ import json
 import statistics
 from pathlib import Path
 
+from .perfprofile import per_request, table
+
 SUBJECT = "nestgate"
 
 # (metric key, label, unit, whether lower is better) in the order tables show them.
@@ -109,7 +111,22 @@ def build(scenario: dict, params: dict, runs: list[dict], extra: dict) -> dict:
     sweep = sweep_table(runs)
     if sweep:
         summary["sweep"] = sweep
+    profile = profile_table(runs, aggregated)
+    if profile:
+        summary["profile"] = profile
     return summary
+
+
+def profile_table(runs: list[dict], aggregated: dict) -> dict:
+    """{peer: {category: CPU us per request}}: the profile run's shares (perfprofile)
+    times the median CPU per request of the measured runs, the steadier absolute."""
+    out = {}
+    for run in runs:
+        if run.get("kind") == "profile" and run.get("profile_shares"):
+            median = ((aggregated.get(run["peer"]) or {}).get("cpu_us_per_request")
+                      or {}).get("median")
+            out[run["peer"]] = per_request(run["profile_shares"], median)
+    return out
 
 
 def write(outdir: Path, summary: dict) -> None:
@@ -176,6 +193,9 @@ def markdown(summary: dict) -> str:
                 out.append(f"| {peer} | {c} | {fmt(m['requests_per_s'])} | "
                            f"{fmt(m['latency_p99_ms'])} | {fmt(m['cpu_us_per_request'])} | "
                            f"{fmt(m.get('errors'))} |")
+    if summary.get("profile"):
+        out += ["", "## Where the CPU goes (perf samples by shared object x median CPU "
+                "per request)", ""] + table(summary["profile"])
     errors = socket_errors(summary.get("runs", []))
     if errors:
         out += ["", "Socket errors (the driver's count, by kind):", ""]
@@ -201,6 +221,9 @@ def console(summary: dict) -> str:
     if summary.get("disk_fsync_writes_per_s"):
         lines.append(f"  notes written per s: {fmt(med_of(summary, 'requests_per_s'))}; the disk's "
                      f"own write+fsync+rename rate: {fmt(summary['disk_fsync_writes_per_s'])}/s")
+    if summary.get("profile"):
+        lines += ["  where the CPU goes (perf, us per request):"]
+        lines += [f"  {row}" for row in table(summary["profile"])]
     for line in socket_errors(summary.get("runs", [])):
         lines.append(f"  socket errors: {line}")
     for peer, reason in summary.get("skipped_peers", {}).items():
