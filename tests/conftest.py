@@ -1075,3 +1075,17 @@ recheck = "{recheck}"
 def serve(start_server, root, extra="", recheck="1s", workers=1, tls=""):
     return start_server(STATIC_SITE.format(root=root, extra=extra, recheck=recheck,
                                            workers=workers, tls=tls))
+
+
+def bench_summary(folder, *args: str, timeout: float) -> dict:
+    """Run `nestgate bench ARGS --output folder --quiet` (one scenario) and return its
+    summary.json; fails with the end of its stderr when it exits non-zero."""
+    import json as _json
+    out = subprocess.run([sys.executable, "-m", "nestgate", "bench", *args,
+                          "--output", str(folder), "--quiet"],
+                         capture_output=True, text=True, env=_env(), timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    [scenario] = [p for p in folder.iterdir() if p.is_dir()]
+    summary = _json.loads((scenario / "summary.json").read_text())
+    summary["folder"] = scenario
+    return summary

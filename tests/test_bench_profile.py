@@ -3,11 +3,7 @@ shared object, and each part's CPU microseconds per request in the summary."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from conftest import _env
+from conftest import bench_summary
 from nestgate.bench.perfprofile import category, per_request, shares, table
 
 REPORT = """# Samples: 2K of event 'cpu-clock:ppp'
@@ -43,14 +39,8 @@ def test_shared_objects_fall_into_their_parts():
 
 
 def test_a_profile_run_splits_each_servers_cpu(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "nestgate", "bench", "--profile", "--scenario", "health",
-         "--peers", "nginx", "--runs", "1", "--duration", "2", "--warmup", "1",
-         "--output", str(tmp_path), "--quiet"],
-        capture_output=True, text=True, env=_env(), timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    [folder] = [p for p in tmp_path.iterdir() if p.is_dir()]
-    summary = json.loads((folder / "summary.json").read_text())
+    summary = bench_summary(tmp_path, "--profile", "--scenario", "health", "--peers", "nginx",
+                            "--runs", "1", "--duration", "2", "--warmup", "1", timeout=300)
     profile = summary["profile"]
     assert set(profile) == {"nestgate", "nginx"}
     # Every server spends part of a request in the kernel (the socket calls); nestgate
@@ -61,4 +51,4 @@ def test_a_profile_run_splits_each_servers_cpu(tmp_path):
         assert abs(sum(parts.values()) - median) < 0.05 * median, (peer, parts, median)
     assert profile["nestgate"]["Python interpreter"] > profile["nestgate"].get("OpenSSL", 0)
     assert profile["nginx"]["server binary"] > 0
-    assert "Where the CPU goes" in (folder / "summary.md").read_text()
+    assert "Where the CPU goes" in (summary["folder"] / "summary.md").read_text()
