@@ -11,14 +11,13 @@ keyed by policy, so a kept-alive connection pays for the lookup once; it is
 recomputed only when the client address changes (X-Forwarded-For) or the dynamic
 allow-list changes (its `version`).
 
-Order: an address CrowdSec's Local API decided on (nestgate.crowdsec; with
-`[crowdsec]` every site has a guard) is refused first, whatever else holds; then deny
-wins (the CIDRs, then `deny_countries` and `deny_asn`, looked up in the [geoip]
+Order (an address CrowdSec's Local API decided on never gets this far: it is refused
+at accept, in the ban table, nestgate.crowdsec): deny wins (the CIDRs, then `deny_countries` and `deny_asn`, looked up in the [geoip]
 databases, nestgate.geoip); then the local exemption and dynamic allow entries admit
 without sign-in; then, when there are allow lists, one of them must hold the address
 (`allow`, `allow_countries`, `allow_asn`: any one admits). An address the databases
-do not place (a private one) is in no country and no AS. A GeoIP database or a
-decision table read anew changes verdicts as the allow-list does (`dynamic.changed`).
+do not place (a private one) is in no country and no AS. A GeoIP database read anew
+changes verdicts as the allow-list does (`dynamic.changed`).
 
 Then, on a protected site, who signed in: the route's (or site's) user policy
 (nestgate.auth.policy) is compiled with the route into `Gate.answers`, the handler
@@ -155,11 +154,11 @@ class Gate:
 
     is_async = GATED
     __slots__ = ("inner", "policy", "auth", "answers", "dynamic", "errors", "to_https",
-                 "upgrades", "geo", "refused", "user_policy")
+                 "upgrades", "geo", "user_policy")
 
     def __init__(self, inner, policy: Policy | None, auth, dynamic, errors,
                  answers: dict | None = None, to_https=None, geo=None,
-                 refused=None, user_policy=None) -> None:
+                 user_policy=None) -> None:
         self.inner = inner
         self.policy = policy
         self.auth = auth              # nestgate.auth.portal.SignIn, or None
@@ -172,7 +171,6 @@ class Gate:
         self.to_https = to_https      # the redirect of plain-HTTP requests, or None
         self.upgrades = getattr(inner, "upgrades", False)
         self.geo = geo                # nestgate.geoip.GeoLookup: the 403 names the country
-        self.refused = refused        # nestgate.decisions.SharedDecisions (CrowdSec's)
 
     def admit(self, conn, headers):
         """The handler that answers this request."""
@@ -201,16 +199,13 @@ class Gate:
         return self.auth.admit(self, headers, client)
 
     def decide(self, client: str) -> int:
-        return network_verdict(self.policy, self.dynamic, client, self.refused)
+        return network_verdict(self.policy, self.dynamic, client)
 
 
-def network_verdict(policy: Policy | None, dynamic, client: str, refused=None) -> int:
-    """DENY, PASS or SIGN_IN for `client` under CrowdSec's `refused` set (or None), a
-    compiled network `policy` (None: the site has none) and the dynamic allow-list:
-    what a gate decides, and what a forward-auth question about the route is decided
-    by (nestgate.auth.provider)."""
-    if refused is not None and client in refused:
-        return DENY                   # before any allow entry or exemption, as a ban is
+def network_verdict(policy: Policy | None, dynamic, client: str) -> int:
+    """DENY, PASS or SIGN_IN for `client` under a compiled network `policy` (None: the
+    site has none) and the dynamic allow-list: what a gate decides, and what a
+    forward-auth question about the route is decided by (nestgate.auth.provider)."""
     if policy is not None:
         return policy.verdict(client, dynamic)
     # Sign-in only: dynamic entries (post-login IP grants) still skip it.
@@ -233,9 +228,9 @@ class Forbidden:
 
 
 def needs_gateway(config) -> bool:
-    """True when some site or route has an access list or sign-in, every site
-    refuses what CrowdSec decided, or [[auth.forward]] guards hosts for another proxy."""
-    return config.crowdsec is not None or any(
+    """True when some site or route has an access list or sign-in, or [[auth.forward]]
+    guards hosts for another proxy."""
+    return any(
         site.access or site.protected or any(r.access for r in site.routes)
         for site in config.sites) or bool(config.auth and config.auth.forward)
 
@@ -249,9 +244,8 @@ class Gateway(Service):
     """Builds the gates of one config and owns what they share: the store (sessions,
     dynamic allow-list) and the sign-in portal. A worker `start`s it on its loop."""
 
-    def __init__(self, config, geo=None, refused=None) -> None:
+    def __init__(self, config, geo=None) -> None:
         self.config = config
-        self.refused = refused                  # nestgate.decisions.SharedDecisions
         self.state = None
         self.signin = None
         self.provider = None                    # nestgate.auth.oidc.endpoints.OpenIDProvider
@@ -276,8 +270,6 @@ class Gateway(Service):
             # A database read anew changes verdicts: the connections' cached ones are
             # dropped as when the allow-list changes.
             geo.on_change = self.dynamic.changed
-        if refused is not None:
-            refused.on_change = self.dynamic.changed
         self.authz = None                       # forward-auth answers (nestgate.auth.provider)
         self._policies: dict[int, Policy] = {}
         self.to_https = https_redirect(config)
@@ -318,12 +310,12 @@ class Gateway(Service):
             handler, protected = Forbidden(errors), False
         elif protected and policy.policy == "bypass":
             return self.gate(handler, access, False, errors)
-        if access is None and not protected and self.refused is None:
+        if access is None and not protected:
             return handler
         answers = self.answers(handler, policy) if protected else None
         return Gate(handler, self._policy(access), self.signin if protected else None,
                     self.dynamic, errors, answers, self.to_https if protected else None,
-                    self.geo, self.refused, policy)
+                    self.geo, policy)
 
     def answers(self, handler, policy) -> dict:
         """The handler each configured user gets at a route under `policy`: the route
@@ -384,7 +376,7 @@ class Gateway(Service):
         route's own access list or else the site's, the route's own user policy or else
         the site's, and the site's sign-in unless the route is the sign-in portal."""
         site_access, protected = site_config.access, site_config.protected
-        if site_access is None and not protected and self.refused is None \
+        if site_access is None and not protected \
                 and not any(r.access for r in site_config.routes):
             return unguarded
 
@@ -401,7 +393,7 @@ class Gateway(Service):
         if self.to_https is None:
             return self.gate(handler, access, False, errors)
         return Gate(handler, self._policy(access), None, self.dynamic, errors, None,
-                    self.to_https, self.geo, self.refused)
+                    self.to_https, self.geo)
 
     def add_portal(self, site, site_config) -> None:
         """The sign-in, sign-out and account pages of a protected site (and the passkey

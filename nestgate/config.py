@@ -863,7 +863,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     admin = read_admin(top.table("admin"), parse_address, read_certificate)
     acme = read_acme(top.table("acme"))
     geoip = read_geoip(top.table("geoip"))
-    crowdsec = read_crowdsec(top.table("crowdsec"))
+    crowdsec = read_crowdsec(top.table("crowdsec"), bans)
     admin = with_generated_token(admin, acme.storage)
     top.check_unknown()
     listeners = _managed_names(listeners, sites, acme, file, problems)

@@ -1,26 +1,42 @@
-"""The CrowdSec bouncer: the Local API's ban decisions, refused by every site.
+"""The CrowdSec bouncer: the Local API's ban decisions refused at accept like nestgate's
+own bans, and nestgate's own bans sent to the Local API as alerts.
 
 Theory of operation
 -------------------
 `[crowdsec]` names a Local API (`url`) and a bouncer key (`api_key` or `api_key_file`,
-from `cscli bouncers add`). One process polls it, the bouncer process the supervisor
+from `cscli bouncers add`). One process talks to it, the bouncer process the supervisor
 forks beside the workers (nestgate.sideprocess), never a worker: in stream mode, the
 first call (and the first after any failure) `GET /v1/decisions/stream?startup=true`
 answers every decision in force; each later one, `update_interval` apart, only what
 was added and deleted since. The process keeps the decisions by id with their expiry
-(two scenarios may ban one address: lifting one leaves the other), and whenever the
-set of refused addresses changes writes it as a decision table (nestgate.decisions)
-into the state folder, where every worker picks it up within a second and its guards
-refuse those clients with the site's 403 page.
+(two scenarios may ban one address: lifting one leaves the other).
+
+Enforcing: this process is the one writer of CrowdSec's entries in the ban table every
+process shares (nestgate.bans.table, origin "crowdsec"), so a decision is refused at
+accept by every worker, before TLS, exactly as a [[ban]] rule's ban (or answered the
+ban page with `ban_answer = "403"`); a range stays one range. Each round writes only
+what changed: a decision deleted in CrowdSec is lifted at the next round, within one
+`update_interval`. The set in force is also kept in a file in the state folder
+(nestgate.decisions): a restarted bouncer puts it back in the table before its first
+call, so the decisions hold through a restart while the Local API cannot be reached.
 
 What is refused: `ban` decisions, and `captcha` ones unless `captcha = "ignore"`
 (nestgate shows no captcha; a client CrowdSec wants challenged is refused instead),
-for scopes `Ip` and `Range` (a range stays one range). Other types and scopes
-(`Country`, `AS`, `Username`) are left out, counted in the log line of each change.
+for scopes `Ip` and `Range`. Other types and scopes (`Country`, `AS`, `Username`) are
+left out, counted in the log line of each change.
 
 The Local API down (refused, timing out, answering an error): the last decisions stay
-in force (the file is not touched; expiries still lift decisions as they pass), the
-failure is said once, and its end too.
+in force (expiries still lift decisions as they pass), the failure is said once, and
+its end too.
+
+Reporting (nestgate.crowdsecalerts): with `machine_id` and a password, the bans
+nestgate made itself (a [[ban]] rule's, the operator's), read from the ban store, are
+sent as alerts with a ban decision, so every other bouncer of the Local API refuses
+them too. They come back in the decision stream (origin "nestgate"); a decision of
+origin "nestgate" on a network this server's ban store holds is its own ban's echo
+and is not written again as a CrowdSec entry: one ban stays one entry, origin "rule"
+or "operator". Once the store's ban is over (or lifted), the echo is refused like
+any other decision for as long as CrowdSec keeps it.
 """
 
 from __future__ import annotations
@@ -34,7 +50,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from nestgate.decisions import DecisionTable, interval, write_table
+from nestgate.bans.table import FED, network_key
 
 SNAPSHOT_NAME = "crowdsec-decisions"
 BOUNCER_PROCESS_NAME = "nestgate-bouncer"   # what ps shows
@@ -42,6 +58,7 @@ USER_AGENT = "nestgate-bouncer/1"
 REQUEST_TIMEOUT = 10.0       # seconds a call to the Local API may take
 RESPONSE_MAX = 256 << 20     # bytes of a stream answer (50k decisions are ~10 MB)
 REFUSED_SCOPES = ("ip", "range")
+OWN_ORIGIN = "nestgate"      # the origin of the decisions nestgate's alerts carry
 
 
 @dataclass(frozen=True)
@@ -50,37 +67,63 @@ class CrowdSecConfig:
     api_key: str                      # the bouncer's key (never logged)
     update_interval: float = 10.0     # seconds between polls
     captcha: str = "ban"              # "ban": refused like a ban; "ignore"
-    snapshot: str = ""                # the decision table the workers read
+    snapshot: str = ""                # the decisions last enforced (restarts)
+    ban_answer: str = "close"         # "close" at accept, or "403": the ban page
+    machine_id: str = ""              # a machine login: nestgate's bans sent as alerts
+    machine_password: str = ""        # (never logged)
 
-    def __repr__(self) -> str:        # the key stays out of tracebacks and logs
+    def __repr__(self) -> str:        # the secrets stay out of tracebacks and logs
         return f"CrowdSecConfig(url={self.url!r}, update_interval={self.update_interval})"
 
 
-def read_crowdsec(s) -> CrowdSecConfig | None:
-    """`[crowdsec]` (a config `_Section`); None when the table is absent."""
+def read_crowdsec(s, bans) -> CrowdSecConfig | None:
+    """`[crowdsec]` (a config `_Section`); None when the table is absent. `bans` is the
+    config's `BansConfig`: alerts are read from its store."""
     if not s.data:
         return None
     url = s.str("url").rstrip("/")
     if not url.startswith(("http://", "https://")):
         s.fail("url", "the Local API's http:// or https:// address, like "
                "\"http://127.0.0.1:8080\"", url or None)
-    key = s.str("api_key")
-    before = len(s.problems)
-    key_file = s.file_bytes("api_key_file")
-    if key and key_file is not None:
-        s.fail("api_key_file", "api_key or api_key_file, not both")
-    elif key_file is not None:
-        key = key_file.decode("utf-8", "replace").strip()
-        if not key and len(s.problems) == before:
-            s.fail("api_key_file", "a file holding the bouncer key (`cscli bouncers add`)")
-    elif not key:
+    key = _secret(s, "api_key", "the bouncer key `cscli bouncers add NAME` printed")
+    if key is None:
         s.fail("api_key", "the bouncer key `cscli bouncers add NAME` printed (or "
                "api_key_file, a file holding it)")
     interval_s = s.positive_duration("update_interval", CrowdSecConfig.update_interval)
     captcha = s.choice("captcha", CrowdSecConfig.captcha, ("ban", "ignore"))
+    answer = s.choice("ban_answer", CrowdSecConfig.ban_answer, ("close", "403"))
+    machine = s.str("machine_id")
+    password = _secret(s, "machine_password", "the password of `cscli machines add NAME "
+                       "--password ...`")
+    if machine and password is None:
+        s.fail("machine_password", "the machine's password (or machine_password_file) "
+               "with machine_id")
+    if password is not None and not machine:
+        s.fail("machine_id", "the machine name `cscli machines add` was given, with "
+               "machine_password")
+    if machine and not bans.enabled:
+        s.fail("machine_id", "[[ban]] rules or a [bans] table with it: the bans sent as "
+               "alerts are read from the ban store")
     s.check_unknown()
-    return CrowdSecConfig(url, key, interval_s, captcha,
-                          str(s.state_base / SNAPSHOT_NAME))
+    return CrowdSecConfig(url, key or "", interval_s, captcha,
+                          str(s.state_base / SNAPSHOT_NAME), answer, machine, password or "")
+
+
+def _secret(s, name: str, what: str) -> str | None:
+    """`name` or what the file `name_file` holds (stripped); None when neither is
+    given ("" and a problem when the file holds nothing or cannot be read)."""
+    value = s.str(name)
+    before = len(s.problems)
+    held = s.file_bytes(name + "_file")
+    if value and held is not None:
+        s.fail(name + "_file", f"{name} or {name}_file, not both")
+    elif held is not None:
+        value = held.decode("utf-8", "replace").strip()
+        if not value and len(s.problems) == before:
+            s.fail(name + "_file", f"a file holding {what}")
+    elif not value:
+        return None
+    return value
 
 
 _GO_DURATION = re.compile(r"(\d+(?:\.\d*)?)(h|ms|m|s|us|µs|ns)")
@@ -94,12 +137,22 @@ def go_duration(text: str) -> float:
     return sign * sum(float(n) * _GO_UNITS[u] for n, u in _GO_DURATION.findall(text))
 
 
+class Decision:
+    __slots__ = ("network", "until", "scenario", "own")
+
+    def __init__(self, network: str, until: float, scenario: str, own: bool) -> None:
+        self.network = network       # canonical CIDR text, as the ban table keeps it
+        self.until = until
+        self.scenario = scenario
+        self.own = own               # from an alert of nestgate's (origin OWN_ORIGIN)
+
+
 class Decisions:
     """The decisions in force, by id: what the stream said, less what has expired."""
 
     def __init__(self, captcha: str = "ban") -> None:
         self.refused_types = ("ban", "captcha") if captcha == "ban" else ("ban",)
-        self.by_id: dict[object, tuple[str, float]] = {}   # id -> (value, expires)
+        self.by_id: dict[object, Decision] = {}
         self.skipped = 0                   # decisions of a type or scope not enforced
 
     def apply(self, answer: dict, now: float, startup: bool) -> None:
@@ -111,14 +164,13 @@ class Decisions:
             if isinstance(decision, dict):
                 self.by_id.pop(decision.get("id"), None)
         for decision in answer.get("new") or ():
-            kept = self._refusal(decision)
+            kept = self._refusal(decision, now)
             if kept is None:
                 self.skipped += 1
                 continue
-            value, seconds = kept
-            self.by_id[decision.get("id", value)] = (value, now + seconds)
+            self.by_id[decision.get("id", kept.network)] = kept
 
-    def _refusal(self, decision) -> tuple[str, float] | None:
+    def _refusal(self, decision, now: float) -> Decision | None:
         if not isinstance(decision, dict):
             return None
         kind = str(decision.get("type", "")).lower()
@@ -128,55 +180,104 @@ class Decisions:
                 or not isinstance(value, str):
             return None
         try:
-            interval(value)
+            network = network_key(value)[3]
         except ValueError:
             return None
         seconds = go_duration(str(decision.get("duration", "")))
-        return (value, seconds) if seconds > 0 else None
+        if seconds <= 0:
+            return None
+        return Decision(network, now + seconds, str(decision.get("scenario") or ""),
+                        decision.get("origin") == OWN_ORIGIN)
 
     def expire(self, now: float) -> None:
-        for key in [k for k, (_v, until) in self.by_id.items() if until <= now]:
+        for key in [k for k, d in self.by_id.items() if d.until <= now]:
             del self.by_id[key]
 
+    def refused(self, ours=frozenset()) -> dict[str, tuple[float, str]]:
+        """network -> (until, scenario) of what to refuse: each network once, for its
+        longest decision, leaving out the echoes of bans in `ours` (the networks this
+        server's ban store holds)."""
+        found: dict[str, tuple[float, str]] = {}
+        for d in self.by_id.values():
+            if d.own and d.network in ours:
+                continue
+            held = found.get(d.network)
+            if held is None or d.until > held[0]:
+                found[d.network] = (d.until, d.scenario)
+        return found
+
+    def own_until(self, network: str) -> float:
+        """When the Local API's decisions from nestgate's alerts on `network` end (0)."""
+        return max((d.until for d in self.by_id.values()
+                    if d.own and d.network == network), default=0.0)
+
     def values(self) -> frozenset[str]:
-        return frozenset(value for value, _until in self.by_id.values())
+        return frozenset(self.refused())
+
+
+class LocalApi:
+    """Calls to the Local API: JSON in and out, bounded in time and size."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def call(self, method: str, path: str, headers: dict, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path, data=data, method=method,
+            headers={"User-Agent": USER_AGENT, "Content-Type": "application/json",
+                     **headers})
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as answer:
+            raw = answer.read(RESPONSE_MAX + 1)
+        if len(raw) > RESPONSE_MAX:
+            raise ValueError(f"an answer over {RESPONSE_MAX >> 20} MB")
+        return json.loads(raw) if raw.strip() else None
 
 
 class Bouncer:
-    """The bouncer process's loop: poll, keep, publish the refused set when it changes.
+    """The bouncer process's loop: poll, keep, bring the ban table in step."""
 
-    `publish(values)` is where the set goes: by default the decision table file the
-    workers read (`publish_to_file`). It is the one seam between the Local API and
-    enforcement: any table that takes the whole set of addresses and ranges in force
-    can stand in for the file."""
-
-    def __init__(self, config: CrowdSecConfig, publish=None, say=None) -> None:
-        self.config = config
-        self.publish = publish or (lambda values: publish_to_file(config.snapshot, values))
+    def __init__(self, config, table=None, say=None) -> None:
+        from nestgate.bans.table import ban_table
+        self.config = config.crowdsec
+        self.table = table if table is not None else ban_table()
         self.say = say or (lambda m: print(f"nestgate: crowdsec: {m}", file=sys.stderr,
                                            flush=True))
-        self.decisions = Decisions(config.captcha)
+        self.api = LocalApi(self.config.url)
+        self.decisions = Decisions(self.config.captcha)
+        self.own = OwnBans(config.bans.store if config.bans.enabled else "", self.say)
+        self.reporter = None
+        if self.config.machine_id:
+            from nestgate.crowdsecalerts import Reporter
+            self.reporter = Reporter(self.config, self.api, self.say)
         self.synced = False                # a startup answer is in: later ones are changes
         self.down = ""                     # why the last call failed, "" when it worked
-        self.written: frozenset[str] | None = None
-        self.unwritable = False            # the last write failed (said once)
+        self.written: dict[str, tuple[float, str]] | None = None   # in the table now
+        self.unwritable = False            # the last write of the file failed (said once)
+        self.announced = False             # the set in force has been said since start
         self.stopping = False
 
+    def restore(self) -> None:
+        """Before the first call: the decisions enforced before a restart, back in the
+        table (and what an earlier bouncer process left in it, so it can be lifted)."""
+        from nestgate.decisions import read_snapshot
+        held = {ban.network: (ban.until, ban.reason) for ban in self.table.entries()
+                if ban.origin == FED}
+        self.written = held
+        saved = read_snapshot(self.config.snapshot, self.say)
+        if saved is not None:
+            self._enforce({n: v for n, v in saved.items() if v[0] > time.time()})
+
     def fetch(self, startup: bool) -> dict:
-        url = self.config.url + "/v1/decisions/stream" + ("?startup=true" if startup else "")
-        request = urllib.request.Request(url, headers={"X-Api-Key": self.config.api_key,
-                                                       "User-Agent": USER_AGENT})
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as answer:
-            data = answer.read(RESPONSE_MAX + 1)
-        if len(data) > RESPONSE_MAX:
-            raise ValueError(f"an answer over {RESPONSE_MAX >> 20} MB")
-        found = json.loads(data)
+        found = self.api.call("GET", "/v1/decisions/stream" + (
+            "?startup=true" if startup else ""), {"X-Api-Key": self.config.api_key})
         if not isinstance(found, dict):
             raise ValueError("an answer that is not a JSON object")
         return found
 
     def poll(self) -> None:
-        """One round: ask, keep what was said (or say the API is down), write."""
+        """One round: ask, keep what was said (or say the API is down), enforce, and
+        send nestgate's own new bans."""
         now = time.time()
         startup = not self.synced
         try:
@@ -190,44 +291,64 @@ class Bouncer:
                 self.say(f"Local API at {self.config.url} answers again")
             self.down = ""
         self.decisions.expire(now)
-        if self.synced or self.written is not None:
-            self.write()
+        rows = self.own.live()
+        if self.synced:
+            self._enforce(self.decisions.refused(frozenset(r.network for r in rows)))
+        elif self.written:
+            # Down since this process started (or restored a file): what is in force
+            # stays, less what has ended.
+            self._enforce({n: held for n, held in self.written.items() if held[0] > now})
+        if self.reporter is not None and self.synced:
+            self.reporter.report(rows, self.decisions, now)
 
     def _failed(self, exc: Exception) -> None:
         # After a failure the next answer is a full one: whatever happened meanwhile
         # (a restarted Local API, a lost answer) it replaces what is held.
         self.synced = False
-        reason = _reason(exc)
+        reason = reason_of(exc, "the api_key is not a bouncer key it knows")
         if not self.down:
-            kept = f"the last {len(self.written)} decisions" if self.written is not None \
-                else "the decisions written before"
             self.say(f"Local API at {self.config.url} cannot be used ({reason}); "
-                     f"{kept} stay in force until it answers")
+                     f"the last {len(self.written or ())} decisions stay in force until "
+                     "it answers")
         self.down = reason
 
-    def write(self) -> None:
-        values = self.decisions.values()
-        if values == self.written:
+    def _enforce(self, refused: dict[str, tuple[float, str]]) -> None:
+        """Bring the table's CrowdSec entries to `refused`, changing only what changed,
+        then keep the set in the file for a restart."""
+        written = self.written if self.written is not None else {}
+        if refused == written and self.announced:
             return
+        table, answer = self.table, self.config.ban_answer
+        for network in written.keys() - refused.keys():
+            table.remove(network, FED)
+        for network, (until, scenario) in refused.items():
+            if written.get(network) != (until, scenario):
+                table.add(network, until, FED, scenario, answer)
+        self.written = refused
+        self.announced = True
+        skipped = f", {self.decisions.skipped} of other types or scopes left out" \
+            if self.decisions.skipped else ""
+        self.say(f"{len(refused)} addresses and ranges refused{skipped}")
+        self._save(refused)
+
+    def _save(self, refused) -> None:
+        from nestgate.decisions import write_snapshot
         try:
-            self.publish(values)
+            write_snapshot(self.config.snapshot, refused)
         except OSError as exc:
-            # A full disk or a folder taken away: the workers keep the table they
-            # have; the next round tries again (said once until it works).
+            # A full disk or a folder taken away: the table is in force; the file is
+            # for a restart, and the next change tries again (said once until it works).
             if not self.unwritable:
                 self.say(f"cannot write {self.config.snapshot} ({exc.strerror or exc}); "
-                         f"the workers keep the decisions they have")
+                         "the decisions are in force but would not outlive a restart")
             self.unwritable = True
             return
         self.unwritable = False
-        skipped = f", {self.decisions.skipped} of other types or scopes left out" \
-            if self.decisions.skipped else ""
-        self.say(f"{len(values)} addresses and ranges refused{skipped}")
-        self.written = values
 
     def run(self) -> None:
         """Poll until SIGTERM; started by the supervisor in its own process."""
         signal.signal(signal.SIGTERM, self._stop)
+        self.restore()
         while not self.stopping:
             self.poll()
             deadline = time.monotonic() + self.config.update_interval
@@ -238,15 +359,42 @@ class Bouncer:
         self.stopping = True
 
 
-def publish_to_file(path: str, values) -> None:
-    """The refused addresses and ranges as the decision table every worker reads."""
-    write_table(path, DecisionTable(values))
+class OwnBans:
+    """The bans in force in this server's ban store (none without one), read once a
+    round; the store unreadable: the last read stands, said once."""
+
+    def __init__(self, locator: str, say) -> None:
+        self.locator = locator
+        self.say = say
+        self.rows: list = []
+        self._bans = None
+        self._down = False
+
+    def live(self) -> list:
+        if not self.locator:
+            return []
+        try:
+            if self._bans is None:
+                from nestgate.bans.store import open_bans
+                self._bans = open_bans(self.locator)
+            self.rows = self._bans.live()
+        except Exception as exc:  # noqa: BLE001 - any store failure: the last read stands
+            if not self._down:
+                self.say(f"the ban store cannot be read ({exc}); its last bans are used")
+            self._down = True
+            return self.rows
+        if self._down:
+            self.say("the ban store is read again")
+        self._down = False
+        return self.rows
 
 
-def _reason(exc: Exception) -> str:
+def reason_of(exc: Exception, refused: str) -> str:
+    """What a failed call to the Local API says in the log; `refused` is what a 401 or
+    403 means for that call (which credentials it did not take)."""
     if isinstance(exc, urllib.error.HTTPError):
-        if exc.code == 403:
-            return "HTTP 403: the api_key is not a bouncer key it knows"
+        if exc.code in (401, 403):
+            return f"HTTP {exc.code}: {refused}"
         return f"HTTP {exc.code}"
     if isinstance(exc, urllib.error.URLError):
         return str(exc.reason)
@@ -257,7 +405,7 @@ def run_bouncer(config) -> None:
     """The bouncer process's body."""
     from nestgate.admin.process import name_process
     name_process(BOUNCER_PROCESS_NAME)
-    Bouncer(config.crowdsec).run()
+    Bouncer(config).run()
 
 
 def bouncer_keeper():

@@ -64,8 +64,6 @@ def handler_modules(config) -> set[str]:
              for name in ROUTE_TYPES[route.type].modules}
     if any(site.home or site.notes for site in config.sites):
         names.update(SITE_PAGES_MODULES)
-    if config.crowdsec is not None:
-        names.add("nestgate.decisions")          # the CrowdSec decisions' table
     if any(site.forward_auth or any(r.forward_auth for r in site.routes)
            for site in config.sites):
         names.add("nestgate.auth.delegate")         # asking an auth server first
@@ -107,13 +105,10 @@ def build_router(config) -> Router:
     if config.geoip is not None:
         from nestgate.geoip import GeoLookup
         geo = GeoLookup(config.geoip)
-    refused = None
-    if config.crowdsec is not None:
-        from nestgate.decisions import SharedDecisions
-        refused = SharedDecisions(config.crowdsec.snapshot)
-    gateway = Gateway(config, geo, refused) if needs_gateway(config) else None
+    gateway = Gateway(config, geo) if needs_gateway(config) else None
     services = [gateway] if gateway else []      # started by the worker on its loop
-    services += [service for service in (geo, refused) if service is not None]
+    if geo is not None:
+        services.append(geo)
     sync = rate_sync(config)
     if sync is not None:
         services.append(sync)

@@ -99,13 +99,17 @@ class Tally:
         # routes' `Limited` wrappers increment (nestgate.ratelimit).
         self.refused: dict[tuple[str, str], list[int]] = {}
         self.bans: dict[str, int] = {}   # bans this worker made, by [[ban]] rule
-        self.ban_refused = 0             # connections (and proxied requests) of banned clients
+        # Connections (and proxied requests) of banned clients, by the ban's origin.
+        self.ban_refused: dict[str, int] = {}
 
     def event(self, name: str) -> None:
         self.events[name] += 1
 
     def banned(self, rule: str) -> None:
         self.bans[rule] = self.bans.get(rule, 0) + 1
+
+    def ban_refusal(self, origin: str) -> None:
+        self.ban_refused[origin] = self.ban_refused.get(origin, 0) + 1
 
     def route(self, site: str, label: str) -> RouteTally:
         found = self.routes.get((site, label))
@@ -135,10 +139,11 @@ class Tally:
                            t.errors, t.retries, t.checked, t.drained]
                           for proxy in self.proxies for t in proxy.targets],
             "control": self.control,
-            # Bans made by each rule ("ban:<rule>") and refusals of banned clients
-            # are added up with the events.
+            # Bans made by each rule ("ban:<rule>") and refusals of banned clients by
+            # origin ("ban_refused:<origin>") are added up with the events.
             "events": {**self.events, **{f"ban:{rule}": n for rule, n in self.bans.items()},
-                       "ban_refused": self.ban_refused},
+                       **{f"ban_refused:{origin}": n
+                          for origin, n in self.ban_refused.items()}},
             "log_dropped": self.log_dropped,
             # kind ("static" or "pages"), site, route, hits, misses, bytes held
             "caches": [cache.cache_figures() for cache in self.caches],

@@ -163,7 +163,7 @@ class Worker:
         if self.access_log is not None:
             self.loop.add_signal_handler(signal.SIGUSR1, self.access_log.reopen)
         services = router.services
-        if self.router is None and BANS.enabled:
+        if self.router is None and BANS.keeps:
             services = [*services, BANS]      # its table kept in step with the store
         tick = asyncio.create_task(self._tick(services))
         tick.add_done_callback(self._tick_ended)

@@ -86,8 +86,9 @@ def test_table_holds_addresses_ranges_and_ipv6_prefixes():
     assert table.lookup("198.51.100.9") is None                  # ended
     assert {b.network for b in table.entries()} == {
         "192.0.2.7/32", "10.0.0.0/8", "2001:db8:1:2::/64"}
-    assert table.remove("10.0.0.0/8") and table.lookup("10.200.3.4") is None
-    assert not table.remove("10.0.0.0/8")
+    assert not table.remove("10.0.0.0/8")                       # not nestgate's own
+    assert table.remove("10.0.0.0/8", "crowdsec") and table.lookup("10.200.3.4") is None
+    assert not table.remove("10.0.0.0/8", "crowdsec")
     with pytest.raises(ValueError, match="not an IP address or CIDR"):
         table.add("10.0.0.300", now + 60)
 
@@ -100,6 +101,73 @@ def test_table_is_shared_with_forked_processes():
         os._exit(0)
     os.waitpid(pid, 0)
     assert table.lookup("203.0.113.5").reason == "child"
+
+
+def test_crowdsec_decisions_and_nestgates_bans_on_one_network_are_lifted_apart():
+    table = BanTable(4096)
+    now = time.time()
+    table.add("198.51.100.0/24", now + 60, "crowdsec", "ssh-bf")
+    table.add("198.51.100.0/24", now + 30, "rule", "scanners", "403")
+    assert {(b.origin, b.reason) for b in table.entries()} == {
+        ("crowdsec", "ssh-bf"), ("rule", "scanners")}
+    assert table.counts() == {"crowdsec": 1, "rule": 1}
+    # CrowdSec deleting its decision leaves nestgate's ban, and the other way round.
+    assert table.remove("198.51.100.0/24", "crowdsec")
+    assert table.lookup("198.51.100.4").origin == "rule"
+    table.add("198.51.100.0/24", now + 60, "crowdsec", "ssh-bf")
+    assert table.remove("198.51.100.0/24")
+    assert table.lookup("198.51.100.4").origin == "crowdsec"
+    # One that has ended gives way to the other kind's, still in force.
+    table.add("198.51.100.0/24", now - 1, "rule", "ended")
+    assert table.lookup("198.51.100.4").origin == "crowdsec"
+
+
+def test_fifty_thousand_decisions_keep_a_lookup_short():
+    """What fills the table (bans.table.CAPACITY): a large Local API's decisions plus
+    nestgate's own bans. A lookup reads a bounded number of entries: one probe
+    sequence per prefix length in use, each a couple of entries long at this load,
+    whether the client is banned or not."""
+    import random
+
+    from nestgate.bans.table import CAPACITY, PROBES
+    rng = random.Random(35)
+    table = BanTable()
+    until = time.time() + 3600
+
+    def address() -> str:
+        return f"{rng.randrange(1, 223)}.{rng.randrange(256)}.{rng.randrange(256)}." \
+            f"{rng.randrange(256)}"
+    decided = [address() for _ in range(45_000)]
+    decided += [address().rsplit(".", 1)[0] + ".0/24" for _ in range(4_000)]
+    decided += [f"2001:db8:{rng.randrange(65536):x}::/48" for _ in range(1_000)]
+    for network in decided:
+        table.add(network, until, "crowdsec", "crowdsecurity/http-probing")
+    own = [address() for _ in range(500)] + \
+        [client_network(f"2001:db8:ffff:{i:x}::1") for i in range(500)]
+    for network in own:
+        table.add(network, until, "rule", "scanners")
+    assert not table.full_said                       # every ban found a place
+    assert len(table) >= 50_900 and len(table) < 0.4 * CAPACITY
+    for network in decided[::499] + own[::97]:
+        assert table.lookup(network.split("/")[0]) is not None, network
+    assert table.lookup("2001:db8:ffff:3:abcd::9").origin == "rule"
+
+    # Lengths in use: IPv4 /32 and /24, IPv6 /64 and /48; a lookup probes only those.
+    assert table._lengths_of(False) == (32, 24)
+    assert table._lengths_of(True) == (64, 48)
+    clients = [address() for _ in range(5_000)]
+    table.entries_read = 0
+    for client in clients:
+        table.lookup(client)
+    per_length = table.entries_read / (len(clients) * 2)
+    assert per_length < 3, per_length                 # linear probing at load < 0.4
+    # The worst any lookup can cost, whatever the table holds: PROBES per length.
+    worst = 0
+    for client in clients[:500]:
+        before = table.entries_read
+        table.lookup(client)
+        worst = max(worst, table.entries_read - before)
+    assert worst <= 2 * PROBES
 
 
 def test_ten_thousand_bans_fit_and_are_found():

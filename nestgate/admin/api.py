@@ -306,10 +306,11 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     site.add_exact("/v1/allow", allow)
     site.add_exact("/v1/allow/{id}", allow)
     from nestgate.admin.banapi import Bans
-    bans = Bans(config.bans.store if config.bans.enabled else "", state.audit, error, reply)
+    bans = Bans(config.bans.store if config.bans.enabled else "", state.audit, error, reply,
+                config.crowdsec is not None)
     for path in ("/v1/bans", "/v1/bans/{address}", "/v1/bans/{address}/{prefix}"):
         site.add_exact(path, bans)
-    if config.bans.enabled:
+    if config.bans.enabled or config.crowdsec is not None:
         state.bans_active = bans_active
     sessions = Sessions(store_path, state.audit, error, reply)
     site.add_exact("/v1/sessions", sessions)
@@ -381,10 +382,7 @@ def swagger_assets():
 def bans_active() -> dict[str, int]:
     """Bans in force by origin, from the table every process shares."""
     from nestgate.bans.table import ban_table
-    counts: dict[str, int] = {}
-    for ban in ban_table().entries():
-        counts[ban.origin] = counts.get(ban.origin, 0) + 1
-    return counts
+    return ban_table().counts()
 
 
 def store_counts(store_path: str):

@@ -3,7 +3,9 @@ look clients up in (this process shares it), so a ban added here is in force at 
 next accept and one lifted is lifted there too.
 
     GET    /v1/bans                      every ban in force: network, until, origin,
-                                         rule, reason, answer, strikes
+                                         rule, reason, answer, strikes (CrowdSec's
+                                         decisions too, origin "crowdsec", also when
+                                         the config keeps no bans of its own)
     POST   /v1/bans                      {"network": "203.0.113.7", "for": "1d",
                                           "reason": "...", "answer": "close" | "403"}
     DELETE /v1/bans/{address}            the ban on that address, or covering it (204, 404)
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from nestgate.admin.replies import method_not_allowed, parse_json
 from nestgate.admin.stateapi import MAX_COMMENT, StoreEndpoint
-from nestgate.bans.table import ANSWERS, ban_table
+from nestgate.bans.table import ANSWERS, FED, ban_table
 from nestgate.units import parse_duration
 
 DEFAULT_FOR = 86400.0
@@ -22,8 +24,12 @@ MOST_FOR = 366 * 86400.0
 
 
 class Bans(StoreEndpoint):
-    __slots__ = ()
+    __slots__ = ("crowdsec",)
     missing = "the config has no [[ban]] rules and no [bans] table: bans are not kept"
+
+    def __init__(self, store_path: str, audit, error, reply, crowdsec: bool) -> None:
+        super().__init__(store_path, audit, error, reply)
+        self.crowdsec = crowdsec         # CrowdSec's decisions are in the table to list
 
     def store(self):
         from nestgate.bans.store import open_bans
@@ -34,6 +40,10 @@ class Bans(StoreEndpoint):
         allowed = "DELETE" if "address" in request.params else "GET, HEAD, POST"
         if request.method.decode("latin-1") not in allowed.split(", "):
             await request.send_prebuilt(method_not_allowed(allowed))
+            return
+        if not self.store_path and self.crowdsec and request.method in (b"GET", b"HEAD") \
+                and "address" not in request.params:
+            await self.reply(request, 200, {"bans": self._listed()})   # CrowdSec's alone
             return
         await super().handle(request)
 
@@ -53,14 +63,16 @@ class Bans(StoreEndpoint):
 
     def _listed(self) -> list[dict]:
         """The table's bans (every origin), with what the store knows of each."""
-        store = self.store()
-        try:
-            rows = {row.network: row for row in store.live()}
-        finally:
-            store.close()
+        rows = {}
+        if self.store_path:
+            store = self.store()
+            try:
+                rows = {row.network: row for row in store.live()}
+            finally:
+                store.close()
         listed = []
         for ban in ban_table().entries():
-            row = rows.pop(ban.network, None)
+            row = rows.pop(ban.network, None) if ban.origin != FED else None
             listed.append(_shown(ban.network, ban.until, ban.origin, row.rule if row else "",
                                  row.reason if row else ban.reason, ban.answer,
                                  row.strikes if row else None))

@@ -27,7 +27,7 @@ from nestgate.config import (ConfigError, config_warnings, parse_config, read_co
 
 REDACTED = "<redacted>"
 SECRET_KEYS = {"token", "password", "totp", "secret", "tsig_secret", "eab_hmac_key",
-               "api_key"}
+               "api_key", "machine_password"}
 RELOAD_WAIT = 60.0           # seconds a reload may take before the answer says so
 MAX_VALIDATE_BYTES = 1 << 20
 

@@ -137,8 +137,10 @@ def render(state) -> bytes:
                [({"rule": name[4:]}, count) for name, count in sorted(events.items())
                 if name.startswith("ban:")])
     out.family("ban_refused", "counter", "Connections of banned clients refused at accept "
-               "(or answered the ban page), and requests a trusted proxy forwarded for them.",
-               [({}, events.get("ban_refused", 0))])
+               "(or answered the ban page), and requests a trusted proxy forwarded for them, "
+               "by the ban's origin (rule, operator, crowdsec).",
+               [({"origin": name[12:]}, count) for name, count in sorted(events.items())
+                if name.startswith("ban_refused:")])
     bans = state.bans_active() if state.bans_active else None
     if bans is not None:
         out.family("bans_active", "gauge", "Bans in force now, by origin (rule, operator, "

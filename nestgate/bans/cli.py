@@ -2,8 +2,10 @@
 
 Edits the bans in the config's store (the `[auth] store` file, `[bans] store`, or
 Redis under `[state] backend = "redis"`), which every worker polls: a ban added or
-lifted here is in force everywhere within a second, without a reload. This module owns
-the arguments and the printing; `nestgate.bans.store` does the rest.
+lifted here is in force everywhere within a second, without a reload. `list` also
+shows CrowdSec's decisions in force, from the file the bouncer keeps them in
+(nestgate.decisions): they are lifted in CrowdSec (`cscli decisions delete`), not here.
+This module owns the arguments and the printing; `nestgate.bans.store` does the rest.
 """
 
 from __future__ import annotations
@@ -33,9 +35,18 @@ def _add(bans, args) -> int:
 
 
 def _list(bans, args) -> int:
+    import time
+    from nestgate.decisions import read_snapshot
+    decided = read_snapshot(args.decisions) if args.decisions else None
+    now = time.time()
     print_table([("NETWORK", "UNTIL (UTC)", "ORIGIN", "RULE", "STRIKES", "ANSWER", "REASON")] +
                 [(row.network, _utc(row.until), row.origin, row.rule or "-",
-                  str(row.strikes), row.answer, row.reason) for row in bans.live()])
+                  str(row.strikes), row.answer, row.reason) for row in bans.live()] +
+                [(network, _utc(until), "crowdsec", "-", "-", args.crowdsec_answer,
+                  scenario or "-")
+                 for network, (until, scenario) in sorted((decided or {}).items(),
+                                                          key=lambda item: -item[1][0])
+                 if until > now])
     return 0
 
 
@@ -77,9 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def store_of(config) -> str:
-    """The store the workers of `config` keep bans in; ConfigError when they keep none."""
+def store_of(config, listing: bool = False) -> str:
+    """The store the workers of `config` keep bans in; ConfigError when they keep none
+    (":memory:", an empty one, for `list` where there are CrowdSec's to show)."""
     from nestgate.config import ConfigError
+    if not config.bans.enabled and listing and config.crowdsec is not None:
+        return ":memory:"
     if not config.bans.enabled:
         raise ConfigError([f"{config.source}: ban: expected [[ban]] rules or a [bans] "
                            "table; without them the server keeps no bans"])
@@ -88,4 +102,11 @@ def store_of(config) -> str:
 
 def ban_main(argv: list[str]) -> int:
     from nestgate.bans.store import open_bans
-    return store_command("ban", _parser().parse_args(argv), store_of, open_bans)
+    args = _parser().parse_args(argv)
+
+    def path_of(config) -> str:
+        crowdsec = config.crowdsec
+        args.decisions = crowdsec.snapshot if crowdsec is not None else ""
+        args.crowdsec_answer = crowdsec.ban_answer if crowdsec is not None else ""
+        return store_of(config, args.command == "list")
+    return store_command("ban", args, path_of, open_bans)

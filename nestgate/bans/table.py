@@ -22,6 +22,14 @@ goes on past it, and is taken again by the next ban that probes there; probing s
 at an entry never used. Writers (a ban made or lifted: rare) hold a lock the processes
 share; readers take none: a new entry's key words are written before its meta word,
 so a reader never matches half an entry.
+
+Two writers, two kinds of entry. nestgate's own bans (a [[ban]] rule's, the
+operator's, the store's: the workers and the admin process write them) and CrowdSec's
+decisions (written only by the bouncer process, nestgate.crowdsec: origin FED) are
+kept apart: the kind is a bit of the meta word, so one network can hold one of each,
+each writer lifts only its own, and a CrowdSec decision deleted never lifts a ban of
+nestgate's on the same network (or the other way round). Both kinds share the probe
+sequence of their network, so a lookup still costs one sequence per prefix length.
 """
 
 from __future__ import annotations
@@ -34,7 +42,15 @@ from typing import NamedTuple
 
 from nestgate.clientip import _as_int
 
-CAPACITY = 1 << 17           # entries: 50,000 CrowdSec decisions fill it under 40 %
+# What fills it: CrowdSec's decisions (50,000 is a large Local API with community
+# lists; each decision is one entry, a range too) plus nestgate's own bans (a busy
+# home server's rules make hundreds, `ban add` a few): ~51,000 entries, under 40 % of
+# CAPACITY, where a lookup that finds nothing reads ~2 entries per prefix length in
+# use (linear probing at load 0.4), and a new ban finds a free place long before
+# PROBES. Lifted entries are taken again by bans that hash near them; however many
+# there are, a lookup never reads more than PROBES entries per prefix length
+# (tests/test_bans.py, test_fifty_thousand_decisions_keep_a_lookup_short).
+CAPACITY = 1 << 17           # entries (8 MB of shared memory)
 PROBES = 32                  # entries looked at from a key's place
 WORDS = 8                    # 64-bit words per entry
 HEADER_WORDS = 8
@@ -46,6 +62,7 @@ _V4_LENGTHS, _V6_LOW, _V6_HIGH, _V6_TOP, _USED, _VERSION = range(6)
 _META, _HI, _LO, _UNTIL, _INFO, _REASON = range(6)
 
 ORIGINS = ("", "rule", "operator", "crowdsec", "store")
+FED = "crowdsec"             # the origin of the entries the bouncer process writes
 ANSWERS = ("close", "403")
 
 
@@ -98,6 +115,7 @@ class BanTable:
         self._lengths_version = -1
         self._lengths: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         self.full_said = False
+        self.entries_read = 0        # by this process's lookups: what a lookup costs
 
     # ------------------------------------------------------------ reading
     def __len__(self) -> int:
@@ -120,8 +138,8 @@ class BanTable:
         v6 = bits == 128
         now = time.time() if now is None else now
         for prefix in self._lengths_of(v6):
-            at = self._find(v6, prefix, value >> (bits - prefix))
-            if at >= 0 and self.floats[at + _UNTIL] > now:
+            at = self._live(v6, prefix, value >> (bits - prefix), now)
+            if at >= 0:
                 return self._ban(at)
         return None
 
@@ -136,6 +154,21 @@ class BanTable:
                  if meta and floats[HEADER_WORDS + i * WORDS + _UNTIL] > now]
         return sorted(found, key=lambda ban: -ban.until)
 
+    def counts(self, now: float | None = None) -> dict[str, int]:
+        """Bans in force by origin, read without decoding an entry (a scrape's)."""
+        now = time.time() if now is None else now
+        found: dict[str, int] = {}
+        if not self.words[_USED]:
+            return found
+        metas = self.words[HEADER_WORDS + _META::WORDS].tolist()
+        untils = self.floats[HEADER_WORDS + _UNTIL::WORDS].tolist()
+        infos = self.words[HEADER_WORDS + _INFO::WORDS].tolist()
+        for meta, until, info in zip(metas, untils, infos):
+            if meta and until > now:
+                origin = ORIGINS[info & 0xFF]
+                found[origin] = found.get(origin, 0) + 1
+        return found
+
     def _lengths_of(self, v6: bool) -> tuple[int, ...]:
         words = self.words
         if words[_VERSION] != self._lengths_version:
@@ -144,9 +177,28 @@ class BanTable:
             self._lengths = (_bits(words[_V4_LENGTHS], 32), _bits(v6_mask, 128))
         return self._lengths[v6]
 
-    def _find(self, v6: bool, prefix: int, key: int) -> int:
-        """The word index of the entry with this key, or -1."""
-        meta, hi, lo = _meta(v6, prefix), key >> 64, key & _MASK64
+    def _live(self, v6: bool, prefix: int, key: int, now: float) -> int:
+        """The word index of a ban in force on this key (nestgate's or CrowdSec's,
+        whichever comes first), or -1."""
+        meta, hi, lo = _meta(v6, prefix, False), key >> 64, key & _MASK64
+        words, floats = self.words, self.floats
+        start = hash((v6, prefix, key)) % self.capacity
+        for probe in range(PROBES):
+            at = HEADER_WORDS + (start + probe) % self.capacity * WORDS
+            held = words[at + _META]
+            if held == 0:
+                self.entries_read += probe + 1
+                return -1
+            if held & ~_FED_BIT == meta and words[at + _HI] == hi and words[at + _LO] == lo \
+                    and floats[at + _UNTIL] > now:
+                self.entries_read += probe + 1
+                return at
+        self.entries_read += PROBES
+        return -1
+
+    def _find(self, v6: bool, prefix: int, key: int, fed: bool) -> int:
+        """The word index of the entry with this key of this kind, or -1."""
+        meta, hi, lo = _meta(v6, prefix, fed), key >> 64, key & _MASK64
         words = self.words
         start = hash((v6, prefix, key)) % self.capacity
         for probe in range(PROBES):
@@ -175,33 +227,38 @@ class BanTable:
     # ------------------------------------------------------------ writing
     def add(self, network: str, until: float, origin: str = "rule", reason: str = "",
             answer: str = "close") -> None:
-        """Ban an address or range (CIDR text) until `until` (wall clock); a ban already
-        on that network is replaced. ValueError for a network, origin or answer that is
-        not one."""
+        """Ban an address or range (CIDR text) until `until` (wall clock); a ban of the
+        same kind (CrowdSec's, `origin` FED, or nestgate's) already on that network is
+        replaced. ValueError for a network, origin or answer that is not one."""
         v6, prefix, key, _text = network_key(network)
+        fed = origin == FED
         info = ORIGINS.index(origin) | ANSWERS.index(answer) << 8
         encoded = reason.encode("utf-8")[:REASON_BYTES].ljust(REASON_BYTES, b"\0")
         with self._lock:
-            at = self._find(v6, prefix, key)
+            at = self._find(v6, prefix, key, fed)
             words = self.words
-            if at < 0:
+            fresh = at < 0
+            if fresh:
                 at = self._free_place(v6, prefix, key)
-                if words[at + _META] == 0 or self.floats[at + _UNTIL] == 0.0:
-                    words[_USED] += 1
+            # A never used or lifted entry (its own key's too) is one more in USED.
+            if words[at + _META] == 0 or self.floats[at + _UNTIL] == 0.0:
+                words[_USED] += 1
+            if fresh:
                 words[at + _META] = 0               # unmatched while its key changes
                 words[at + _HI], words[at + _LO] = key >> 64, key & _MASK64
             self.floats[at + _UNTIL] = until
             words[at + _INFO] = info
             self.raw[(at + _REASON) * 8:(at + _REASON) * 8 + REASON_BYTES] = encoded
-            words[at + _META] = _meta(v6, prefix)
+            words[at + _META] = _meta(v6, prefix, fed)
             self._mark_length(v6, prefix)
             words[_VERSION] += 1
 
-    def remove(self, network: str) -> bool:
-        """Lift the ban on exactly this network; False when it has none in force."""
+    def remove(self, network: str, origin: str = "") -> bool:
+        """Lift nestgate's ban on exactly this network (CrowdSec's with `origin` FED);
+        False when it has none in force."""
         v6, prefix, key, _text = network_key(network)
         with self._lock:
-            at = self._find(v6, prefix, key)
+            at = self._find(v6, prefix, key, origin == FED)
             if at < 0 or self.floats[at + _UNTIL] == 0.0:
                 return False
             live = self.floats[at + _UNTIL] > time.time()
@@ -242,10 +299,11 @@ class BanTable:
 
 
 _MASK64 = (1 << 64) - 1
+_FED_BIT = 1 << 17
 
 
-def _meta(v6: bool, prefix: int) -> int:
-    return v6 << 16 | prefix << 8 | 1
+def _meta(v6: bool, prefix: int, fed: bool) -> int:
+    return fed << 17 | v6 << 16 | prefix << 8 | 1
 
 
 def _bits(mask: int, most: int) -> tuple[int, ...]:

@@ -31,6 +31,11 @@ client's QUIC connection is closed with CONNECTION_REFUSED at its first datagram
 saying until when. A client that is not banned pays one shared-memory read per
 connection while the table is empty, and one lookup (a probe per prefix length in
 use) while it is not; nothing per request.
+
+CrowdSec's decisions are in the same table (the bouncer process writes them,
+nestgate.crowdsec) and are refused here the same way: with `[crowdsec]` the table is
+looked up even when there are no [[ban]] rules, and without a [bans] table or rules
+there is no store to keep in step.
 """
 
 from __future__ import annotations
@@ -85,7 +90,8 @@ class BanWatch(Service):
     tick_every = SYNC_INTERVAL
 
     def __init__(self) -> None:
-        self.enabled = False
+        self.enabled = False            # clients are looked up in the table
+        self.keeps = False              # rules or [bans]: the store is kept in step
         self.table = None
         self.kinds: dict[str, list[CountedRule]] = {}
         self.statuses: frozenset[int] = frozenset()   # answers `answered` is told of
@@ -103,7 +109,8 @@ class BanWatch(Service):
     def configure(self, config) -> None:
         """Take `config`'s rules (the worker does this before building its routes)."""
         bans = config.bans
-        self.enabled = bans.enabled
+        self.keeps = bans.enabled
+        self.enabled = bans.enabled or config.crowdsec is not None
         self.locator = bans.store
         self.kinds = {}
         statuses = set()
@@ -215,7 +222,7 @@ class BanWatch(Service):
         if ban.answer == "403":
             conn.serve_only(self.banned_router(ban, conn.client))
             return False
-        TALLY.ban_refused += 1
+        TALLY.ban_refusal(ban.origin)
         return True
 
     def closes(self, client: str) -> bool:
@@ -227,7 +234,7 @@ class BanWatch(Service):
         ban = table.lookup(client)
         if ban is None or ban.answer == "403":
             return False
-        TALLY.ban_refused += 1
+        TALLY.ban_refusal(ban.origin)
         return True
 
     def forwarded(self, client: str):
@@ -246,13 +253,13 @@ class BanWatch(Service):
             if len(self.pages) > 256:
                 self.pages.clear()
             found = self.pages[key] = BannedRouter(ban, client)
-        TALLY.ban_refused += 1
+        TALLY.ban_refusal(ban.origin)
         return found
 
     # ------------------------------------------------------------ the store
     def start(self) -> None:
         """Load the store's bans before the first request, then poll for changes."""
-        if not self.enabled or self._syncer is not None:
+        if not self.keeps or self._syncer is not None:
             return
         from concurrent.futures import ThreadPoolExecutor
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="nestgate-bans")
