@@ -408,8 +408,15 @@ def run_bouncer(config) -> None:
     Bouncer(config).run()
 
 
+def lift_decisions() -> None:
+    """A reload without `[crowdsec]`, once the bouncer process has exited: its
+    decisions are lifted (the one writer of them is gone, and none follows)."""
+    from nestgate.bans.table import ban_table
+    ban_table().lift_origin(FED)
+
+
 def bouncer_keeper():
     """The supervisor's side of the bouncer process (nestgate.sideprocess)."""
     from nestgate.sideprocess import SideProcess
     return SideProcess("crowdsec bouncer", lambda config: config.crowdsec is not None,
-                       run_bouncer)
+                       run_bouncer, lift_decisions)

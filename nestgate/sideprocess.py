@@ -19,12 +19,15 @@ RESTART_DELAY = 5.0          # seconds before a side process that died is starte
 
 class SideProcess:
     """The supervisor's side of one such process. `wanted(config)` says whether the
-    config needs it; `main(config)` is its body, run in the forked child."""
+    config needs it; `main(config)` is its body, run in the forked child; `dropped()`,
+    if given, runs in the supervisor once the process has exited for a config that no
+    longer wants it: it clears what the process kept in shared state."""
 
-    def __init__(self, name: str, wanted, main) -> None:
+    def __init__(self, name: str, wanted, main, dropped=None) -> None:
         self.name = name
         self.wanted = wanted
         self.main = main
+        self.dropped = dropped
         self.pid = 0
         self.restart_at = 0.0
         self.config = None
@@ -62,6 +65,8 @@ class SideProcess:
         if not pid or pid != self.pid:
             return False
         self.pid = 0
+        if not stopping and self.dropped is not None and not self.wanted(self.config):
+            self.dropped()
         if not stopping and not self.restart_at:
             self.restart_at = time.monotonic() + RESTART_DELAY
             say(f"{self.name} process {pid} exited; restarting in {RESTART_DELAY:g}s")

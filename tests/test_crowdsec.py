@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import socket
 import ssl
 import time
@@ -159,7 +160,8 @@ def test_decisions_are_refused_at_accept_and_lifted_within_an_interval(
     assert plain_status("127.0.0.43") == 200
 
 
-def test_ban_answer_403_gives_decided_clients_the_ban_page(start_server, lapi, tmp_path):
+def test_ban_answer_403_gives_decided_clients_the_ban_page_until_crowdsec_is_dropped(
+        start_server, lapi, tmp_path):
     server = bouncing(start_server, lapi, tmp_path, extra='ban_answer = "403"', workers=1)
     port = server.port()
     lapi.ban("-i", "127.0.0.44")
@@ -168,6 +170,14 @@ def test_ban_answer_403_gives_decided_clients_the_ban_page(start_server, lapi, t
         status, _headers, page = get_from(port, "/hello", source="127.0.0.44")
         assert b"banned until" in page and b"127.0.0.44" in page
         assert status_from(port, "127.0.0.2") == 200
+        # A reload without [crowdsec]: the decisions go with the bouncer.
+        text = server.config_path.read_text()
+        server.config_path.write_text(text[:text.index("[crowdsec]")]
+                                      + text[text.index("[[site]]"):])
+        mark = len(server.lines)
+        server.signal(signal.SIGHUP)
+        server.wait_for("reloaded", start=mark)
+        becomes(lambda source: status_from(port, source), "127.0.0.44", 200)
     finally:
         lapi.lift("-i", "127.0.0.44")
 
@@ -184,7 +194,7 @@ def test_the_api_down_keeps_the_last_decisions_said_once_and_through_a_restart(
     lapi.stop()
     try:
         server.wait_for(f"Local API at {lapi.url} cannot be used", timeout=WITHIN + 5)
-        time.sleep(3 * INTERVAL)                      # several failed polls
+        time.sleep(2 * INTERVAL)                      # more failed polls
         assert sum("cannot be used" in line for line in server.lines) == 1
         assert status("127.0.0.77") == 0
         assert status("127.0.0.78") == 200

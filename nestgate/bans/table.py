@@ -267,6 +267,23 @@ class BanTable:
             self.words[_VERSION] += 1
             return live
 
+    def lift_origin(self, origin: str) -> int:
+        """Lift every ban of `origin` in force; how many were."""
+        code = ORIGINS.index(origin)
+        lifted = 0
+        with self._lock:
+            words, floats = self.words, self.floats
+            infos = words[HEADER_WORDS + _INFO::WORDS].tolist()
+            for i, info in enumerate(infos):
+                at = HEADER_WORDS + i * WORDS
+                if info & 0xFF == code and words[at + _META] and floats[at + _UNTIL] != 0.0:
+                    floats[at + _UNTIL] = 0.0        # keeps its key, as `remove` does
+                    words[_USED] -= 1
+                    lifted += 1
+            if lifted:
+                words[_VERSION] += 1
+        return lifted
+
     def _free_place(self, v6: bool, prefix: int, key: int) -> int:
         """Where a new key goes: the first entry along its probes that is free (never
         used, lifted or ended); when none is, the one whose ban ends first."""
