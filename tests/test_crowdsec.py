@@ -53,12 +53,13 @@ address = "127.0.0.1:0"
 address = "127.0.0.1:0"
 proxy_protocol_from = ["127.0.0.1"]
 {listen}
+{top}
 [crowdsec]
 url = "{lapi.url}"
 {key}
 update_interval = "{INTERVAL:g}s"
 {extra}
-{top}
+
 [[site]]
 hosts = ["*"]
 {HELLO}"""
@@ -162,7 +163,9 @@ def test_decisions_are_refused_at_accept_and_lifted_within_an_interval(
 
 def test_ban_answer_403_gives_decided_clients_the_ban_page_until_crowdsec_is_dropped(
         start_server, lapi, tmp_path):
-    server = bouncing(start_server, lapi, tmp_path, extra='ban_answer = "403"', workers=1)
+    # With bans of its own, so clients are still looked up once [crowdsec] is gone.
+    server = bouncing(start_server, lapi, tmp_path, extra='ban_answer = "403"', workers=1,
+                      top=f'[bans]\nstore = "{tmp_path / "bans.db"}"\n')
     port = server.port()
     lapi.ban("-i", "127.0.0.44")
     try:
