@@ -206,10 +206,13 @@ class Decisions:
                 found[d.network] = (d.until, d.scenario)
         return found
 
-    def own_until(self, network: str) -> float:
-        """When the Local API's decisions from nestgate's alerts on `network` end (0)."""
-        return max((d.until for d in self.by_id.values()
-                    if d.own and d.network == network), default=0.0)
+    def own(self) -> dict[str, float]:
+        """network -> when the Local API's decisions from nestgate's alerts on it end."""
+        found: dict[str, float] = {}
+        for d in self.by_id.values():
+            if d.own and d.until > found.get(d.network, 0.0):
+                found[d.network] = d.until
+        return found
 
     def values(self) -> frozenset[str]:
         return frozenset(self.refused())

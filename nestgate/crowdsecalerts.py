@@ -45,10 +45,11 @@ class Reporter:
     def due(self, rows, decisions, now: float) -> list:
         """The bans of `rows` (the store's, in force) the Local API does not have."""
         found = []
+        own = decisions.own()
         for row in rows:
             if row.origin not in SENT_ORIGINS or row.until - now < 1:
                 continue
-            held = decisions.own_until(row.network)
+            held = own.get(row.network, 0.0)
             if held >= row.until - SLACK:
                 self.sent.pop(row.network, None)      # in the stream: nothing to wait on
                 continue

@@ -311,6 +311,47 @@ def test_own_bans_are_sent_as_alerts_and_refused_by_another_instance(
     lapi.lift("-i", "127.0.0.51")
 
 
+def test_alerts_wait_longer_while_the_api_is_down_and_are_sent_when_it_answers(lapi):
+    from nestgate.bans.store import BanRow
+    from nestgate.crowdsec import CrowdSecConfig, LocalApi as Api
+    from nestgate.crowdsecalerts import MOST_BACKOFF, Reporter
+    from nestgate.bench.ports import free_port
+    password = "nestgate-machine-password-2"
+    lapi.cscli("machines", "add", "nestgate-backoff", "--password", password, "-f", "/dev/null")
+    config = CrowdSecConfig(lapi.url, "key", update_interval=2.0,
+                            machine_id="nestgate-backoff", machine_password=password)
+    said: list[str] = []
+    api = Api(f"http://127.0.0.1:{free_port()}")            # nothing listens there
+    reporter = Reporter(config, api, said.append)
+    now = time.time()
+    rows = [BanRow("2001:db8:77:1::/64", now + 86400, "rule", "sign-in", "sign-in", "close", 1)]
+    nothing = Decisions()
+    waits = []
+    for _ in range(9):
+        reporter.report(rows, nothing, now)
+        waits.append(reporter.retry_at - now)
+        reporter.report(rows, nothing, now + waits[-1] / 2)  # too early: not even tried
+        now = reporter.retry_at
+    assert waits[:4] == [2.0, 4.0, 8.0, 16.0] and waits[-1] == MOST_BACKOFF
+    assert len(said) == 1 and said[0].startswith("cannot send nestgate's bans as alerts")
+    api.url = lapi.url                                       # the Local API is back
+    reporter.report(rows, nothing, now)
+    assert said[1:] == ["the Local API takes nestgate's alerts again",
+                        "1 of nestgate's bans sent as alerts"]
+    reporter.report(rows, nothing, now + 10)                 # sent: not again
+    assert len(said) == 3
+    alerts = json.loads(lapi.cscli("decisions", "list", "-a", "-o", "json")) or []
+    assert [(d["scope"], d["value"], d["scenario"]) for a in alerts for d in a["decisions"]
+            if a["machine_id"] == "nestgate-backoff"] \
+        == [("Range", "2001:db8:77:1::/64", "nestgate/sign-in")]
+    wrong = Reporter(CrowdSecConfig(lapi.url, "key", machine_id="nestgate-backoff",
+                                    machine_password="not-it"), Api(lapi.url), said.append)
+    wrong.report(rows, Decisions(), time.time())
+    assert "the machine_id and password are not a machine's it knows" in said[-1]
+    assert "not-it" not in said[-1]
+    lapi.lift("-r", "2001:db8:77:1::/64")
+
+
 # ---------------------------------------------------------------- without a server
 
 
@@ -353,8 +394,7 @@ def test_echoes_of_own_bans_are_left_to_the_ban_store():
     # echo; the second, decided by someone else, is CrowdSec's as well.
     ours = frozenset({"192.0.2.1/32", "192.0.2.3/32"})
     assert set(decisions.refused(ours)) == {"2001:db8:1:2::/64", "192.0.2.3/32"}
-    assert decisions.own_until("192.0.2.1/32") == 3600.0
-    assert decisions.own_until("192.0.2.3/32") == 0.0
+    assert decisions.own() == {"192.0.2.1/32": 3600.0, "2001:db8:1:2::/64": 3600.0}
 
 
 def test_go_durations():

@@ -181,7 +181,7 @@ PATHS = {
         "204": {"description": "removed"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
         parameters=("id",))},
     "/v1/bans": {
-        "get": _op("Every ban in force (rules', the operator's, other sources')", {
+        "get": _op("Every ban in force (rules', the operator's, CrowdSec's decisions)", {
             "200": _json(_obj({"bans": {"type": "array", "items": _BAN}}, ("bans",)),
                          "the bans"), "409": _ERROR, "503": _ERROR}),
         "post": _op("Ban an address or range (in force at every worker's next accept)", {
