@@ -235,9 +235,10 @@ def test_a_scanner_is_closed_at_accept_by_every_worker(start_server, tmp_path):
     assert get_from(port, "/hello", source="127.0.0.6")[0] == 200
     assert scan(port, "127.0.0.7", ["/missing"] * 6) == [404] * 6
     assert get_from(port, "/hello", source="127.0.0.7")[0] == 200
-    # Kept in the store, with the rule and its first strike.
+    # Kept in the store (written off the worker's loop, just after the ban), with the
+    # rule and its first strike.
     bans = open_bans(str(tmp_path / "s.db"))
-    [row] = bans.live()
+    [row] = poll(bans.live, bool, timeout=5)
     bans.close()
     assert (row.network, row.rule, row.strikes, row.origin) == (
         "127.0.0.5/32", "scanners", 1, "rule")
