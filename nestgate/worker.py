@@ -21,7 +21,8 @@ from nestgate.bans.watch import BANS
 from nestgate.admin.stats import TALLY_BYTES
 from nestgate.clock import CLOCK
 from nestgate.clientip import parse_networks
-from nestgate.http1 import HTTP1Connection, ProxyProtocolConnection
+from nestgate.h1proxyheader import ProxyProtocolConnection
+from nestgate.http1 import HTTP1Connection
 from nestgate.http2 import ALPNSwitch, HTTP2Connection, PriorKnowledge
 from nestgate.proxytls import ProxyThenTLS, TLSHandshake
 from nestgate.ratelimit import shared_limits

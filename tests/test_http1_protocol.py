@@ -2,7 +2,7 @@
 
 import pytest
 
-from nestgate import http1
+from nestgate import h1phases
 from nestgate.handlers.health import HealthAnswer
 from wire import Broken, Echo, Wire, config_dict
 
@@ -366,33 +366,33 @@ def test_http11_stream_with_connection_keep_alive_is_chunked(wire):
     assert not wire.closed
 
 
-# ---- the connection's phases (http1.OPEN ... CLOSED and the moves `_NEXT` allows)
+# ---- the connection's phases (h1phases.OPEN ... CLOSED and the moves `NEXT` allows)
 
 def test_phases_only_move_as_the_table_says():
     # Every phase can end (CLOSED), CLOSED ends everything, and no phase returns to a
     # reading phase once reading stopped.
-    for phase, nexts in http1._NEXT.items():
-        assert phase == http1.CLOSED or http1.CLOSED in nexts
-        if phase >= http1.CLOSING:
-            assert all(n >= http1.CLOSING for n in nexts), http1.PHASE_NAMES[phase]
-    assert http1._NEXT[http1.CLOSED] == ()
+    for phase, nexts in h1phases.NEXT.items():
+        assert phase == h1phases.CLOSED or h1phases.CLOSED in nexts
+        if phase >= h1phases.CLOSING:
+            assert all(n >= h1phases.CLOSING for n in nexts), h1phases.PHASE_NAMES[phase]
+    assert h1phases.NEXT[h1phases.CLOSED] == ()
 
 
 def test_a_move_the_table_forbids_is_refused(wire):
     wire.send(b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
-    assert wire.conn.phase == http1.OPEN
+    assert wire.conn.phase == h1phases.OPEN
     wire.conn.connection_lost(None)
     with pytest.raises(RuntimeError, match="from closed to open"):
-        wire.conn._enter(http1.OPEN)
+        wire.conn._enter(h1phases.OPEN)
 
 
 def test_connection_close_moves_to_last_then_closing(wire):
     wire.send(b"POST /echo HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 4\r\n\r\n"
               b"da", settle=0)
-    assert wire.conn.phase == http1.LAST       # the rest of this request is still read
+    assert wire.conn.phase == h1phases.LAST       # the rest of this request is still read
     wire.send(b"taGET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
     assert [(r.status, r.body) for r in wire.responses()] == [(200, b"data")]
-    assert wire.conn.phase == http1.CLOSING and wire.closed
+    assert wire.conn.phase == h1phases.CLOSING and wire.closed
 
 
 def test_upgrade_request_queued_behind_an_answer_is_answered_then_closes(wire):
@@ -415,7 +415,7 @@ def test_request_after_an_answer_that_refused_its_expected_body_is_not_read(wire
               b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
     [response] = wire.responses()
     assert response.headers["connection"] == "close" and wire.closed
-    assert wire.conn.phase == http1.CLOSING
+    assert wire.conn.phase == h1phases.CLOSING
 
 
 def test_an_http2_preface_on_an_http1_listener_gets_a_hint(wire):
