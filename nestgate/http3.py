@@ -68,7 +68,7 @@ from nestgate.dispatch import GONE, conclude, open_stream, record, refresh_clien
 from nestgate.errors import HandlerError, RequestError
 from nestgate.fieldhead import declared_length, pairs_of, read_head, ready_fields, \
     response_fields
-from nestgate.http2 import HEADER_BLOCK_SLACK, too_many_resets
+from nestgate.h2guard import HEADER_BLOCK_SLACK, too_many_resets
 from nestgate.ratelimit import count_connection, uncount_connection
 from nestgate.request import Body, Request
 from nestgate.responses import header_pairs

@@ -23,7 +23,8 @@ from nestgate.clock import CLOCK
 from nestgate.clientip import parse_networks
 from nestgate.h1proxyheader import ProxyProtocolConnection
 from nestgate.http1 import HTTP1Connection
-from nestgate.http2 import ALPNSwitch, HTTP2Connection, PriorKnowledge
+from nestgate.h2select import ALPNSwitch, PriorKnowledge
+from nestgate.http2 import HTTP2Connection
 from nestgate.proxytls import ProxyThenTLS, TLSHandshake
 from nestgate.ratelimit import shared_limits
 from nestgate.responses import announce_http3

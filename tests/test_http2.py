@@ -11,7 +11,7 @@ from conftest import TEMPLATE, tls_block
 from h2client import H2Client
 from h2wire import frames
 from nestgate.http1 import DRAIN_IDLE_GRACE
-from nestgate.http2 import DRAIN_BUSY_GRACE, QUIET_GRACE
+from nestgate.h2phases import DRAIN_BUSY_GRACE, QUIET_GRACE
 
 
 @pytest.fixture

@@ -704,7 +704,7 @@ def test_proxied_heads_over_http2_each_their_own_after_the_encoded_ones_are_kept
     from h2client import H2Client
     up = upstream()
     server = h2_gateway(start_server, up, certs)
-    from nestgate.http2 import _RAW_BLOCK_MAX, _RAW_BLOCKS_LIMIT
+    from nestgate.h2stream import _RAW_BLOCK_MAX, _RAW_BLOCKS_LIMIT
     client = H2Client(server.port("https"), certs["ca"])
     try:
         long = "L" * (_RAW_BLOCK_MAX + 100)          # encoded for each answer, not kept
