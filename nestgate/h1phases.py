@@ -1,5 +1,5 @@
 """The phases of an HTTP/1 connection and the reading states within one: the table of
-allowed moves, and the one method that moves (`Phases._enter`), mixed into
+allowed moves (`Phases`, with `nestgate.phasetable`'s move), mixed into
 `nestgate.http1.HTTP1Connection`.
 
 A connection's life is a few phases; each says what becomes of the client's next
@@ -23,6 +23,8 @@ requests), HEAD or BODY; the tick's timeouts follow it.
 
 from __future__ import annotations
 
+from nestgate.phasetable import PhaseTable
+
 # Reading-side states.
 IDLE, HEAD, BODY = 0, 1, 2
 
@@ -41,15 +43,9 @@ NEXT = {
 }
 
 
-class Phases:
-    """The move between phases, checked against `NEXT`."""
+class Phases(PhaseTable):
+    """The phases of an HTTP/1 connection."""
 
     phase = OPEN
-
-    def _enter(self, phase: int) -> None:
-        """Move to `phase` (staying in the same one is no move)."""
-        if phase != self.phase:
-            if phase not in NEXT[self.phase]:
-                raise RuntimeError(f"an HTTP/1 connection cannot go from "
-                                   f"{PHASE_NAMES[self.phase]} to {PHASE_NAMES[phase]}")
-            self.phase = phase
+    NEXT = NEXT
+    PHASE_NAMES = PHASE_NAMES

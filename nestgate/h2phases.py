@@ -14,7 +14,7 @@ connection ends gracefully (`Ending`, mixed into `nestgate.http2.HTTP2Connection
              closes first
   CLOSED     none: the transport is gone
 
-Anything else is illegal (`_enter` raises). A connection idle past `keepalive_timeout`
+Anything else is illegal (`PhaseTable._enter` raises). A connection idle past `keepalive_timeout`
 goes from SERVING to GOAWAY; a protection or a protocol error ends it at once, with its
 own GOAWAY, whatever its phase.
 
@@ -45,6 +45,7 @@ the requests of clients that read no frame after a GOAWAY.
 from __future__ import annotations
 
 from nestgate.http1 import DRAIN_IDLE_GRACE
+from nestgate.phasetable import PhaseTable
 
 SERVING, STOPPING, LAST, GOAWAY, CLOSED = range(5)
 PHASE_NAMES = ("serving", "stopping", "last", "goaway", "closed")
@@ -62,18 +63,12 @@ DRAIN_BUSY_GRACE = 5.0            # seconds a stopping connection serves new str
 QUIET_GRACE = 0.2                 # seconds without a stream before a stopping one asks
 
 
-class Ending:
+class Ending(PhaseTable):
     """The phases, and the GOAWAY that ends a connection gracefully."""
 
     phase = SERVING
-
-    def _enter(self, phase: int) -> None:
-        """Move to `phase` (staying in the same one is no move)."""
-        if phase != self.phase:
-            if phase not in NEXT[self.phase]:
-                raise RuntimeError(f"an HTTP/2 connection cannot go from "
-                                   f"{PHASE_NAMES[self.phase]} to {PHASE_NAMES[phase]}")
-            self.phase = phase
+    NEXT = NEXT
+    PHASE_NAMES = PHASE_NAMES
 
     def _stop(self) -> None:
         """A reload, a stop or the client's GOAWAY: serve on until no stream is open."""

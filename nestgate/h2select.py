@@ -1,16 +1,19 @@
 """Which protocol a connection speaks, chosen before any request: on a TLS listener by
 ALPN (`ALPNSwitch`), on a plain one with `http2_cleartext = true` by the client's first
 bytes (`PriorKnowledge`). Each hands the transport to an `HTTP2Connection` or to the
-listener's HTTP/1.1 protocol, and is gone.
+listener's HTTP/1.1 protocol, and is gone. (asyncio.Protocol's callbacks that do
+nothing stand for those that are not reached or have nothing to do before then.)
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from nestgate import h2engine as engine
 from nestgate.http2 import HTTP2Connection
 
 
-class ALPNSwitch:
+class ALPNSwitch(asyncio.Protocol):
     """Starts every TLS connection; becomes HTTP/2 or HTTP/1.1 as ALPN decided."""
 
     def __init__(self, ctx, http1_factory) -> None:
@@ -24,22 +27,11 @@ class ALPNSwitch:
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
 
-    def connection_lost(self, exc) -> None:
-        pass
-
     def data_received(self, data) -> None:  # not reached: replaced in connection_made
         raise RuntimeError("ALPNSwitch received data before choosing a protocol")
 
-    def eof_received(self):
-        return None
 
-    def pause_writing(self) -> None:
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
-class PriorKnowledge:
+class PriorKnowledge(asyncio.Protocol):
     """Starts every connection of a plain listener with `http2_cleartext = true`: a
     client whose first bytes are the HTTP/2 connection preface speaks HTTP/2 in clear
     ("h2c" with prior knowledge, RFC 9113 3.3), any other HTTP/1.1. Counted among the
@@ -78,15 +70,6 @@ class PriorKnowledge:
 
     def connection_lost(self, exc) -> None:
         self.ctx.connections.discard(self)
-
-    def eof_received(self):
-        return None
-
-    def pause_writing(self) -> None:
-        pass
-
-    def resume_writing(self) -> None:
-        pass
 
     def tick(self, elapsed: float) -> None:
         self._age += elapsed

@@ -50,11 +50,8 @@ import logging
 from nestgate import h2engine as engine
 from nestgate.h2engine import (CANCEL, ENHANCE_YOUR_CALM, INTERNAL_ERROR, NO_ERROR,
                                ConnectionError_, StreamClosedError)
-from nestgate.dispatch import (GONE, conclude, open_stream, record, refresh_client, refuse,
-                               start, take_peer)
-from nestgate.fieldhead import read_head
+from nestgate.dispatch import GONE, conclude, record, start, take_peer
 from nestgate.clock import CLOCK
-from nestgate.errors import RequestError
 from nestgate.flow import Writable
 from nestgate.h2guard import (DECODED_BUDGET, DECODED_LIST_FACTOR, MAX_CONCURRENT_STREAMS,
                               PROTECTIONS, FrameGuard, too_many_resets)
@@ -66,14 +63,16 @@ from nestgate.request import Body
 from nestgate.ratelimit import count_connection, uncount_connection
 from nestgate.tally import TALLY, UNROUTED
 from nestgate.sendwatch import SendWatch, cut
+from nestgate.streamconn import StreamAdapter
 
 log = logging.getLogger("nestgate.http2")
 
 
-class HTTP2Connection(Sending, Ending):
+class HTTP2Connection(StreamAdapter, Sending, Ending):
     """One HTTP/2 client connection (after ALPN chose h2)."""
 
     protocol = "HTTP/2"           # as the request log writes it
+    request_class = H2Request
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
@@ -325,18 +324,7 @@ class HTTP2Connection(Sending, Ending):
             self._alone += 1
         if self._opened >= self.limits.keepalive_requests and self._last_stream == NO_GOAWAY:
             self._choose_last(stream_id)
-        method, raw_target, authority, headers, problem = read_head(
-            event.headers, event.ended, self.limits)
-        # Per request: streams may carry many clients (a banned one gets the page).
-        banned = refresh_client(self, headers) if self.xff_trusted else None
-        if problem is None and event.length > self.limits.max_body:
-            problem = RequestError(413)                 # before a byte of it comes
-        if problem is not None:
-            refuse(self, stream_id, problem.status, method, authority, headers)
-            req = None
-        else:
-            req = open_stream(self, stream_id, method, raw_target, authority, headers,
-                              banned)
+        req, length = self._open_head(stream_id, event.headers, event.ended, event.length)
         if req is None:
             if not event.ended and not self.h2.can_send(stream_id):
                 # Answered in full without the body: the client may stop sending it
@@ -344,16 +332,14 @@ class HTTP2Connection(Sending, Ending):
                 self._reset(stream_id, NO_ERROR)
             return
         if not event.ended:
-            req.body = Body(req.flow, False, None if event.length < 0 else event.length)
+            req.body = Body(req.flow, False, None if length < 0 else length)
         self._streams[stream_id] = req
         start(req)
 
     def new_request(self, stream_id, handler, route, method, raw_target, qmark, headers,
                     authority, t0) -> H2Request:
-        """The stream sequence's `Request` for a stream (nestgate.dispatch)."""
-        req = H2Request(self, handler, route, method, raw_target, qmark, headers,
-                        authority, True, t0)
-        req.stream_id = stream_id
+        req = StreamAdapter.new_request(self, stream_id, handler, route, method, raw_target,
+                                        qmark, headers, authority, t0)
         req.granted = 0
         req.flow = _StreamFlow(self, stream_id)
         return req
@@ -448,11 +434,6 @@ class HTTP2Connection(Sending, Ending):
         record(req, req.logged)
         self.flush()
 
-    def _abandon(self, req: H2Request) -> None:
-        if req.body is not None:
-            req.body.abort()
-        if req.task is not None and not req.task.done():
-            req.task.cancel()
     # ------------------------------------------------------------ worker hooks
     def tick(self, elapsed: float) -> None:
         """Called by the worker's tick: abort a connection whose client stopped reading

@@ -2,21 +2,9 @@
 
 Theory of operation
 -------------------
-A TLS listener with `http3 = true` has, beside its TCP socket, one UDP socket per
-worker slot, all bound by the supervisor to the listener's port with SO_REUSEPORT
-(nestgate.supervisor): the kernel hashes a client's address to one of them, so the
-datagrams of a QUIC connection keep reaching the one worker that knows it. In that
-worker aioquic's `QuicServer` (here `QuicListener`) reads the socket and keeps an
-`HTTP3Connection` per QUIC connection, found by connection id.
-
-A client whose address changes (Wi-Fi to mobile data, a NAT rebinding) keeps its
-connection ids, but the kernel hashes its new address, perhaps to another worker's
-socket. That worker knows none of the ids: aioquic drops the datagrams (it sends no
-stateless reset), the connection goes silent and the client, once its probes or its
-idle timeout give up, opens a new one (a browser goes on over HTTP/2 meanwhile). A new
-address that hashes to the same worker is followed as RFC 9000 section 9 says.
-
-Each request stream is a head, body and end for the stream sequence
+The QUIC side (the worker's UDP listener, certificates by server name, what becomes of
+a client whose address changes) is `nestgate.h3quic`'s; the stream sequence's side
+shared with HTTP/2 is `nestgate.streamconn`'s. Each request stream is a head, body and end for the stream sequence
 (`nestgate.dispatch.open_stream`); `H3Request` puts the answer back as HEADERS and
 DATA frames. A head is checked by HTTP/2's rules (nestgate.fieldhead). Nothing else
 happens here: routes, guards, handlers, error pages, counts and the request log are the
@@ -39,10 +27,8 @@ reads them: a body the handler has not read yet is held, at most `max_body` per 
 (413 past it). An answer waits for the client: `write` returns once the stream holds
 fewer than STREAM_HIGH_WATER bytes the client has not acknowledged.
 
-Stopping (a reload, a stop): the worker's listener takes no new connection, the open
-ones finish their streams and close with H3_NO_ERROR, for at most `shutdown_timeout`.
-The new worker of the same slot reads the same socket meanwhile, so some datagrams of
-the old connections reach it and are dropped; QUIC resends them.
+Stopping (a reload, a stop): a connection finishes its streams and closes with
+H3_NO_ERROR, for at most `shutdown_timeout`.
 """
 
 from __future__ import annotations
@@ -50,28 +36,21 @@ from __future__ import annotations
 import logging
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.asyncio.server import QuicServer
-from aioquic.buffer import Buffer
 from aioquic.h3.connection import H3_ALPN, ErrorCode, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
-from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import ConnectionTerminated, ProtocolNegotiated, \
     StopSendingReceived, StreamDataReceived, StreamReset
-from aioquic.quic.packet import QuicErrorCode, QuicFrameType, pull_quic_header
-from aioquic.tls import load_pem_x509_certificates, pull_client_hello
-from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 
-from nestgate.certs.book import CertificateBook, by_name
 from nestgate.clock import CLOCK
-from nestgate.dispatch import GONE, conclude, open_stream, record, refresh_client, refuse, \
-    start, take_peer
-from nestgate.errors import HandlerError, RequestError
-from nestgate.fieldhead import declared_length, pairs_of, read_head, ready_fields, \
-    response_fields
+from nestgate.dispatch import GONE, conclude, record, start, take_peer
+from nestgate.errors import HandlerError
+from nestgate.fieldhead import pairs_of, ready_fields, response_fields
 from nestgate.h2guard import HEADER_BLOCK_SLACK, too_many_resets
 from nestgate.ratelimit import count_connection, uncount_connection
 from nestgate.request import Body, Request
 from nestgate.responses import header_pairs
+from nestgate.streamconn import StreamAdapter
 from nestgate.tally import H3_PROTECTIONS, TALLY
 
 log = logging.getLogger("nestgate.http3")
@@ -85,71 +64,6 @@ PROTECTIONS = {
     "rapid_reset": "streams reset before their answer (rapid reset)",
 }
 assert tuple(PROTECTIONS) == H3_PROTECTIONS
-
-
-def _credentials(cert_file: str, key_file: str):
-    """A certificate/key pair in aioquic's form: (certificate, chain, private key)."""
-    with open(cert_file, "rb") as chain_file, open(key_file, "rb") as key_pem:
-        chain = load_pem_x509_certificates(chain_file.read())
-        key = load_pem_private_key(key_pem.read(), password=None)
-    return chain[0], chain[1:], key
-
-
-class QuicCertificates:
-    """A listener's certificates for QUIC handshakes, chosen by server name as its TLS
-    handshakes choose them (nestgate.tls): PEM files by their names, managed ones from
-    the same storage through a `CertificateBook` that the worker's tick refreshes, so a
-    renewal reaches HTTP/3 when it reaches TLS."""
-
-    def __init__(self, listener, tls_book) -> None:
-        self.exact: dict = {}
-        self.wildcard: dict = {}
-        self.default = None
-        for cert in listener.certificates:
-            if cert.managed:
-                continue
-            chosen = _credentials(cert.cert, cert.key)
-            self.default = self.default or chosen
-            for name in cert.names:
-                name = name.lower().rstrip(".")
-                if name.startswith("*."):
-                    self.wildcard.setdefault(name[1:], chosen)
-                else:
-                    self.exact.setdefault(name, chosen)
-        self.book = None
-        if tls_book is not None:
-            self.book = CertificateBook(tls_book.storage, tls_book.managed, _credentials)
-            self.book.refresh()
-
-    def choose(self, server_name: str | None):
-        chosen = by_name(server_name, self.exact, self.wildcard)
-        if chosen is None and self.book is not None and (server_name or not self.default):
-            chosen = self.book.choose(server_name)
-        return chosen or self.default
-
-
-def configuration(limits) -> QuicConfiguration:
-    return QuicConfiguration(is_client=False, alpn_protocols=H3_ALPN,
-                             idle_timeout=limits.keepalive_timeout)
-
-
-class QuicListener(QuicServer):
-    """aioquic's server on one worker's UDP socket; once stopping, it starts no new
-    connection (their datagrams are dropped: the client tries again, and reaches the
-    new worker of this slot, which reads the same socket)."""
-
-    draining = False
-
-    def datagram_received(self, data, addr) -> None:
-        if self.draining:
-            try:
-                header = pull_quic_header(
-                    Buffer(data=data), host_cid_length=self._configuration.connection_id_length)
-            except ValueError:
-                return
-            if header.destination_cid not in self._protocols:
-                return
-        QuicServer.datagram_received(self, data, addr)
 
 
 class H3Request(Request):
@@ -223,13 +137,14 @@ class H3Request(Request):
         pass                   # HTTP/3 clients do not wait for 100 on their own
 
 
-class HTTP3Connection(QuicConnectionProtocol):
+class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
     """One QUIC connection carrying HTTP/3 (made by `QuicListener` for a new client)."""
 
     protocol = "HTTP/3"          # as the request log writes it
+    request_class = H3Request
     transport = None             # the UDP socket is the listener's, never this one's to abort
 
-    def __init__(self, ctx, certificates: QuicCertificates, quic, stream_handler=None) -> None:
+    def __init__(self, ctx, quic, stream_handler=None) -> None:
         QuicConnectionProtocol.__init__(self, quic, stream_handler)
         self.ctx = ctx
         self.router = ctx.router         # (a banned client's page instead: `serve_only`)
@@ -250,31 +165,6 @@ class HTTP3Connection(QuicConnectionProtocol):
         self._waiters: dict[int, list] = {}  # stream id -> [future, seconds waited]
         self._draining = False
         self._ended = False
-        self._certificates = certificates
-        self._choose_certificate_by_name(quic)
-
-    def _choose_certificate_by_name(self, quic) -> None:
-        # aioquic takes one certificate from its configuration; the one for the client's
-        # server name is put in its place as the ClientHello is read, before it is used.
-        initialize = quic._initialize
-
-        def initialize_then_pick(peer_cid: bytes) -> None:
-            initialize(peer_cid)
-            tls = quic.tls
-            handle_hello = tls._server_handle_hello
-
-            def pick(input_buf, initial_buf, handshake_buf):
-                start_at = input_buf.tell()
-                name = pull_client_hello(input_buf).server_name
-                input_buf.seek(start_at)
-                chosen = self._certificates.choose(name)
-                if chosen is not None:
-                    tls.certificate, tls.certificate_chain, tls.certificate_private_key = chosen
-                return handle_hello(input_buf, initial_buf, handshake_buf)
-
-            tls._server_handle_hello = pick
-
-        quic._initialize = initialize_then_pick
 
     # ------------------------------------------------------------ datagrams and events
     def datagram_received(self, data, addr) -> None:
@@ -355,24 +245,7 @@ class HTTP3Connection(QuicConnectionProtocol):
         if self._opened >= self.limits.keepalive_requests:
             self._draining = True
         ended = event.stream_ended
-        method, raw_target, authority, headers, problem = read_head(
-            event.headers, ended, self.limits)
-        # Per request: streams may carry many clients (a banned one gets the page).
-        banned = refresh_client(self, headers) if self.xff_trusted else None
-        length = None
-        if problem is None and not ended:
-            try:
-                length = declared_length(headers)
-                if length is not None and length > self.limits.max_body:
-                    raise RequestError(413)             # before a byte of it comes
-            except RequestError as exc:
-                problem = exc
-        if problem is not None:
-            refuse(self, stream_id, problem.status, method, authority, headers)
-            req = None
-        else:
-            req = open_stream(self, stream_id, method, raw_target, authority, headers,
-                              banned)
+        req, length = self._open_head(stream_id, event.headers, ended, None)
         if req is None:
             if not ended:
                 self._quic.stop_stream(stream_id, ErrorCode.H3_NO_ERROR)   # no body wanted
@@ -382,14 +255,6 @@ class HTTP3Connection(QuicConnectionProtocol):
             req.body = Body(req, False, length)
         self._streams[stream_id] = req
         start(req)
-
-    def new_request(self, stream_id, handler, route, method, raw_target, qmark, headers,
-                    authority, t0) -> H3Request:
-        """The stream sequence's `Request` for a stream (nestgate.dispatch)."""
-        req = H3Request(self, handler, route, method, raw_target, qmark, headers,
-                        authority, True, t0)
-        req.stream_id = stream_id
-        return req
 
     def _data(self, event) -> None:
         req = self._streams.get(event.stream_id)
@@ -439,12 +304,6 @@ class HTTP3Connection(QuicConnectionProtocol):
             return
         req.answer_ready(req.errors.answer(status, req.headers))
         record(req, req.logged)
-
-    def _abandon(self, req: H3Request) -> None:
-        if req.body is not None:
-            req.body.abort()
-        if req.task is not None and not req.task.done():
-            req.task.cancel()
 
     def _calm(self, why: str, detail: str = "") -> None:
         """A protection ends the connection: H3_EXCESSIVE_LOAD, counted."""
@@ -575,21 +434,4 @@ class HTTP3Connection(QuicConnectionProtocol):
         """Graceful stop: the streams open are answered, then the connection closes."""
         self._draining = True
         self._after_answer()
-
-
-async def serve_quic(ctx, listener, sock, tls_book):
-    """Serve HTTP/3 on this worker's UDP socket of `listener`: the `QuicListener`, whose
-    `certificates.book` the worker refreshes with the others."""
-    certificates = QuicCertificates(listener, tls_book)
-    config = configuration(ctx.limits)
-    config.certificate, config.certificate_chain, config.private_key = \
-        certificates.choose(None) or (None, [], None)
-
-    def connection(quic, stream_handler=None):
-        return HTTP3Connection(ctx, certificates, quic, stream_handler)
-
-    _transport, server = await ctx.loop.create_datagram_endpoint(
-        lambda: QuicListener(configuration=config, create_protocol=connection), sock=sock)
-    server.certificates = certificates
-    return server
 

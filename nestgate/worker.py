@@ -149,7 +149,7 @@ class Worker:
             sslcontext = self.ssl_contexts.get(listener)
             tls_book = getattr(sslcontext, "certificate_book", None)
             if sock.type == socket.SOCK_DGRAM:       # the listener's HTTP/3 (http3 = true)
-                from nestgate.http3 import serve_quic    # aioquic: an optional dependency
+                from nestgate.h3quic import serve_quic   # aioquic: an optional dependency
                 server = await serve_quic(ctx, listener, sock, tls_book)
                 if server.certificates.book is not None:
                     self.certificate_books.append(server.certificates.book)

@@ -11,6 +11,7 @@ from conftest import TEMPLATE, tls_block
 from h2client import H2Client
 from h2wire import frames
 from nestgate.http1 import DRAIN_IDLE_GRACE
+from nestgate import h2phases
 from nestgate.h2phases import DRAIN_BUSY_GRACE, QUIET_GRACE
 
 
@@ -234,6 +235,40 @@ def test_a_graceful_stop_serves_until_no_stream_is_open_then_one_goaway(make_pum
     server.tick(DRAIN_IDLE_GRACE)
     assert transport.closed
 
+
+
+def test_phases_only_move_as_the_table_says():
+    # Every phase can end (CLOSED), CLOSED ends everything, no phase goes back to
+    # SERVING, and once the GOAWAY is out only the close follows.
+    for phase, nexts in h2phases.NEXT.items():
+        assert phase == h2phases.CLOSED or h2phases.CLOSED in nexts
+        assert h2phases.SERVING not in nexts
+        assert all(n > phase for n in nexts), h2phases.PHASE_NAMES[phase]
+    assert h2phases.NEXT[h2phases.GOAWAY] == (h2phases.CLOSED,)
+
+
+def test_a_stop_moves_through_the_phases(make_pump):
+    """SERVING; a stop with a stream open is STOPPING; past DRAIN_BUSY_GRACE the last
+    stream is chosen (LAST); its answer brings the GOAWAY; the close is CLOSED, and a
+    move the table forbids raises."""
+    pump = make_pump()
+    server = pump.server
+    server.data_received(pump.client.data_to_send())
+    _written(pump)
+    assert server.phase == h2phases.SERVING
+    server.data_received(_request(pump.client, 1, b"/echo", end_stream=False))
+    server.finish_and_close()
+    assert server.phase == h2phases.STOPPING
+    server.tick(DRAIN_BUSY_GRACE)
+    assert server.phase == h2phases.LAST
+    pump.client.send_data(1, b"last", end_stream=True)
+    server.data_received(pump.client.data_to_send())
+    assert _goaways(_written(pump)) == [1]
+    assert server.phase == h2phases.GOAWAY
+    server.connection_lost(None)
+    assert server.phase == h2phases.CLOSED
+    with pytest.raises(RuntimeError, match="from closed to serving"):
+        server._enter(h2phases.SERVING)
 
 def _recording_writes(pump) -> list[bytes]:
     """Each write the connection makes to its transport, apart."""
