@@ -46,6 +46,5 @@ NEXT = {
 class Phases(PhaseTable):
     """The phases of an HTTP/1 connection."""
 
-    phase = OPEN
     NEXT = NEXT
     PHASE_NAMES = PHASE_NAMES

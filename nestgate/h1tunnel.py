@@ -18,9 +18,6 @@ from nestgate.h1request import HTTP1Request
 class Tunnels:
     """The client's bytes after an upgrade request, and the handler that takes them."""
 
-    _sink = None                   # after an upgrade: where client bytes go
-    _upgrade_tail = None           # after an accepted upgrade: the bytes that followed
-
     def _upgrade(self, data, offset: int) -> None:
         """httptools stopped at an upgrade request's end, `offset` bytes into `data`.
         The upgrade request is the last one read: being answered, or waiting its turn

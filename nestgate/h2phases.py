@@ -66,7 +66,6 @@ QUIET_GRACE = 0.2                 # seconds without a stream before a stopping o
 class Ending(PhaseTable):
     """The phases, and the GOAWAY that ends a connection gracefully."""
 
-    phase = SERVING
     NEXT = NEXT
     PHASE_NAMES = PHASE_NAMES
 

@@ -80,6 +80,7 @@ class HTTP2Connection(StreamAdapter, Sending, Ending):
         self.limits = ctx.limits
         self.loop = ctx.loop
         self.date_field = date_field(ctx)
+        self.phase = SERVING
         self.transport = None
         self.client = self.peer = ""
         self.decisions = None

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 
 class PhaseTable:
-    """`phase`, and `_enter` to move it as `NEXT` allows."""
+    """`_enter` moves the connection's `phase` (set by its `__init__`) as `NEXT` allows.
+    (No class attribute `phase`: one would keep Python from specialising the reads of
+    the instance's, done on every read of the client's bytes.)"""
 
     NEXT: dict[int, tuple[int, ...]] = {}   # a phase -> the phases it may move to
     PHASE_NAMES: tuple[str, ...] = ()
