@@ -59,6 +59,8 @@ class AnswerQueue:
         self.transport.close()
 
     def _answer_sync(self, response, mode, method, path, host, route) -> None:
+        """A ready `response` (after the request's body, or behind answers ahead of it):
+        written now if nothing is ahead, else queued."""
         route.tally.count(response.status)
         head_only = method == b"HEAD"
         if self._active is None and not self._queue and not self.write_paused:
@@ -73,6 +75,7 @@ class AnswerQueue:
         if self.logging:
             log_ready(self, response.status, 0 if head_only else response.content_length,
                       method, host, path, route.label, self._headers, self._t0)
+
     def start_answer(self, req: HTTP1Request) -> None:
         """`req`'s turn: its handler answers it, from callbacks or in a task."""
         self._active = req

@@ -18,10 +18,11 @@ from nestgate.h1request import HTTP1Request
 class Tunnels:
     """The client's bytes after an upgrade request, and the handler that takes them."""
 
-    def _upgrade(self, data, offset: int) -> None:
+    def _upgrade(self, data, offset: int) -> bool:
         """httptools stopped at an upgrade request's end, `offset` bytes into `data`.
         The upgrade request is the last one read: being answered, or waiting its turn
-        behind answers to pipelined requests ahead of it."""
+        behind answers to pipelined requests ahead of it. True when its handler takes
+        the connection; else the connection ends after the answers ahead."""
         req = self._queue[-1] if self._queue else self._active
         if (type(req) is HTTP1Request and req.upgrade
                 and getattr(req.handler, "upgrades", False)):
@@ -30,9 +31,10 @@ class Tunnels:
             req.keep_alive = False
             self._upgrade_tail = bytes(data[offset:])
             self.transport.pause_reading()
-            return
+            return True
         self._enter(CLOSING)
         self._close_when_idle()
+        return False
 
     def become_tunnel(self, head: bytes) -> bytes:
         self.state = IDLE

@@ -200,6 +200,7 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
         self.parser = None
         self._active = None
         self._sink = None
+
     def _closing_transport(self) -> bool:
         return self.transport is None or self.transport.is_closing()
 
@@ -207,6 +208,7 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
         """Bytes of a `Request`'s answer (counted in its `sent`)."""
         if not self.transport.is_closing():
             self.transport.write(data)
+
     def set_client(self, address: str) -> None:
         """The client is `address`: the socket peer, or what a PROXY header said.
         Whether requests are logged is decided here, once, unless the peer is a
@@ -258,7 +260,8 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
                 log.exception("request callback failed", exc_info=cause)
             self._fail(status)
         except httptools.HttpParserUpgrade as exc:
-            self._upgrade(data, exc.args[0])      # (nestgate.h1tunnel)
+            if self._upgrade(data, exc.args[0]):      # accepted (nestgate.h1tunnel)
+                return
         except httptools.HttpParserError:
             if not self._requests and bytes(data[:len(H2_PREFACE_LINE)]) == H2_PREFACE_LINE:
                 self._fail(400, DEFAULT_PAGES.h2c_off)
