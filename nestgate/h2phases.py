@@ -44,7 +44,6 @@ the requests of clients that read no frame after a GOAWAY.
 
 from __future__ import annotations
 
-from nestgate.http1 import DRAIN_IDLE_GRACE
 from nestgate.phasetable import PhaseTable
 
 SERVING, STOPPING, LAST, GOAWAY, CLOSED = range(5)
@@ -61,6 +60,10 @@ NO_GOAWAY = 1 << 31              # above any stream id: every stream is served
 QUIET_PING = b"nestgate"         # asks whether a stopping connection is really quiet
 DRAIN_BUSY_GRACE = 5.0            # seconds a stopping connection serves new streams
 QUIET_GRACE = 0.2                 # seconds without a stream before a stopping one asks
+# Seconds from our GOAWAY to the close (the client's turn to close first), and that a
+# PING asking whether a stream is on its way waits for its ACK; the same grace as an
+# idle HTTP/1.1 connection has on a stopping worker.
+DRAIN_IDLE_GRACE = 1.0
 
 
 class Ending(PhaseTable):

@@ -9,11 +9,11 @@ import pytest
 
 from h2raw import get, unindexed_block
 from h2wire import frames
-from nestgate.http1 import DRAIN_IDLE_GRACE
 from wire import config_dict
 
 from nestgate import h2engine as engine
 from nestgate.h2guard import DECODED_BUDGET
+from nestgate.h2phases import DRAIN_IDLE_GRACE
 
 _GET = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"a")]
 
