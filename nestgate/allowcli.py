@@ -14,10 +14,10 @@ import os
 import sys
 from datetime import datetime, timezone
 
+from nestgate.auth.store import DEFAULT_TTL
 from nestgate.clientip import Networks
 from nestgate.units import parse_duration
 
-DEFAULT_TTL = "1h"           # a forgotten entry closes again on its own
 
 
 def _network(text: str) -> str:
@@ -121,8 +121,8 @@ def store_command(name: str, args, path_of, opener=None) -> int:
     what `nestgate allow` and `nestgate ban` share."""
     from nestgate.auth.redisstore import shown
     from nestgate.auth.store import open_store, prepare_store, store_errors
-    from nestgate.cli import report_config_problems
-    from nestgate.config import DEFAULT_CONFIG_NAME, ConfigError, read_config
+    from nestgate.config import (DEFAULT_CONFIG_NAME, ConfigError, read_config,
+                                 report_config_problems)
     if args.config is None and not os.path.exists(DEFAULT_CONFIG_NAME):
         # The embedded default has no store: naming its file would send the reader there.
         print(f"nestgate {name}: no ./{DEFAULT_CONFIG_NAME} in {os.getcwd()}; pass "

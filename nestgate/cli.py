@@ -16,14 +16,6 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", metavar="N", type=int, help="number of worker processes")
 
 
-def report_config_problems(exc) -> int:
-    """Print every problem of a `ConfigError`; the exit status that says so."""
-    print("nestgate: the config has problems:", file=sys.stderr)
-    for problem in exc.problems:
-        print(f"  {problem}", file=sys.stderr)
-    return 2
-
-
 def _warned(count: int) -> str:
     return "" if not count else f", {count} warning{'s' * (count > 1)} above"
 
@@ -72,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                         "metrics, reload (see `nestgate ctl -h`)")
     args = parser.parse_args(argv)
 
-    from nestgate.config import ConfigError, config_warnings
+    from nestgate.config import ConfigError, config_warnings, report_config_problems
     from nestgate.supervisor import Supervisor, load
     try:
         config = load(args.config, args.listen, args.workers)

@@ -13,12 +13,13 @@ import ipaddress
 import os
 import re
 import socket
+import sys
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from nestgate import shorthands
+from nestgate import PACKAGE_DIR, shorthands
 from nestgate.private import make_private_folders
 from nestgate.certs.config import AcmeConfig, acme_warnings, read_acme
 from nestgate.tls import certificate_problem
@@ -40,7 +41,7 @@ from nestgate.units import parse_duration, parse_size
 
 DEFAULT_CONFIG_NAME = "nestgate.toml"
 MAX_HEADER_BYTES = 2**31 - 1                # SETTINGS_MAX_HEADER_LIST_SIZE, kept in 31 bits
-EMBEDDED_DEFAULT = Path(__file__).parent / "default" / "nestgate.toml"
+EMBEDDED_DEFAULT = PACKAGE_DIR / "default" / "nestgate.toml"
 
 
 class ConfigError(Exception):
@@ -266,6 +267,12 @@ class Config:
     @property
     def worker_count(self) -> int:
         return self.server.workers or os.cpu_count() or 1
+
+    @property
+    def guarded_sites(self) -> tuple[Site, ...]:
+        """Every site a worker builds a route table for: the [[site]] tables, then one
+        per [[auth.forward]] entry (`forward_sites`)."""
+        return self.sites + forward_sites(self.auth)
 
 
 # ---------------------------------------------------------------- reading
@@ -1032,6 +1039,15 @@ def _clashing_hosts(sites, file: str) -> list[str]:
     return problems
 
 
+def report_config_problems(exc) -> int:
+    """Print every problem of a `ConfigError`; the exit status that says so (every
+    command that reads the config reports it this way)."""
+    print("nestgate: the config has problems:", file=sys.stderr)
+    for problem in exc.problems:
+        print(f"  {problem}", file=sys.stderr)
+    return 2
+
+
 def forward_sites(auth) -> tuple[Site, ...]:
     """Each [[auth.forward]] entry as the site nestgate keeps for it: protected, with
     the entry's policy and network keys, no routes (nestgate.auth.forwardconfig)."""
@@ -1101,7 +1117,7 @@ def config_warnings(config: Config) -> list[str]:
     out += _store_open_to_others(config)
     out += _forward_without_trusted_proxies(config)
     # [[auth.forward]] entries are protected sites too: the same warnings, by their key.
-    for site in config.sites + forward_sites(config.auth):
+    for site in config.guarded_sites:
         out += _plain_sign_in(config, site)
         out += _policy_names(config, site)
         out += _entered_without_sign_in(config, site)

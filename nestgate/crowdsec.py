@@ -406,8 +406,6 @@ def reason_of(exc: Exception, refused: str) -> str:
 
 def run_bouncer(config) -> None:
     """The bouncer process's body."""
-    from nestgate.admin.process import name_process
-    name_process(BOUNCER_PROCESS_NAME)
     Bouncer(config).run()
 
 
@@ -417,9 +415,3 @@ def lift_decisions() -> None:
     from nestgate.bans.table import ban_table
     ban_table().lift_origin(FED)
 
-
-def bouncer_keeper():
-    """The supervisor's side of the bouncer process (nestgate.sideprocess)."""
-    from nestgate.sideprocess import SideProcess
-    return SideProcess("crowdsec bouncer", lambda config: config.crowdsec is not None,
-                       run_bouncer, lift_decisions)

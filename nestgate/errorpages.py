@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import html
 import json
+from pathlib import Path
 
 from nestgate.handlers import ReadyChoice
 from nestgate.responses import SERVER, Prebuilt, reason
@@ -196,3 +197,14 @@ def rebuild_defaults() -> None:
     fresh = ErrorPages()
     DEFAULT_PAGES.__dict__.update(fresh.__dict__)
     ERRORS.update({status: fresh[status].page for status in STATUSES})
+
+
+def error_pages(config, site_config=None) -> ErrorPages:
+    """A site's error pages: its own `error_pages` files, else [server]
+    `not_found_page` for 404, else the built-in pages."""
+    custom = {}
+    if config.server.not_found_page:
+        custom[404] = Path(config.server.not_found_page).read_bytes()
+    if site_config is not None:
+        custom.update(site_config.error_pages)
+    return ErrorPages(custom)

@@ -279,13 +279,14 @@ class SharedLimits:
 _SHARED: SharedLimits | None = None
 
 
-def shared_limits() -> SharedLimits:
+def shared_limits(slots: int = 1) -> SharedLimits:
     """This process tree's tables: the supervisor makes them before its first fork
-    (`Supervisor.__init__`); a process without a supervisor (tests) makes its own."""
+    (`Supervisor.__init__`), with a column of connection counts for each slot of its
+    worker table (nestgate.admin.stats); a process without a supervisor (tests) makes
+    its own, for the one worker it is."""
     global _SHARED
     if _SHARED is None:
-        from nestgate.admin.stats import SLOTS
-        _SHARED = SharedLimits(SLOTS)
+        _SHARED = SharedLimits(slots)
     return _SHARED
 
 

@@ -91,6 +91,11 @@ def _read_static(s) -> StaticOptions:
     return options
 
 
+def site_headers(site_config, config) -> list[tuple[str, str]]:
+    """The site's security headers, as compiled into its handlers' responses."""
+    return site_config.security.headers(any(listener.tls for listener in config.listeners))
+
+
 def _build_return(route, site_config, config):
     from nestgate.compress import Encoded
     from nestgate.responses import Prebuilt
@@ -108,8 +113,8 @@ def _build_redirect(route, site_config, config):
 
 
 def _build_static(route, site_config, config):
+    from nestgate.errorpages import error_pages
     from nestgate.handlers.static import StaticFiles
-    from nestgate.site import error_pages, site_headers
     return StaticFiles(route.options, route.prefix or route.path,
                        site_headers(site_config, config), error_pages(config, site_config)[404].page,
                        site=site_config.name)

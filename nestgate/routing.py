@@ -11,71 +11,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from nestgate.bans.watch import BANS, NotedNotFound
-from nestgate.certs.challenge import PREFIX as CHALLENGE_PREFIX
 from nestgate.errorpages import DEFAULT_PAGES
 from nestgate.errors import RequestError, RouteTaken
+from nestgate.hosts import host_name, valid_host
 from nestgate.paths import decode_path
+from nestgate.route import NO_PARAMS, Route
 from nestgate.tally import TALLY
 
-NO_PARAMS: dict[str, str] = {}
 _MEMO_LIMIT = 4096
 FOUND_LIMIT = 1024            # raw paths remembered per site, each at most FOUND_PATH_MAX
 FOUND_PATH_MAX = 256
-_HOST_CHARS = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-               b"-._~!$&'()*+,;=%:[]")
-
-
-def valid_host(value: bytes) -> bool:
-    """uri-host [ ":" port ]: nothing outside the host characters, digits for a port
-    (an IPv6 literal's colons are not a port)."""
-    if value.translate(None, _HOST_CHARS):
-        return False
-    _, colon, port = value.rpartition(b":")
-    return not colon or b"]" in port or port.isdigit() or port == b""
-
-
-# What a host name (or IP literal) is made of once lower-cased, without the characters
-# a Host header may carry but a name never does: what a redirect may send back.
-_NAME_CHARS = b"abcdefghijklmnopqrstuvwxyz0123456789.-[]:"
-
-
-def plain_host_name(raw: bytes) -> bytes | None:
-    """`host_name(raw)` when it is made of host-name characters only, else None."""
-    host = host_name(raw)
-    if not host or host.translate(None, _NAME_CHARS):
-        return None
-    return host
-
-
-def host_name(raw: bytes) -> bytes:
-    """Lower-case host without port or trailing dot, from a Host header value."""
-    raw = raw.strip().lower()
-    if raw.startswith(b"["):                      # [v6]:port
-        end = raw.find(b"]")
-        return raw[: end + 1] if end > 0 else raw
-    if raw.count(b":") == 1:
-        raw = raw.split(b":", 1)[0]
-    return raw.rstrip(b".")
-
-
-class Route:
-    """What a request routed to: the handler (already behind the site's guard), the
-    `{name}` values of a pattern route, the route's label for the request log, the
-    decoded path, the site's error pages (an error the handler raises is answered
-    with them) and the route's `RouteTally` (its answers are counted there)."""
-
-    __slots__ = ("handler", "params", "label", "path", "errors", "tally")
-
-    def __init__(self, handler, params: dict, label: str, path: str, errors, tally) -> None:
-        self.handler = handler
-        self.params = params
-        self.label = label
-        self.path = path
-        self.errors = errors
-        self.tally = tally
-
-
 def unguarded(handler, access=None, sign_in: bool = True, limit=None, label: str = "",
               policy=None):
     """The guard of a site without access control or limits: every handler as it is.
@@ -105,9 +50,13 @@ class SiteRoutes:
     `remove_exact` takes out only the entry added with the handler it is given.
     """
 
-    def __init__(self, name: str, not_found, guard=unguarded, errors=DEFAULT_PAGES) -> None:
+    def __init__(self, name: str, not_found, guard=unguarded, errors=DEFAULT_PAGES, *,
+                 note_unmatched=None) -> None:
         self.name = name
         self.guard = guard
+        # (handler, site, path) -> the 404 of an unmatched path as it is answered: set
+        # by the site's guard (nestgate.guard) when a [[ban]] rule counts those 404s.
+        self.note_unmatched = note_unmatched
         self.errors = errors          # nestgate.errorpages.ErrorPages
         self.exact: dict[str, Route] = {}
         # The same exact routes keyed by the raw request path: a request whose path
@@ -137,7 +86,6 @@ class SiteRoutes:
             raise RouteTaken(self.name, path, label or path, held[1])
         owner = handler
         handler = self.guard(handler, access, sign_in, limit, label or path, policy)
-        handler = BANS.watching(self.name, label or path, handler)
         self.owners[shape] = (owner, label or path)
         self.found.clear()
         if "{" in path:
@@ -154,7 +102,6 @@ class SiteRoutes:
                    access=None, sign_in: bool = True, limit=None, policy=None) -> None:
         label = label or prefix + "*"
         handler = self.guard(handler, access, sign_in, limit, label, policy)
-        handler = BANS.watching(self.name, label, handler)
         self.found.clear()
         self.prefixes.append((prefix, handler, label, TALLY.route(self.name, label)))
         self.prefixes.sort(key=lambda entry: len(entry[0]), reverse=True)
@@ -171,9 +118,13 @@ class SiteRoutes:
         self.found.clear()
         return True
 
-    challenge: Route | None = None    # HTTP-01 answers, before every route (nestgate.certs)
+    # HTTP-01 answers, before every route: the prefix and handler the certificates'
+    # side gives (nestgate.certs.challenge), unguarded, as the CA must reach them.
+    challenge: Route | None = None
+    challenge_prefix = ""
 
-    def answer_challenges(self, handler) -> None:
+    def answer_challenges(self, prefix: str, handler) -> None:
+        self.challenge_prefix = prefix
         self.challenge = Route(handler, NO_PARAMS, "acme-challenge", "", self.errors,
                                TALLY.route(self.name, "acme-challenge"))
 
@@ -187,7 +138,7 @@ class SiteRoutes:
             raise RequestError(400, "fragment in request target")
         path = decode_path(raw_path)
         challenge = self.challenge
-        if challenge is not None and path.startswith(CHALLENGE_PREFIX):
+        if challenge is not None and path.startswith(self.challenge_prefix):
             return Route(challenge.handler, NO_PARAMS, challenge.label, path, self.errors,
                          challenge.tally)
         route = self.exact.get(path) or self._walk(path)
@@ -212,8 +163,8 @@ class SiteRoutes:
             if path.startswith(prefix):
                 return Route(handler, NO_PARAMS, label, path, self.errors, tally)
         handler = self.not_found
-        if BANS.unmatched_404:              # a [[ban]] rule counts 404s
-            handler = NotedNotFound(handler, self.name, path)
+        if self.note_unmatched is not None:       # a [[ban]] rule counts 404s
+            handler = self.note_unmatched(handler, self.name, path)
         return Route(handler, NO_PARAMS, "", path, self.errors, self.unmatched)
 
 
@@ -242,12 +193,13 @@ class Router:
         # Host header value as received -> site; only valid values get in.
         self.memo: dict[bytes, SiteRoutes] = {}
 
-    def answer_challenges(self, handler) -> None:
-        """Answer ACME HTTP-01 challenges on every site this router has."""
+    def answer_challenges(self, prefix: str, handler) -> None:
+        """Answer ACME HTTP-01 challenges (paths under `prefix`) on every site this
+        router has."""
         sites = {id(s): s for s in [self.unclaimed, self.catch_all, *self.exact.values(),
                                     *(site for _suffix, site in self.wildcards)] if s}
         for site in sites.values():
-            site.answer_challenges(handler)
+            site.answer_challenges(prefix, handler)
 
     def add_site(self, hosts, site: SiteRoutes) -> None:
         for host in hosts:

@@ -19,12 +19,14 @@ RESTART_DELAY = 5.0          # seconds before a side process that died is starte
 
 class SideProcess:
     """The supervisor's side of one such process. `wanted(config)` says whether the
-    config needs it; `main(config)` is its body, run in the forked child; `dropped()`,
-    if given, runs in the supervisor once the process has exited for a config that no
-    longer wants it: it clears what the process kept in shared state."""
+    config needs it; `main(config)` is its body, run in the forked child, under the
+    name `title` in `ps` and `top` when one is given; `dropped()`, if given, runs in
+    the supervisor once the process has exited for a config that no longer wants it:
+    it clears what the process kept in shared state."""
 
-    def __init__(self, name: str, wanted, main, dropped=None) -> None:
+    def __init__(self, name: str, wanted, main, dropped=None, title: str = "") -> None:
         self.name = name
+        self.title = title
         self.wanted = wanted
         self.main = main
         self.dropped = dropped
@@ -43,6 +45,8 @@ class SideProcess:
                 close_in_child()
                 from nestgate.worker import die_with_parent
                 die_with_parent()
+                if self.title:
+                    name_process(self.title)
                 self.main(config)
             except BaseException:             # noqa: BLE001 - reported, then exit
                 import traceback
@@ -86,3 +90,20 @@ class SideProcess:
                 os.kill(self.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+
+
+def process_name() -> str:
+    try:
+        with open("/proc/self/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def name_process(name: str) -> None:
+    """The name `ps` and `top` show (the kernel keeps 15 characters)."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name)
+    except OSError:
+        pass

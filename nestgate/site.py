@@ -6,18 +6,15 @@ here, once per load: prebuilt responses, the route tables, the 404 page.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from nestgate.access import Gateway, needs_gateway
-from nestgate.config import forward_sites
+from nestgate import PACKAGE_DIR
 from nestgate.handlers import Service
 from nestgate.handlers.health import health_handler
 from nestgate.handlers.redirect import HttpsRedirect
 from nestgate.responses import SERVER
-from nestgate.errorpages import ErrorPages, rebuild_defaults
-from nestgate.ratelimit import limiting, rate_sync
-from nestgate.routetypes import ROUTE_TYPES
-from nestgate.routing import Router, SiteRoutes, unguarded
+from nestgate.errorpages import error_pages, rebuild_defaults
+from nestgate.routetypes import ROUTE_TYPES, site_headers
+from nestgate.guard import Guards
+from nestgate.routing import Router, SiteRoutes
 
 
 def name_server(config) -> None:
@@ -27,30 +24,14 @@ def name_server(config) -> None:
         rebuild_defaults()
 
 
-def error_pages(config, site_config=None) -> ErrorPages:
-    """A site's error pages: its own `error_pages` files, else [server]
-    `not_found_page` for 404, else the built-in pages."""
-    custom = {}
-    if config.server.not_found_page:
-        custom[404] = Path(config.server.not_found_page).read_bytes()
-    if site_config is not None:
-        custom.update(site_config.error_pages)
-    return ErrorPages(custom)
-
-
 def build_handler(route, site_config, config):
     """The handler for one configured route, by its type's entry in ROUTE_TYPES."""
     return ROUTE_TYPES[route.type].build(route, site_config, config)
 
 
-def site_headers(site_config, config) -> list[tuple[str, str]]:
-    """The site's security headers, as compiled into its handlers' responses."""
-    return site_config.security.headers(any(listener.tls for listener in config.listeners))
-
-
 # The stylesheet and icons the built-in templates link, for every site with pages.
 ASSETS_PREFIX = "/__nestgate__/"
-ASSETS_DIR = Path(__file__).parent / "default" / "public"
+ASSETS_DIR = PACKAGE_DIR / "default" / "public"
 
 
 # What add_site_pages imports (see RouteType.modules).
@@ -67,7 +48,7 @@ def handler_modules(config) -> set[str]:
     if any(site.forward_auth or any(r.forward_auth for r in site.routes)
            for site in config.sites):
         names.add("nestgate.auth.delegate")         # asking an auth server first
-    if any(site.protected for site in config.sites + forward_sites(config.auth)):
+    if any(site.protected for site in config.guarded_sites):
         names.add("nestgate.auth.provider")         # the forward-auth endpoints
     if config.auth is not None and config.auth.providers:
         names.add("nestgate.auth.oidc.signin_pages")      # with Authlib, joserfc and httpx
@@ -98,34 +79,25 @@ def add_site_pages(site: SiteRoutes, site_config, config, not_found, broadcast=N
 
 def build_router(config) -> Router:
     name_server(config)
-    unclaimed = error_pages(config)
-    router = Router(SiteRoutes("", unclaimed[404], errors=unclaimed))
     health = health_handler(config.server.health_details)
     geo = None
     if config.geoip is not None:
         from nestgate.geoip import GeoLookup
         geo = GeoLookup(config.geoip)
-    gateway = Gateway(config, geo) if needs_gateway(config) else None
-    services = [gateway] if gateway else []      # started by the worker on its loop
+    guards = Guards(config, geo)
+    router = Router(guards.unclaimed(error_pages(config)))
+    services = guards.services                  # started by the worker on its loop
     if geo is not None:
         services.append(geo)
-    sync = rate_sync(config)
-    if sync is not None:
-        services.append(sync)
     broadcast = None
-    auth_servers: dict = {}                 # forward_auth table -> its auth server
+    auth_servers = guards.auth_servers      # forward_auth table -> its auth server
     if config.state.backend == "redis" and any(s.notes for s in config.sites):
         from nestgate.notes.broadcast import NotesBroadcast
         broadcast = NotesBroadcast(config.state)
         services.append(broadcast)
-    for site_config in config.sites + forward_sites(config.auth):
+    for site_config in config.guarded_sites:
         errors = error_pages(config, site_config)
-        guard = gateway.site_guard(site_config, errors) if gateway else unguarded
-        guard = limiting(guard, site_config, errors, gateway.signin if gateway else None, sync)
-        if site_config.forward_auth is not None:
-            from nestgate.auth.delegate import delegating
-            guard = delegating(guard, site_config, auth_servers)
-        site = SiteRoutes(site_config.name, errors[404], guard, errors)
+        site = guards.table(site_config, errors)
         if site_config.health:
             site.add_exact(config.server.health_path, health, "health")
         for route in site_config.routes:
@@ -143,8 +115,7 @@ def build_router(config) -> Router:
                                 limit=route.rate_limit, policy=route.policy)
         if site_config.home or site_config.notes:
             add_site_pages(site, site_config, config, errors[404].page, broadcast)
-        if gateway:
-            gateway.add_portal(site, site_config)
+        guards.add_portal(site, site_config)
         router.add_site(site_config.hosts, site)
     router.services = services
     router.geo = geo
@@ -158,8 +129,8 @@ def answer_challenges(router: Router, config) -> None:
     from nestgate.certs.manager import challenge_types, managed_certificates, storage_of
     if "http-01" in challenge_types(config) and any(
             item.kind == "acme" for item in managed_certificates(config)):
-        from nestgate.certs.challenge import ChallengeAnswer
-        router.answer_challenges(ChallengeAnswer(storage_of(config)))
+        from nestgate.certs.challenge import PREFIX, ChallengeAnswer
+        router.answer_challenges(PREFIX, ChallengeAnswer(storage_of(config)))
 
 
 def https_redirect_router(listener, config) -> Router:

@@ -29,12 +29,14 @@ import time
 from dataclasses import dataclass, field
 
 from nestgate.admin.keeper import AdminKeeper
-from nestgate.certs.manager import cert_keeper, prepare_certificates
-from nestgate.crowdsec import bouncer_keeper
+from nestgate.admin.stats import SLOTS
+from nestgate.certs.manager import managed_certificates, prepare_certificates, run_certificates
+from nestgate.crowdsec import BOUNCER_PROCESS_NAME, lift_decisions, run_bouncer
 from nestgate.config import Config, ConfigError, config_warnings, read_config, with_overrides
 from nestgate.bans.table import ban_table
 from nestgate.ratelimit import shared_limits
 from nestgate.sdnotify import notify
+from nestgate.sideprocess import SideProcess
 from nestgate.tls import kernel_tls_problem, server_context
 
 RESTART_BACKOFF_MIN = 0.1
@@ -94,6 +96,16 @@ def load(config_path, listen, workers) -> Config:
     return with_overrides(read_config(config_path), listen, workers)
 
 
+def side_processes() -> tuple[SideProcess, ...]:
+    """The processes kept beside the workers, each forked when the config wants it,
+    restarted if it dies, and replaced on reload: the one that talks to the ACME CA
+    (nestgate.certs.manager), the one that polls CrowdSec's Local API (nestgate.crowdsec)."""
+    return (SideProcess("certificate", lambda config: bool(managed_certificates(config)),
+                        run_certificates),
+            SideProcess("crowdsec bouncer", lambda config: config.crowdsec is not None,
+                        run_bouncer, lift_decisions, title=BOUNCER_PROCESS_NAME))
+
+
 class Supervisor:
     def __init__(self, config: Config, config_path, listen, workers) -> None:
         self.config_path, self.listen, self.workers = config_path, listen, workers
@@ -110,11 +122,11 @@ class Supervisor:
         self._first = config
         self.admin = AdminKeeper()
         # The one process that talks to the CA, the one that polls CrowdSec's Local API.
-        self.sides = (cert_keeper(), bouncer_keeper())
+        self.sides = side_processes()
         # Rate-limit and per-client connection tables: mapped here, before any fork, so
         # every worker of every generation shares them (nestgate.ratelimit). The ban
         # table likewise: a ban one worker makes is in force in all (nestgate.bans).
-        shared_limits()
+        shared_limits(SLOTS)
         ban_table()
 
     # ----------------------------------------------------------- listeners

@@ -133,7 +133,8 @@ class Worker:
         if quic_ports:
             announce_http3(quic_ports)   # before any route's answers are built
         if self.router is None:
-            BANS.configure(self.config)       # before the routes: they ask what it counts
+            BANS.configure(self.config, shared_limits().rates)   # before the routes: they
+                                                                  # ask what it counts
         router = self.router or build_router(self.config)
         if self.access_log is not None:
             self.access_log.geo = router.geo

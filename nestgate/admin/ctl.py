@@ -242,8 +242,7 @@ def _target(args) -> tuple[str | None, int, str, str]:
             print(f"nestgate ctl: --address: expected {exc}", file=sys.stderr)
             return None, 0, "", ""
         return host, port, args.token or "", args.cafile or ""
-    from nestgate.cli import report_config_problems
-    from nestgate.config import ConfigError, read_config
+    from nestgate.config import ConfigError, read_config, report_config_problems
     try:
         config = read_config(args.config)
     except ConfigError as exc:

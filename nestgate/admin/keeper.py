@@ -14,10 +14,10 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from nestgate.admin.process import (ADMIN_PROCESS_NAME, REPORT_MAX, admin_listener,
-                                    name_process, process_name, run_admin)
+from nestgate.admin.process import ADMIN_PROCESS_NAME, REPORT_MAX, admin_listener, run_admin
 from nestgate.admin.stats import WorkerTable
 from nestgate.certinfo import certificate_expiry, certificate_stamp
+from nestgate.sideprocess import name_process, process_name
 
 REPORT_EVERY = 1.0           # seconds between reports when nothing changes
 RESTART_DELAY = 0.5          # an admin process that died is started again after this

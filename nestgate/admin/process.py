@@ -68,20 +68,3 @@ def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_
     contexts = {listener: server_context(listener)} if listener.tls else {}
     run_worker(replace(config, trusted_proxies=()), [(listener, sock)],
                contexts, ready_fd, router=router, log_requests=False)
-
-
-def process_name() -> str:
-    try:
-        with open("/proc/self/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def name_process(name: str) -> None:
-    """The name `ps` and `top` show (the kernel keeps 15 characters)."""
-    try:
-        with open("/proc/self/comm", "w") as f:
-            f.write(name)
-    except OSError:
-        pass

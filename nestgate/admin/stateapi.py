@@ -15,7 +15,7 @@ a reload.
 from __future__ import annotations
 
 from nestgate.admin.replies import method_not_allowed, parse_json
-from nestgate.allowcli import DEFAULT_TTL
+from nestgate.auth.store import DEFAULT_TTL
 from nestgate.clientip import Networks
 from nestgate.units import parse_duration
 

@@ -55,7 +55,7 @@ from nestgate.auth.passwords import verify_password
 from nestgate.auth.policy import PASSKEY, PASSWORD, VERIFIED, two_factors
 from nestgate.auth.portal import (_PAGE_HEADERS, _FormPath, _entering, _page_html, cookies,
                                   login_url, safe_next)
-from nestgate.routing import host_name
+from nestgate.hosts import host_name
 from nestgate.tally import TALLY
 
 CEREMONY_COOKIE = "nestgate_webauthn"

@@ -64,7 +64,7 @@ from nestgate.auth.policy import (NO_SECOND_FACTOR, NOT_ALLOWED, PASSWORD, RECOV
 from nestgate.auth.store import token_hash
 from nestgate.clock import CLOCK
 from nestgate.dispatch import resolve
-from nestgate.routing import host_name, plain_host_name
+from nestgate.hosts import host_name, plain_host_name
 from nestgate.tally import TALLY
 
 RECHECK = 1.0                  # seconds a checked session is trusted without the store
@@ -145,7 +145,7 @@ class SignIn:
         self._marker = cfg.cookie_name.encode() + b"="
         self._asking: dict[bytes, asyncio.Future] = {}   # hash -> the store check under way
         # The handler a route gives a user its answers were not compiled for
-        # (nestgate.access.Gateway.answer_for), and the groups the config names.
+        # (nestgate.guard.Gateway.answer_for), and the groups the config names.
         self._answer_for = answer_for
         self.known_groups = known_groups
         self.http = Http()
@@ -207,11 +207,6 @@ class SignIn:
         was refused: tallied, and counted by [[ban]] rules on = "signin"."""
         TALLY.event("signin_failure")
         BANS.note("signin", request.client, request.connection)
-
-    def provider_pages(self) -> list:
-        """(path, handler) of the pages that sign in through each provider."""
-        from nestgate.auth.oidc.signin_pages import provider_pages
-        return provider_pages(self)
 
     async def session_of(self, headers) -> str | None:
         """The key (policy.session_key: user and factors) of the live session the

@@ -60,7 +60,8 @@ from nestgate.auth.portal import login_url, safe_next
 from nestgate.auth.policy import ALLOWED, PASSWORD, decide, session_key, session_user
 from nestgate.errors import RequestError
 from nestgate.grammar import TCHAR
-from nestgate.routing import Router, SiteRoutes, plain_host_name, valid_host
+from nestgate.hosts import plain_host_name, valid_host
+from nestgate.routing import Router, SiteRoutes
 from nestgate.tally import TALLY
 
 MAX_URI = 8192
@@ -257,7 +258,7 @@ class Provider:
     def reason(question: Question, key) -> str | None:
         """The verdict for a session's key: compiled with the question for configured
         users; worked out for the `User` of one who signed in through an OpenID
-        provider as nobody configured, as the gate does (nestgate.access.Gateway.
+        provider as nobody configured, as the gate does (nestgate.guard.Gateway.
         answer_for): one factor. None: no verdict, so no session."""
         if isinstance(key, str):
             return question.verdicts.get(key)

@@ -39,8 +39,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from nestgate.auth.store import (ACCOUNT_MEMORY, KNOWN_FOR, MAX_CEREMONIES, SEEN_EVERY,
-                                 address_key)
+from nestgate.auth.storerules import (ACCOUNT_MEMORY, KNOWN_FOR, MAX_CEREMONIES, SEEN_EVERY,
+                                      account_delay, address_key)
 from nestgate.clientip import Networks
 
 DEFAULT_PREFIX = "nestgate:"
@@ -246,7 +246,6 @@ class RedisStore:
         return float(wait)
 
     def account_wait(self, user: str, now: float, delays: tuple[int, float, float]) -> float:
-        from nestgate.auth.store import account_delay
         failures, last = self.db.hmget(self.key("account", user), "failures", "last")
         if failures is None or float(last) <= now - ACCOUNT_MEMORY:
             return 0.0

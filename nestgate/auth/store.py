@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import ipaddress
 import os
 import re
 import secrets
@@ -29,11 +28,14 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from nestgate.auth.storerules import (ACCOUNT_MEMORY, KNOWN_FOR, MAX_CEREMONIES, SEEN_EVERY,
+                                      account_delay, address_key)
 from nestgate.clientip import Networks
 from nestgate.errors import HandlerError
 from nestgate.handlers import Periodic
 from nestgate.private import create_private_file, make_private_folders
 
+DEFAULT_TTL = "1h"           # an allow entry given no duration closes again on its own
 POLL_INTERVAL = 0.5          # seconds: a change through one worker is seen by all within 1 s
 PURGE_INTERVAL = 600.0       # seconds between removals of expired sessions
 BUSY_TIMEOUT_S = 5.0         # how long a statement waits for another process's lock
@@ -74,12 +76,6 @@ CREATE TABLE IF NOT EXISTS bans (
 _ADDED_COLUMNS = (("sessions", "last_seen", "REAL NOT NULL DEFAULT 0"),
                   ("sessions", "factors", "TEXT NOT NULL DEFAULT 'password'"),
                   ("sessions", "identity", "TEXT NOT NULL DEFAULT ''"))
-SEEN_EVERY = 60.0            # seconds: a session's last_seen is written at most this often
-ACCOUNT_MEMORY = 24 * 3600.0   # an account's failures are forgotten after a day of none
-KNOWN_FOR = 90 * 24 * 3600.0   # an address a user signed in from stays known this long
-# WebAuthn challenges under way at once: anyone may ask for one (a passkey sign-in
-# begins before anyone is known), so their number is bounded, not only their life.
-MAX_CEREMONIES = 10_000
 
 
 SCHEMA_NAMES = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", _SCHEMA))
@@ -367,27 +363,6 @@ class Store:
                             (now - ACCOUNT_MEMORY,))
             self.db.execute("DELETE FROM known_addresses WHERE at <= ?", (now - KNOWN_FOR,))
             self.db.execute("DELETE FROM ceremonies WHERE expires <= ?", (now,))
-
-
-def account_delay(failures: int, delays: tuple[int, float, float]) -> float:
-    """Seconds an account waits after its last failure, with `failures` in a row:
-    none for the first `free`, then `base`, doubling up to `most`."""
-    free, base, most = delays
-    if failures < free or base <= 0:
-        return 0.0
-    return min(most, base * 2.0 ** min(failures - free, 64))
-
-
-def address_key(ip: str) -> str:
-    """What a known address is remembered as: an IPv4 address, or the /64 of an IPv6
-    one (privacy addresses change within it every day)."""
-    try:
-        parsed = ipaddress.ip_address(ip)
-    except ValueError:
-        return ip
-    if parsed.version == 6:
-        return str(ipaddress.ip_network(f"{parsed}/64", strict=False))
-    return str(parsed)
 
 
 def open_store(locator: str):

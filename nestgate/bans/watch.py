@@ -46,7 +46,10 @@ from datetime import datetime, timezone
 
 from nestgate.bans.table import ban_table, client_network
 from nestgate.clientip import Networks, parse_networks
+from nestgate.errorpages import DEFAULT_PAGES, HTML, error_html
 from nestgate.handlers import GATED, Periodic, Service
+from nestgate.responses import Prebuilt
+from nestgate.route import NO_PARAMS, Route
 from nestgate.tally import TALLY
 
 SYNC_INTERVAL = 0.5          # seconds: a ban made elsewhere is in force here within 1 s
@@ -97,6 +100,7 @@ class BanWatch(Service):
         self.statuses: frozenset[int] = frozenset()   # answers `answered` is told of
         self.unmatched_404 = False      # some rule counts the 404 of unmatched paths
         self.locator = ""
+        self.rates = None               # the shared RateTable, given by configure
         self.pages: dict[tuple, object] = {}
         self._bans = None               # the store's bans (nestgate.bans.store)
         self._executor = None
@@ -106,8 +110,10 @@ class BanWatch(Service):
         self._purged = 0.0
         self._down = False
 
-    def configure(self, config) -> None:
-        """Take `config`'s rules (the worker does this before building its routes)."""
+    def configure(self, config, rates) -> None:
+        """Take `config`'s rules (the worker does this before building its routes), and
+        the rate table every worker shares (nestgate.ratelimit's), where rules count."""
+        self.rates = rates
         bans = config.bans
         self.keeps = bans.enabled
         self.enabled = bans.enabled or config.crowdsec is not None
@@ -155,8 +161,7 @@ class BanWatch(Service):
         if not network:
             return
         if rule.count > 1:
-            from nestgate.ratelimit import shared_limits
-            rates = shared_limits().rates
+            rates = self.rates
             tag, at = rates.place(hash(counted.identity + network))
             if not rates.take(tag, at, time.monotonic(), counted.interval, counted.tolerance):
                 return
@@ -378,9 +383,6 @@ class BannedRouter:
     __slots__ = ("exact_raw", "the_route")
 
     def __init__(self, ban, client: str) -> None:
-        from nestgate.errorpages import DEFAULT_PAGES, HTML, error_html
-        from nestgate.responses import Prebuilt
-        from nestgate.routing import NO_PARAMS, Route
         detail = (f"This address is banned until {utc(ban.until)} UTC "
                   f"({ban.reason or ban.origin}). Requests from it are refused until then.")
         page = Prebuilt(403, error_html(403, detail, client), HTML,

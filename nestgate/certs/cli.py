@@ -22,8 +22,7 @@ DEBIAN_ANCHORS = "/usr/local/share/ca-certificates/nestgate-local-ca.crt"
 
 
 def _load_config(path):
-    from nestgate.cli import report_config_problems
-    from nestgate.config import ConfigError, read_config
+    from nestgate.config import ConfigError, read_config, report_config_problems
     try:
         return read_config(path), 0
     except ConfigError as exc:

@@ -2,10 +2,11 @@
 of the lifetime, retry failures with exponential back-off and jitter.
 
 One process in the tree runs `CertManager.run` (the supervisor forks it, see
-`cert_keeper`); `nestgate cert renew` runs the same steps in its own process. Both
-take the storage's per-name lock, and look at the stored certificate again once they
-hold it, so whoever comes second finds the work done and orders nothing. Workers
-never talk to the CA: they load what lands in storage (nestgate.certs.book).
+`supervisor.side_processes`); `nestgate cert renew` runs the same steps in its own
+process. Both take the storage's per-name lock, and look at the stored certificate
+again once they hold it, so whoever comes second finds the work done and orders
+nothing. Workers never talk to the CA: they load what lands in storage
+(nestgate.certs.book).
 
 A failed renewal keeps the old certificate serving; why it failed is kept in the
 name's meta.json (`last_error`) for `nestgate cert list`, the admin API and the log.
@@ -247,12 +248,10 @@ class CertManager:
                 self.log(f"shared state unreachable ({exc}); serving what is stored here")
 
 
-def cert_keeper():
-    """The supervisor's side: the certificate process, forked when the config manages
-    certificates, restarted if it dies, and replaced on reload."""
-    from nestgate.sideprocess import SideProcess
-    return SideProcess("certificate", lambda config: bool(managed_certificates(config)),
-                       lambda config: CertManager(config).run())
+def run_certificates(config) -> None:
+    """The certificate process's body (forked, restarted and replaced on reload by the
+    supervisor, nestgate.sideprocess)."""
+    CertManager(config).run()
 
 
 def prepare_certificates(config, say) -> CertStorage | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nestgate.responses import Prebuilt, html_page
-from nestgate.routing import plain_host_name
+from nestgate.hosts import plain_host_name
 
 
 def fixed_redirect(to: str, status: int) -> Prebuilt:

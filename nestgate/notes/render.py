@@ -21,7 +21,6 @@ import hashlib
 import math
 import os
 import threading
-from pathlib import Path
 
 import jinja2
 import markdown_it
@@ -29,7 +28,9 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 from mdit_py_plugins.tasklists import tasklists_plugin
 
-BUILTIN_TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+from nestgate import PACKAGE_DIR
+
+BUILTIN_TEMPLATES = PACKAGE_DIR / "templates"
 HTML_CACHE_DIR = ".nestgate-html"
 _RENDER_VERSION = 1          # bump when markdown_renderer's output changes
 

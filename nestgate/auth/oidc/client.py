@@ -425,7 +425,7 @@ def session_key_of(name: str, factors: str, identity_json: str, cfg) -> User | s
     """What the gate looks a session up by (nestgate.auth.policy.session_key): for a
     configured user, their name and factors; for one who signed in through a provider
     as nobody configured, a `User` of the details the provider gave (one factor; the
-    gate works out its answers as they come: nestgate.access.Gateway.answer_for).
+    gate works out its answers as they come: nestgate.guard.Gateway.answer_for).
     None when the user is gone or the session's provider is no longer configured."""
     if not identity_json:
         return session_key(name, factors) if cfg.user(name) is not None else None

@@ -8,6 +8,14 @@ from urllib.parse import urlsplit
 
 # What a client may ask for, and what each scope releases (nestgate.auth.oidc.claims).
 SCOPES = ("openid", "profile", "email", "groups", "offline_access")
+# Where the provider answers, on the issuer's site (checked against its routes at load).
+AUTHORIZE_PATH = "/__auth__/oidc/authorize"
+TOKEN_PATH = "/__auth__/oidc/token"
+USERINFO_PATH = "/__auth__/oidc/userinfo"
+REVOKE_PATH = "/__auth__/oidc/revoke"
+JWKS_PATH = "/__auth__/oidc/jwks"
+DISCOVERY_PATH = "/.well-known/openid-configuration"
+PATHS = (AUTHORIZE_PATH, TOKEN_PATH, USERINFO_PATH, REVOKE_PATH, JWKS_PATH, DISCOVERY_PATH)
 CONSENTS = ("explicit", "implicit")
 
 
@@ -125,7 +133,6 @@ def provider_problems(provider: ProviderConfig, sites, file: str) -> list[str]:
     if not site.protected:
         return [f"{file}: auth.issuer: expected a site with protected = true (it serves "
                 f"the sign-in), got {site.name!r} for {host!r}"]
-    from nestgate.auth.oidc.server import PATHS
     return [f"{file}: site {site.name!r}: expected no route on {route.path!r}, the OpenID "
             f"provider's (auth.issuer names this site)"
             for route in site.routes if route.path in PATHS]

@@ -28,9 +28,9 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 from authlib.oauth2 import OAuth2Error
 from authlib.oauth2.rfc6749 import scope_to_list
 
-from nestgate.auth.oidc.server import (AUTHORIZE_PATH, DISCOVERY_PATH, JWKS_PATH,
-                                       REVOKE_PATH, TOKEN_PATH, USERINFO_PATH, Headers,
-                                       Provider, ProviderRequest, UserModel)
+from nestgate.auth.oidc.config import (AUTHORIZE_PATH, DISCOVERY_PATH, JWKS_PATH, REVOKE_PATH,
+                                       TOKEN_PATH, USERINFO_PATH)
+from nestgate.auth.oidc.server import Headers, Provider, ProviderRequest, UserModel
 from nestgate.auth.portal import cookies, login_url, origin
 from nestgate.auth.store import StoreUnavailable, store_errors, token_hash
 

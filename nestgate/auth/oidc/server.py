@@ -39,18 +39,12 @@ from authlib.oidc.core import AuthorizationCodeMixin
 from authlib.oidc.core.grants import OpenIDCode
 from authlib.oidc.discovery import OpenIDProviderMetadata
 
-from nestgate.auth.oidc.config import SCOPES as SCOPES_SUPPORTED
+from nestgate.auth.oidc.config import (AUTHORIZE_PATH, JWKS_PATH, REVOKE_PATH,
+                                       SCOPES as SCOPES_SUPPORTED, TOKEN_PATH, USERINFO_PATH)
 from nestgate.auth.oidc.keys import ALG, SigningKeys
 from nestgate.auth.oidc.state import new_grant_id, provider_state
 from nestgate.auth.passwords import verify_password
 
-AUTHORIZE_PATH = "/__auth__/oidc/authorize"
-TOKEN_PATH = "/__auth__/oidc/token"
-USERINFO_PATH = "/__auth__/oidc/userinfo"
-REVOKE_PATH = "/__auth__/oidc/revoke"
-JWKS_PATH = "/__auth__/oidc/jwks"
-DISCOVERY_PATH = "/.well-known/openid-configuration"
-PATHS = (AUTHORIZE_PATH, TOKEN_PATH, USERINFO_PATH, REVOKE_PATH, JWKS_PATH, DISCOVERY_PATH)
 
 CLIENT_AUTH_METHODS = ["client_secret_basic", "client_secret_post", "none"]
 GRANT_TYPES = ("authorization_code", "refresh_token")
