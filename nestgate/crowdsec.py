@@ -236,6 +236,18 @@ class LocalApi:
             raise ValueError(f"an answer over {RESPONSE_MAX >> 20} MB")
         return json.loads(raw) if raw.strip() else None
 
+    @staticmethod
+    def reason(exc: Exception, refused: str) -> str:
+        """What a failed call to the Local API says in the log; `refused` is what a 401 or
+        403 means for that call (which credentials it did not take)."""
+        if isinstance(exc, urllib.error.HTTPError):
+            if exc.code in (401, 403):
+                return f"HTTP {exc.code}: {refused}"
+            return f"HTTP {exc.code}"
+        if isinstance(exc, urllib.error.URLError):
+            return str(exc.reason)
+        return str(exc) or type(exc).__name__
+
 
 class Bouncer:
     """The bouncer process's loop: poll, keep, bring the ban table in step."""
@@ -308,7 +320,7 @@ class Bouncer:
         # After a failure the next answer is a full one: whatever happened meanwhile
         # (a restarted Local API, a lost answer) it replaces what is held.
         self.synced = False
-        reason = reason_of(exc, "the api_key is not a bouncer key it knows")
+        reason = self.api.reason(exc, "the api_key is not a bouncer key it knows")
         if not self.down:
             self.say(f"Local API at {self.config.url} cannot be used ({reason}); "
                      f"the last {len(self.written or ())} decisions stay in force until "
@@ -390,18 +402,6 @@ class OwnBans:
             self.say("the ban store is read again")
         self._down = False
         return self.rows
-
-
-def reason_of(exc: Exception, refused: str) -> str:
-    """What a failed call to the Local API says in the log; `refused` is what a 401 or
-    403 means for that call (which credentials it did not take)."""
-    if isinstance(exc, urllib.error.HTTPError):
-        if exc.code in (401, 403):
-            return f"HTTP {exc.code}: {refused}"
-        return f"HTTP {exc.code}"
-    if isinstance(exc, urllib.error.URLError):
-        return str(exc.reason)
-    return str(exc) or type(exc).__name__
 
 
 def run_bouncer(config) -> None:

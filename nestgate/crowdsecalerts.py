@@ -108,10 +108,9 @@ class Reporter:
         self.token, self.token_until = token, now + TOKEN_LIFETIME
 
     def _failed(self, exc: Exception, now: float) -> None:
-        from nestgate.crowdsec import reason_of
         self.backoff = min(MOST_BACKOFF, max(self.config.update_interval, self.backoff * 2))
         self.retry_at = now + self.backoff
-        reason = reason_of(exc, "the machine_id and password are not a machine's it knows")
+        reason = self.api.reason(exc, "the machine_id and password are not a machine's it knows")
         if not self.down:
             self.say(f"cannot send nestgate's bans as alerts ({reason}); trying again, "
                      "less and less often")
