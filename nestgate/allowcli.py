@@ -14,9 +14,9 @@ import os
 import sys
 from datetime import datetime, timezone
 
-from nestgate.auth.store import DEFAULT_TTL
-from nestgate.clientip import Networks
-from nestgate.units import parse_duration
+from nestgate.handlers.auth.store import DEFAULT_TTL
+from nestgate.base.clientip import Networks
+from nestgate.base.units import parse_duration
 
 
 
@@ -119,8 +119,8 @@ def store_command(name: str, args, path_of, opener=None) -> int:
     """Run `args.run(store, args)` on the store `path_of(config)` names for the config
     `args.config` (or ./nestgate.toml), opened with `opener` (default `open_store`):
     what `nestgate allow` and `nestgate ban` share."""
-    from nestgate.auth.redisstore import shown
-    from nestgate.auth.store import open_store, prepare_store, store_errors
+    from nestgate.handlers.auth.redisstore import shown
+    from nestgate.handlers.auth.store import open_store, prepare_store, store_errors
     from nestgate.config import (DEFAULT_CONFIG_NAME, ConfigError, read_config,
                                  report_config_problems)
     if args.config is None and not os.path.exists(DEFAULT_CONFIG_NAME):

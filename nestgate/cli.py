@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         from nestgate.bench.cli import main as bench_main
         return bench_main(argv[1:])
     if argv[:1] == ["passwd"]:
-        from nestgate.auth.passwords import passwd_main
+        from nestgate.handlers.auth.passwords import passwd_main
         return passwd_main(argv[1:])
     if argv[:1] == ["allow"]:
         from nestgate.allowcli import allow_main
@@ -65,13 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from nestgate.config import ConfigError, config_warnings, report_config_problems
-    from nestgate.supervisor import Supervisor, load
+    from nestgate.server.supervisor import Supervisor, load
     try:
         config = load(args.config, args.listen, args.workers)
     except ConfigError as exc:
         return report_config_problems(exc)
     if args.command == "check":
-        from nestgate.supervisor import unavailable_addresses
+        from nestgate.server.supervisor import unavailable_addresses
         # An address that cannot be bound now is told, not failed: the machine may
         # change before `serve` runs (the running nestgate of this config is left out).
         warnings = config_warnings(config) + [

@@ -19,25 +19,26 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from nestgate import PACKAGE_DIR, shorthands
-from nestgate.private import make_private_folders
+from nestgate import PACKAGE_DIR
+from nestgate.base import shorthands
+from nestgate.base.private import make_private_folders
 from nestgate.certs.config import AcmeConfig, acme_warnings, read_acme
-from nestgate.tls import certificate_problem
-from nestgate.access import _cidr_list, read_access
-from nestgate.crowdsec import read_crowdsec
-from nestgate.geoip import read_geoip
-from nestgate.ratelimit import read_rate_limit
+from nestgate.wire.tls import certificate_problem
+from nestgate.pipeline.access import _cidr_list, read_access
+from nestgate.bans.crowdsec import read_crowdsec
+from nestgate.pipeline.geoip import read_geoip
+from nestgate.pipeline.ratelimit import read_rate_limit
 from nestgate.admin.config import AdminConfig, read_admin, with_generated_token
-from nestgate.auth.config import AUTHZ_PATHS, PORTAL_PATHS, read_auth
-from nestgate.auth.forwardconfig import read_forward_auth
-from nestgate.auth.policy import read_policy
-from nestgate.routetypes import ROUTE_TYPES
-from nestgate.private import open_to_others
+from nestgate.handlers.auth.config import AUTHZ_PATHS, PORTAL_PATHS, read_auth
+from nestgate.handlers.auth.forwardconfig import read_forward_auth
+from nestgate.handlers.auth.policy import read_policy
+from nestgate.sites.routetypes import ROUTE_TYPES
+from nestgate.base.private import open_to_others
 
 WRITABLE_BY_OTHERS = 0o022
-from nestgate.routing import path_shape
+from nestgate.pipeline.routing import path_shape
 from nestgate.bans.config import BansConfig
-from nestgate.units import parse_duration, parse_size
+from nestgate.base.units import parse_duration, parse_size
 
 DEFAULT_CONFIG_NAME = "nestgate.toml"
 MAX_HEADER_BYTES = 2**31 - 1                # SETTINGS_MAX_HEADER_LIST_SIZE, kept in 31 bits
@@ -119,11 +120,11 @@ class Route:
     type: str
     path: str = ""                          # exact path, may hold {name} segments
     prefix: str = ""                        # prefix match, longest wins
-    options: Any = None                     # the type's options (nestgate.routetypes)
-    access: Any = None                      # nestgate.access.AccessConfig, replaces the site's
-    rate_limit: Any = None                  # nestgate.ratelimit.RateLimit, replaces the site's
-    policy: Any = None                      # nestgate.auth.policy.UserPolicy, replaces the site's
-    forward_auth: Any = None                # nestgate.auth.forwardconfig.ForwardAuthOptions
+    options: Any = None                     # the type's options (nestgate.sites.routetypes)
+    access: Any = None                      # nestgate.pipeline.access.AccessConfig, replaces the site's
+    rate_limit: Any = None                  # nestgate.pipeline.ratelimit.RateLimit, replaces the site's
+    policy: Any = None                      # nestgate.handlers.auth.policy.UserPolicy, replaces the site's
+    forward_auth: Any = None                # nestgate.handlers.auth.forwardconfig.ForwardAuthOptions
 
     @property
     def label(self) -> str:
@@ -193,10 +194,10 @@ class Site:
     hosts: tuple[str, ...]
     routes: tuple[Route, ...] = ()
     health: bool = True
-    access: Any = None                      # nestgate.access.AccessConfig
+    access: Any = None                      # nestgate.pipeline.access.AccessConfig
     protected: bool = False                 # sign-in before forwarding ([auth])
-    policy: Any = None                      # nestgate.auth.policy.UserPolicy: who may enter
-    rate_limit: Any = None                  # nestgate.ratelimit.RateLimit
+    policy: Any = None                      # nestgate.handlers.auth.policy.UserPolicy: who may enter
+    rate_limit: Any = None                  # nestgate.pipeline.ratelimit.RateLimit
     security: Security = Security()
     home: Home | None = None
     notes: Notes | None = None
@@ -256,12 +257,12 @@ class Config:
     listeners: tuple[Listener, ...]
     sites: tuple[Site, ...]
     trusted_proxies: tuple[str, ...] = ()   # X-Forwarded-For is walked through these
-    auth: Any = None                        # nestgate.auth.config.AuthConfig
+    auth: Any = None                        # nestgate.handlers.auth.config.AuthConfig
     admin: AdminConfig = AdminConfig()      # the operator's listener (nestgate.admin)
     state: StateConfig = StateConfig()      # where shared state lives ([state])
     acme: AcmeConfig = AcmeConfig()         # the CA and storage of managed certificates
-    geoip: Any = None                       # nestgate.geoip.GeoConfig: countries, AS numbers
-    crowdsec: Any = None                    # nestgate.crowdsec.CrowdSecConfig: its bouncer
+    geoip: Any = None                       # nestgate.pipeline.geoip.GeoConfig: countries, AS numbers
+    crowdsec: Any = None                    # nestgate.bans.crowdsec.CrowdSecConfig: its bouncer
     bans: BansConfig = BansConfig()         # [[ban]] rules and where bans are kept
 
     @property
@@ -682,7 +683,7 @@ def site_labels(raw: list) -> list[str]:
 
 
 def _read_site(s: _Section, index: int) -> Site:
-    # Shorthands (nestgate.shorthands) were expanded already: here only checked.
+    # Shorthands (nestgate.base.shorthands) were expanded already: here only checked.
     s.str("proxy"), s.str("static")
     s.choice("https", "", ("", *shorthands.HTTPS_KINDS))
     hosts = s.strings("hosts", ("*",))
@@ -732,7 +733,7 @@ def _read_error_pages(s) -> tuple[tuple[int, bytes], ...]:
     return tuple(pages)
 
 
-# Route types: each type's options are read by its entry in nestgate.routetypes.
+# Route types: each type's options are read by its entry in nestgate.sites.routetypes.
 
 
 # Site sections: security headers, home page, notes.
@@ -863,7 +864,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     auth = read_auth(top.table("auth"))
     state = _read_state(top.table("state"))
     if auth is not None and state.backend == "redis":
-        from nestgate.auth.redisstore import redis_locator
+        from nestgate.handlers.auth.redisstore import redis_locator
         auth = replace(auth, store=redis_locator(state.url, state.prefix))
     from nestgate.bans.config import check_sites, read_bans
     bans = read_bans(top, auth, state)
@@ -891,7 +892,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
                         "[[auth.user]] when a site is protected (or [[auth.forward]] "
                         "guards hosts)")
     if auth is not None and auth.provider is not None:
-        from nestgate.auth.oidc.config import provider_problems
+        from nestgate.handlers.auth.oidc.config import provider_problems
         problems += provider_problems(auth.provider, sites, file)
     if admin.enabled:
         problems += _admin_clashes(admin, listeners, file)
@@ -1050,7 +1051,7 @@ def report_config_problems(exc) -> int:
 
 def forward_sites(auth) -> tuple[Site, ...]:
     """Each [[auth.forward]] entry as the site nestgate keeps for it: protected, with
-    the entry's policy and network keys, no routes (nestgate.auth.forwardconfig)."""
+    the entry's policy and network keys, no routes (nestgate.handlers.auth.forwardconfig)."""
     if auth is None:
         return ()
     return tuple(Site(name=entry.name, hosts=entry.hosts, health=False, access=entry.access,
@@ -1059,7 +1060,7 @@ def forward_sites(auth) -> tuple[Site, ...]:
 
 
 def site_claims(site: Site, server: ServerConfig) -> list[tuple[str, str, str, str]]:
-    """Every route the site's table gets at load, in the order nestgate.site adds
+    """Every route the site's table gets at load, in the order nestgate.sites.build adds
     them: (kind "path" or "prefix", its path or prefix, the config key that puts it
     there, what it is when the site adds it by itself)."""
     key = site.key
@@ -1090,7 +1091,7 @@ def site_claims(site: Site, server: ServerConfig) -> list[tuple[str, str, str, s
 
 def _clashing_routes(sites, server: ServerConfig, file: str) -> list[str]:
     """Two routes of a site on the same exact path (a route table refuses the second:
-    nestgate.routing.SiteRoutes) or the same prefix (the first would win): one of them
+    nestgate.pipeline.routing.SiteRoutes) or the same prefix (the first would win): one of them
     could never answer. The routes a site adds by itself count: the health check, the
     home and notes pages, the notes API, the sign-in pages. Paths differing only in
     the names of their {segments} are the same path."""
@@ -1228,7 +1229,7 @@ def _plain_sign_in(config: Config, site: Site) -> list[str]:
 def _policy_names(config: Config, site: Site) -> list[str]:
     if config.auth is None:
         return []
-    from nestgate.auth.policy import policy_warnings
+    from nestgate.handlers.auth.policy import policy_warnings
     where = [(f"{config.source}: {site.key}", site.policy)] + [
         (f"{config.source}: {site.key}.route[{j}]", r.policy)
         for j, r in enumerate(site.routes)]

@@ -31,9 +31,9 @@ import httptools
 import pytest
 import trustme
 
-from nestgate.auth import totp
-from nestgate.auth.passwords import hash_password
-from nestgate.clientip import V2_SIGNATURE
+from nestgate.handlers.auth import totp
+from nestgate.handlers.auth.passwords import hash_password
+from nestgate.base.clientip import V2_SIGNATURE
 
 # A loopback port free now, never the same one twice in a run (for servers told their port).
 from nestgate.bench.ports import free_port  # noqa: F401

@@ -8,7 +8,7 @@ import h2.connection
 import h2.events
 import hyperframe.frame
 
-from nestgate.http2 import HTTP2Connection
+from nestgate.wire.http2 import HTTP2Connection
 from wire import Broken, Echo, FakeTransport, Wire
 
 

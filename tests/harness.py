@@ -1,7 +1,7 @@
 """Handlers answered through the request contract, in memory, without a server.
 
 `Harness` builds a site's router from a config as a worker does and answers requests
-through the stream sequence the protocol adapters drive (`nestgate.dispatch.open_stream`,
+through the stream sequence the protocol adapters drive (`nestgate.pipeline.dispatch.open_stream`,
 then `run`): `MemoryConnection` is one more adapter, whose `MemoryRequest` keeps the
 answer as (status, fields, body) instead of sending it. Handlers that work here and over
 HTTP/1.1 and HTTP/2 cannot be asking which protocol they are on.
@@ -13,12 +13,12 @@ import asyncio
 from dataclasses import dataclass, field
 
 from nestgate.config import parse_config
-from nestgate import dispatch
-from nestgate.dispatch import GONE, open_stream, run
-from nestgate.request import Body, Request
-from nestgate.responses import header_pairs
-from nestgate.site import build_router
-from nestgate.worker import ServerContext
+from nestgate.pipeline import dispatch
+from nestgate.pipeline.dispatch import GONE, open_stream, run
+from nestgate.pipeline.request import Body, Request
+from nestgate.base.responses import header_pairs
+from nestgate.sites.build import build_router
+from nestgate.server.worker import ServerContext
 from wire import WorkerStub
 
 
@@ -58,7 +58,7 @@ class MemoryConnection:
         self.loop = ctx.loop
         self.limits = ctx.limits
         self.client = client
-        self.decisions = None          # access decisions (nestgate.access.Gate.admit)
+        self.decisions = None          # access decisions (nestgate.pipeline.access.Gate.admit)
         self.xff_trusted = False       # the client is not a trusted proxy
         self.logging = False           # requests are not logged (no request log here)
         self.outcomes: list[int] = []  # each `conclude` status, in order

@@ -14,7 +14,7 @@ from authlib.common.security import generate_token
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
 
 from conftest import PASSWORD_HASH, Server, free_port
-from nestgate.auth.passwords import hash_password
+from nestgate.handlers.auth.passwords import hash_password
 
 CLIENT_SECRET = "the-client-secret-of-the-tests"
 CLIENT_SECRET_HASH = hash_password(CLIENT_SECRET)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import HELLO, ask, config, v1, v2
-from nestgate.access import Policy
+from nestgate.pipeline.access import Policy
 from nestgate.config import ConfigError, parse_config
 from wire import Wire, config_dict
 
@@ -171,7 +171,7 @@ def test_thousands_of_entries_cost_what_a_handful_does():
            for _ in range(5000)] + [f"2001:db8:{rng.randrange(65536):x}::/48"
                                     for _ in range(1000)]
     small = ["10.0.0.0/8", "192.168.0.0/16", "2001:db8::/32"]
-    from nestgate.clientip import Networks
+    from nestgate.base.clientip import Networks
     probes = [f"{rng.randrange(1, 223)}.{rng.randrange(256)}.1.1" for _ in range(2000)]
 
     def cost(nets) -> float:

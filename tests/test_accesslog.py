@@ -11,7 +11,7 @@ from hyperframe.frame import DataFrame
 from conftest import read_all, tls_block
 from h2raw import RawH2
 from h2raw import get as h2get
-from nestgate.accesslog import AccessLog
+from nestgate.pipeline.accesslog import AccessLog
 from nestgate.config import LogConfig
 from wire import Wire, config_dict
 

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import pytest
 
 from conftest import HELLO, REPO, _env, ask, config
-from nestgate.auth.store import Store
+from nestgate.handlers.auth.store import Store
 from nestgate.cli import main
 
 STORE_CONFIG = """

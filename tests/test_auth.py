@@ -17,12 +17,12 @@ import pytest
 
 from conftest import (HTML, PASSWORD_HASH, REPO, TOTP_SECRET, Browser, _env, ask, otp_code,
                       protected, settled_step, v1)
-from nestgate.auth import totp
-from nestgate.auth.passwords import verify_password
-from nestgate.auth.config import AuthConfig, User
-from nestgate.auth.portal import REFRESH_AFTER, SessionCheck, SignIn, safe_next
-from nestgate.auth.store import ACCOUNT_MEMORY, Store, StoreUnavailable, account_delay
-from nestgate.responses import Prebuilt
+from nestgate.handlers.auth import totp
+from nestgate.handlers.auth.passwords import verify_password
+from nestgate.handlers.auth.config import AuthConfig, User
+from nestgate.handlers.auth.portal import REFRESH_AFTER, SessionCheck, SignIn, safe_next
+from nestgate.handlers.auth.store import ACCOUNT_MEMORY, Store, StoreUnavailable, account_delay
+from nestgate.base.responses import Prebuilt
 
 
 def test_password_hashes_and_passwd_command():

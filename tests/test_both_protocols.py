@@ -23,7 +23,7 @@ import h2.connection
 import h2.events
 import pytest
 
-from nestgate.auth.passwords import hash_password
+from nestgate.handlers.auth.passwords import hash_password
 
 import h3client
 from conftest import Browser, poll

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nestgate.clientip import (LOCAL, V2_SIGNATURE, Networks, ProxyHeaderError,
-                               forwarded_client, normalise, parse_networks,
-                               parse_proxy_header, starts_like_proxy, take_proxy_header)
+from nestgate.base.clientip import (LOCAL, V2_SIGNATURE, Networks, ProxyHeaderError,
+                                    forwarded_client, normalise, parse_networks,
+                                    parse_proxy_header, starts_like_proxy,
+                                    take_proxy_header)
 
 
 def test_networks_match_addresses_and_cidrs():

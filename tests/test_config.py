@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from nestgate.config import ConfigError, parse_config, read_config, with_overrides
-from nestgate.units import parse_duration, parse_size
+from nestgate.base.units import parse_duration, parse_size
 
 from conftest import REPO, _env
 

@@ -25,7 +25,7 @@ from conftest import HELLO, admin_headers, ask, get_from, poll, scrape, tls_bloc
 from crowdsecapi import LocalApi
 from nestgate.bans.table import BanTable
 from nestgate.config import ConfigError, parse_config
-from nestgate.crowdsec import Bouncer, Decisions, go_duration
+from nestgate.bans.crowdsec import Bouncer, Decisions, go_duration
 
 INTERVAL = 2.0            # update_interval of the servers here
 # In force at the next accept once the bouncer's next poll has written the table.
@@ -313,8 +313,8 @@ def test_own_bans_are_sent_as_alerts_and_refused_by_another_instance(
 
 def test_alerts_wait_longer_while_the_api_is_down_and_are_sent_when_it_answers(lapi):
     from nestgate.bans.store import BanRow
-    from nestgate.crowdsec import CrowdSecConfig, LocalApi as Api
-    from nestgate.crowdsecalerts import MOST_BACKOFF, Reporter
+    from nestgate.bans.crowdsec import CrowdSecConfig, LocalApi as Api
+    from nestgate.bans.crowdsecalerts import MOST_BACKOFF, Reporter
     from nestgate.bench.ports import free_port
     password = "nestgate-machine-password-2"
     lapi.cscli("machines", "add", "nestgate-backoff", "--password", password, "-f", "/dev/null")

@@ -1,4 +1,4 @@
-"""`nestgate.flow.Writable`, the wait behind every backpressure pause."""
+"""`nestgate.base.flow.Writable`, the wait behind every backpressure pause."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from nestgate.flow import Writable
+from nestgate.base.flow import Writable
 
 
 def _run(coro):

@@ -531,8 +531,8 @@ config = parse_config({
               "route": [{"prefix": "/", "type": "return", "body": "hi",
                          "forward_auth": {"url": "http://127.0.0.1:9/"}}]}]}, "t.toml", Path("."))
 import importlib
-import nestgate.supervisor, nestgate.worker
-from nestgate.site import build_router, handler_modules
+import nestgate.server.supervisor, nestgate.server.worker
+from nestgate.sites.build import build_router, handler_modules
 for name in handler_modules(config):
     importlib.import_module(name)
 before = set(sys.modules)
@@ -542,10 +542,10 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 
 
 def test_the_supervisor_imports_the_forward_auth_modules_before_forking(tmp_path):
-    """Workers share what the supervisor imported (nestgate.supervisor.share_before_fork):
+    """Workers share what the supervisor imported (nestgate.server.supervisor.share_before_fork):
     a config with forward auth has its modules imported there, not in each worker."""
     out = subprocess.run([sys.executable, "-c", PROBE, HASH], capture_output=True, text=True,
                          env=_env(), timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     imported = json.loads(out.stdout)
-    assert not [m for m in imported if m in ("nestgate.auth.delegate", "nestgate.auth.provider")]
+    assert not [m for m in imported if m in ("nestgate.handlers.auth.delegate", "nestgate.handlers.auth.provider")]

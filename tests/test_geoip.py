@@ -18,9 +18,9 @@ from mmdb_writer import MMDBWriter
 from netaddr import IPSet
 
 from conftest import HELLO, _env, ask, config, poll, v1
-from nestgate.access import AccessConfig, NoDynamic, Policy, DENY, SIGN_IN
+from nestgate.pipeline.access import AccessConfig, NoDynamic, Policy, DENY, SIGN_IN
 from nestgate.config import ConfigError, parse_config
-from nestgate.geoip import MEMO_MAX, GeoConfig, GeoLookup
+from nestgate.pipeline.geoip import MEMO_MAX, GeoConfig, GeoLookup
 
 GERMAN, FRENCH, UNPLACED = "203.0.113.7", "198.51.100.7", "192.0.2.7"
 GERMAN6, FRENCH6 = "2001:db8:de::7", "2001:db8:f::7"

@@ -26,7 +26,7 @@ import pytest
 from browser import Browser
 from conftest import REPO, free_port
 from nestgate.bench.ports import is_listening
-from nestgate.h2phases import DRAIN_BUSY_GRACE
+from nestgate.wire.h2phases import DRAIN_BUSY_GRACE
 
 HOME = b"<!doctype html><title>Home</title><h1>Welcome home</h1>\n"
 NOTE = "---\ntitle: Hello\ndate: 2026-05-01\n---\n\nA note read over **HTTP/2**.\n"

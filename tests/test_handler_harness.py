@@ -11,8 +11,8 @@ import socket
 import pytest
 
 from harness import Harness
-from nestgate.errors import HandlerError
-from nestgate.auth.passwords import hash_password
+from nestgate.base.errors import HandlerError
+from nestgate.handlers.auth.passwords import hash_password
 
 TEXT = b"0123456789abcdef" * 64                      # 1 KiB
 NOTE = "---\ntitle: Plans\ndate: 2026-05-01\n---\n\nthe plans, in **bold**\n"
@@ -206,7 +206,7 @@ def test_a_gate_asked_again_after_an_await_decides_for_the_requests_own_client()
     # trusted proxy's pipelining, another HTTP/2 stream) and name another client.
     # Health details go to local clients only: the remote request must not get them.
     from harness import MemoryConnection, MemoryRequest
-    from nestgate.auth.portal import answer_with
+    from nestgate.handlers.auth.portal import answer_with
     from nestgate.handlers.health import health_handler
     harness = Harness({"listen": [{"address": "127.0.0.1:0"}], "site": [{"hosts": ["*"]}]})
     try:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from nestgate import h1phases
+from nestgate.wire import h1phases
 from nestgate.handlers.health import HealthAnswer
 from wire import Broken, Echo, Wire, config_dict
 
@@ -277,7 +277,7 @@ def test_slow_body_gets_408(tight):
 
 def test_health_body_has_status_version_uptime_pid():
     import json, os
-    from nestgate.clock import CLOCK
+    from nestgate.base.clock import CLOCK
     body = json.loads(HealthAnswer(CLOCK.wall, True).body)
     assert body["status"] == "ok" and body["pid"] == os.getpid()
     assert set(body) == {"status", "version", "uptime_s", "pid"}
@@ -303,7 +303,7 @@ def test_health_shows_version_and_pid_only_to_whom_the_config_says(details, peer
 
 def test_connections_above_the_limit_get_503():
     w = Wire(config_dict(limits={"max_connections": 1}))
-    from nestgate.http1 import HTTP1Connection
+    from nestgate.wire.http1 import HTTP1Connection
     from wire import FakeTransport
     extra = FakeTransport()
     HTTP1Connection(w.ctx).connection_made(extra)
@@ -315,7 +315,7 @@ def test_connections_above_the_limit_get_503():
 
 def test_health_is_rebuilt_when_the_second_changes_and_not_before():
     import json
-    from nestgate.clock import CLOCK
+    from nestgate.base.clock import CLOCK
     health = HealthAnswer(CLOCK.wall, True)
     first = health.render(0)
     health.started -= 5                         # five seconds of uptime
@@ -338,7 +338,7 @@ def test_requests_in_flight_on_a_draining_worker_end_with_close(wire):
 def test_connection_accepted_while_draining_is_served_then_closed():
     w = Wire()
     w.ctx.draining = True
-    from nestgate.http1 import HTTP1Connection
+    from nestgate.wire.http1 import HTTP1Connection
     from wire import FakeTransport
     late = FakeTransport()
     conn = HTTP1Connection(w.ctx)

@@ -10,8 +10,8 @@ import pytest
 from conftest import TEMPLATE, tls_block
 from h2client import H2Client
 from h2wire import frames
-from nestgate import h2phases
-from nestgate.h2phases import DRAIN_BUSY_GRACE, DRAIN_IDLE_GRACE, QUIET_GRACE
+from nestgate.wire import h2phases
+from nestgate.wire.h2phases import DRAIN_BUSY_GRACE, DRAIN_IDLE_GRACE, QUIET_GRACE
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from h2raw import get, unindexed_block
 from h2wire import frames
 from wire import config_dict
 
-from nestgate import h2engine as engine
-from nestgate.h2guard import DECODED_BUDGET
-from nestgate.h2phases import DRAIN_IDLE_GRACE
+from nestgate.wire import h2engine as engine
+from nestgate.wire.h2guard import DECODED_BUDGET
+from nestgate.wire.h2phases import DRAIN_IDLE_GRACE
 
 _GET = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"a")]
 
@@ -287,7 +287,7 @@ def test_an_answer_that_needs_no_body_stops_the_upload(make_pump):
 
 
 def test_a_stream_over_the_concurrency_limit_is_refused_alone(make_pump):
-    from nestgate.h2guard import MAX_CONCURRENT_STREAMS
+    from nestgate.wire.h2guard import MAX_CONCURRENT_STREAMS
     pump = make_pump(handlers={"/hang": Hang()})
     # The client has not read our SETTINGS yet: it does not know the limit.
     streams = [open_stream(pump, b"/hang") for _ in range(MAX_CONCURRENT_STREAMS + 2)]
@@ -309,7 +309,7 @@ class Records:
 
 
 def test_requests_behind_a_trusted_loopback_proxy_are_logged_by_their_client(make_pump):
-    from nestgate.http2 import HTTP2Connection
+    from nestgate.wire.http2 import HTTP2Connection
     from wire import FakeTransport
     data = config_dict()
     data["client_ip"] = {"trusted_proxies": ["127.0.0.1"]}   # log_loopback stays false
@@ -329,7 +329,7 @@ def test_requests_behind_a_trusted_loopback_proxy_are_logged_by_their_client(mak
 
 def test_the_frame_guard_reads_frame_headers_split_across_reads():
     import random
-    from nestgate.h2guard import CONTROL_FRAME_BURST, FrameGuard
+    from nestgate.wire.h2guard import CONTROL_FRAME_BURST, FrameGuard
     preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + hyperframe.frame.SettingsFrame(0).serialize()
     ping = hyperframe.frame.PingFrame(0, opaque_data=b"12345678").serialize()
     data = preface + hyperframe.frame.DataFrame(1, b"x" * 300).serialize() \

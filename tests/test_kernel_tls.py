@@ -8,7 +8,7 @@ import ssl
 
 import pytest
 
-from nestgate.tls import OP_ENABLE_KTLS, kernel_tls_problem, server_context
+from nestgate.wire.tls import OP_ENABLE_KTLS, kernel_tls_problem, server_context
 from tlsserver import Server
 
 SOL_TLS, TLS_TX = 282, 1

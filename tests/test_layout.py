@@ -22,40 +22,36 @@ import nestgate
 
 PACKAGE = Path(nestgate.__file__).parent
 
-# Top to bottom. A module belongs to the layer of the longest prefix that names it.
-# Handlers sit above the pipeline's parts: a handler may use the route table, the
-# network rules, the resolve step or the ban notices, while the pipeline reaches a
-# handler only through the contract of nestgate.handlers (GATED, PEEK, Service...),
-# which is why that package's own module is in the base layer. What puts handlers
-# into route tables (sites) is above both; wire and handlers never import each other.
+# Top to bottom; each folder is a layer, and a module belongs to the layer of the
+# longest prefix that names it. A few modules sit in the folder of their subject but a
+# layer of their own: the commands of admin/, bans/ and certs/ (cli); the admin
+# process and the workers' shared table (server); the stores, ban tables and
+# certificate files that everything above reads (state); the sites' ban watch and
+# CrowdSec's decisions (pipeline, beside the gates that refuse what they decide).
+# Handlers sit above the pipeline: a handler may use the route table, the network
+# rules, the resolve step or the ban notices, while the pipeline reaches handlers only
+# through the contract in base/handler.py. What puts handlers into route tables
+# (sites/) is above both; wire/ and handlers/ never import each other.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cli", ("nestgate.__main__", "nestgate.cli", "nestgate.allowcli", "nestgate.admin.ctl",
              "nestgate.bans.cli", "nestgate.certs.cli", "nestgate.bench")),
-    ("server", ("nestgate.supervisor", "nestgate.worker", "nestgate.portholder",
-                "nestgate.sdnotify", "nestgate.sideprocess", "nestgate.heap",
-                "nestgate.admin.keeper", "nestgate.admin.process", "nestgate.admin.stats")),
+    ("server", ("nestgate.server", "nestgate.admin.keeper", "nestgate.admin.process",
+                "nestgate.admin.stats")),
     ("admin", ("nestgate.admin",)),
     ("config", ("nestgate.config",)),
-    ("sites", ("nestgate.site", "nestgate.routetypes", "nestgate.guard")),
-    ("wire", ("nestgate.http1", "nestgate.http2", "nestgate.http3", "nestgate.h2engine",
-              "nestgate.fieldhead", "nestgate.tls", "nestgate.tlssocket", "nestgate.proxytls")),
-    ("handlers", ("nestgate.handlers.static", "nestgate.handlers.health",
-                  "nestgate.handlers.redirect", "nestgate.notes", "nestgate.proxy",
-                  "nestgate.auth")),
-    ("pipeline", ("nestgate.dispatch", "nestgate.request", "nestgate.routing",
-                  "nestgate.access", "nestgate.ratelimit", "nestgate.bans.watch",
-                  "nestgate.decisions", "nestgate.geoip", "nestgate.crowdsec",
-                  "nestgate.accesslog")),
-    ("state", ("nestgate.auth.store", "nestgate.auth.redisstore", "nestgate.auth.storerules",
-               "nestgate.bans", "nestgate.certs", "nestgate.certinfo",
+    ("sites", ("nestgate.sites",)),
+    ("wire", ("nestgate.wire",)),
+    ("handlers", ("nestgate.handlers",)),
+    ("pipeline", ("nestgate.pipeline", "nestgate.bans.watch", "nestgate.bans.decisions",
+                  "nestgate.bans.crowdsec")),
+    ("state", ("nestgate.handlers.auth.store", "nestgate.handlers.auth.redisstore",
+               "nestgate.handlers.auth.storerules", "nestgate.bans", "nestgate.certs",
                "nestgate.admin.config", "nestgate.admin.token")),
-    ("base", ("nestgate", "nestgate.handlers", "nestgate.clientip", "nestgate.flow",
-              "nestgate.sendwatch", "nestgate.errorpages", "nestgate.hosts", "nestgate.route",
-              "nestgate.responses", "nestgate.compress", "nestgate.tally", "nestgate.clock",
-              "nestgate.errors", "nestgate.grammar", "nestgate.units", "nestgate.private",
-              "nestgate.paths", "nestgate.shorthands", "nestgate.filewatch",
-              "nestgate.control")),
+    ("base", ("nestgate", "nestgate.base")),
 ]
+# Named alone, not with what lies below: a new module at the top of the package must
+# be given a layer (and a folder), not fall into the base one.
+EXACT = {"nestgate"}
 RANK = {name: rank for rank, (name, _) in enumerate(LAYERS)}
 
 
@@ -106,7 +102,8 @@ def layer_of(module: str) -> str:
     best, length = None, -1
     for name, prefixes in LAYERS:
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > length:
+            below = module.startswith(prefix + ".") and prefix not in EXACT
+            if (module == prefix or below) and len(prefix) > length:
                 best, length = name, len(prefix)
     return best
 

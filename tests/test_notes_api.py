@@ -334,7 +334,7 @@ def test_disk_full_is_507_and_the_old_note_survives(start_server, tiny_disk):
 
 def test_write_failure_is_500_and_leaves_nothing(notes, monkeypatch):
     """A failing fsync (an I/O error) through the store itself."""
-    from nestgate.notes.store import NoteStore, StoreError, make_note
+    from nestgate.handlers.notes.store import NoteStore, StoreError, make_note
     store = NoteStore(str(notes))
     before = (notes / "first.md").read_bytes()
 
@@ -352,7 +352,7 @@ def test_directory_fsync_failure_after_the_rename_reports_it_and_serves_the_new_
         notes, monkeypatch):
     """Past the rename the new note is in place: every worker must see it (the
     generation moves on) and the client learns it was not confirmed on disk."""
-    from nestgate.notes import store as module
+    from nestgate.handlers.notes import store as module
     store = module.NoteStore(str(notes))
     generation = store.generation()
 

@@ -382,8 +382,8 @@ def test_provider_config_problems_name_file_key_and_expectation():
 
 
 def test_expired_codes_and_grants_leave_the_store(tmp_path):
-    from nestgate.auth.oidc import state as provider_state_module
-    from nestgate.auth.store import Store
+    from nestgate.handlers.auth.oidc import state as provider_state_module
+    from nestgate.handlers.auth.store import Store
     state = provider_state_module.provider_state(Store(str(tmp_path / "state.db")))
     now = time.time()
     state.save_code(b"a" * 32, {"client_id": "app"}, now - 1)     # already expired

@@ -19,10 +19,10 @@ import pytest
 from browser import Browser as Chromium
 from conftest import HASH, HTML, Browser, Server, Upstream, _env, admin_headers
 from glewlwyd import Glewlwyd
-from nestgate.auth.oidc.client import Http, Provider, Refused
-from nestgate.auth.config import AuthConfig
-from nestgate.auth.portal import SignIn
-from nestgate.auth.providers import OidcProvider
+from nestgate.handlers.auth.oidc.client import Http, Provider, Refused
+from nestgate.handlers.auth.config import AuthConfig
+from nestgate.handlers.auth.portal import SignIn
+from nestgate.handlers.auth.providers import OidcProvider
 
 SECRET = "nestgate-client-secret"
 OTHER_CALLBACK = "http://other.localhost/cb"

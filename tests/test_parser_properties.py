@@ -11,11 +11,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from nestgate.clientip import V2_SIGNATURE, ProxyHeaderError, parse_proxy_header
-from nestgate.errors import RequestError
+from nestgate.base.clientip import V2_SIGNATURE, ProxyHeaderError, parse_proxy_header
+from nestgate.base.errors import RequestError
 from nestgate.handlers.static import parse_range
-from nestgate.paths import decode_path
-from nestgate.units import parse_duration, parse_size
+from nestgate.base.paths import decode_path
+from nestgate.base.units import parse_duration, parse_size
 
 PATH_BYTES = st.lists(st.sampled_from([b"/", b".", b"..", b"a", b"%2e", b"%2E", b"%2f",
                                        b"%5c", b"%00", b"%25", b"\\", b"%c3%a9", b"%ff",

@@ -704,7 +704,7 @@ def test_proxied_heads_over_http2_each_their_own_after_the_encoded_ones_are_kept
     from h2client import H2Client
     up = upstream()
     server = h2_gateway(start_server, up, certs)
-    from nestgate.h2stream import _RAW_BLOCK_MAX, _RAW_BLOCKS_LIMIT
+    from nestgate.wire.h2stream import _RAW_BLOCK_MAX, _RAW_BLOCKS_LIMIT
     client = H2Client(server.port("https"), certs["ca"])
     try:
         long = "L" * (_RAW_BLOCK_MAX + 100)          # encoded for each answer, not kept
@@ -733,7 +733,7 @@ def test_proxied_heads_over_http2_each_their_own_after_the_encoded_ones_are_kept
 
 
 def test_response_head_read_once_and_remembered_within_bounds():
-    from nestgate.proxy import upstream as up
+    from nestgate.handlers.proxy import upstream as up
     head = (b'HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Wed, 02 Dec 2026 22:28:17 GMT\r\n'
             b'Content-Length: 2\r\nConnection: keep-alive, X-A\r\nx-a: 1\r\nETag: "x"')
     block, length, chunked, upgrade, lines, counted, keep_alive = up._read_head(head, 200, True)
@@ -760,8 +760,8 @@ def test_a_remembered_head_for_a_stream_reset_meanwhile_fails_the_exchange_quiet
     # and the exchange fails as it would in the parser's callback (no exception out of
     # the upstream socket's data_received).
     from types import SimpleNamespace
-    from nestgate.h2engine import StreamClosedError
-    from nestgate.proxy import upstream as up
+    from nestgate.wire.h2engine import StreamClosedError
+    from nestgate.handlers.proxy import upstream as up
 
     class ResetStream:
         relays_bytes = False

@@ -18,9 +18,9 @@ import uvloop
 
 from conftest import read_all, tls_block, v1, v2
 from h2client import H2Client
-from nestgate.clientip import V2_SIGNATURE, Networks
-from nestgate.proxytls import ProxyThenTLS
-from nestgate.worker import ServerContext
+from nestgate.base.clientip import V2_SIGNATURE, Networks
+from nestgate.wire.proxytls import ProxyThenTLS
+from nestgate.server.worker import ServerContext
 
 CONFIG = """
 [server]

@@ -17,9 +17,9 @@ import pytest
 from conftest import _env, poll
 from conftest import RATE_LIMIT_SITE, _load, get_from, poll, scrape
 
-from nestgate.errorpages import DEFAULT_PAGES
-from nestgate.ratelimit import Limited, RateTable, client_key, parse_rate, rate_limit_from
-from nestgate.responses import Prebuilt
+from nestgate.base.errorpages import DEFAULT_PAGES
+from nestgate.pipeline.ratelimit import Limited, RateTable, client_key, parse_rate, rate_limit_from
+from nestgate.base.responses import Prebuilt
 
 
 def config(site: str = "", route: str = "", listen: str = "") -> str:

@@ -3,8 +3,9 @@
 import pytest
 
 from nestgate.config import parse_config
-from nestgate.errors import RequestError, RouteTaken
-from nestgate.routing import FOUND_LIMIT, FOUND_PATH_MAX, NO_PARAMS, SiteRoutes, path_shape
+from nestgate.base.errors import RequestError, RouteTaken
+from nestgate.pipeline.routing import (FOUND_LIMIT, FOUND_PATH_MAX, NO_PARAMS, SiteRoutes,
+                                       path_shape)
 
 
 def route(site, raw_path):
@@ -117,7 +118,7 @@ def test_the_check_knows_every_path_a_site_adds_by_itself(tmp_path):
     built. Both must list the same paths, or a clash would pass `check` and then stop
     the start."""
     from nestgate.config import site_claims
-    from nestgate.site import build_router
+    from nestgate.sites.build import build_router
     from conftest import HASH
     config = parse_config({
         "listen": [{"address": "127.0.0.1:0"}],

@@ -70,7 +70,7 @@ def notes_server(start_server, tmp_path):
 
 
 def test_slug_with_a_trailing_newline_is_refused(notes_server):
-    from nestgate.notes.store import SLUG
+    from nestgate.handlers.notes.store import SLUG
     assert not SLUG.match("abc\n")
     server, folder = notes_server
     port = server.port()
@@ -167,14 +167,14 @@ body = "hello"
 
 
 def test_totp_code_with_unicode_digits_is_wrong_not_an_error():
-    from nestgate.auth import totp
+    from nestgate.handlers.auth import totp
     secret = totp.new_secret()
     assert totp.verify(secret, "\u00b2" * 6) is False
     assert totp.verify(secret, "\u0661" * 6) is False        # Arabic-Indic one
 
 
 def test_next_outside_latin_1_is_not_a_server_error():
-    from nestgate.auth.portal import safe_next
+    from nestgate.handlers.auth.portal import safe_next
     assert safe_next("/\u0101") == "/"
     assert safe_next("/caf%C3%A9?q=1") == "/caf%C3%A9?q=1"
 
@@ -185,8 +185,8 @@ def test_next_outside_latin_1_is_not_a_server_error():
 def test_link_local_peer_with_a_zone_is_matched_by_deny_lists():
     """The kernel names a link-local IPv6 peer with its zone ("fe80::1%eth0"); such an
     address matched no list, so a deny entry for it was skipped."""
-    from nestgate.access import DENY, AccessConfig, NoDynamic, Policy
-    from nestgate.clientip import Networks
+    from nestgate.pipeline.access import DENY, AccessConfig, NoDynamic, Policy
+    from nestgate.base.clientip import Networks
     assert "fe80::1%eth0" in Networks(["fe80::/10"])
     policy = Policy(AccessConfig(deny=("fe80::/10",)))
     assert policy.verdict("fe80::1%eth0", NoDynamic()) == DENY

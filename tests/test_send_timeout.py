@@ -9,7 +9,7 @@ import socket
 import time
 
 from conftest import BASIC_SITE
-from nestgate.sendwatch import SendWatch
+from nestgate.base.sendwatch import SendWatch
 
 BIG = 16 * 1024 * 1024          # well past what loopback socket buffers hold
 

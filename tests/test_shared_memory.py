@@ -1,5 +1,5 @@
 """The workers share what the supervisor loaded before forking them (see
-nestgate.supervisor.share_before_fork): every module a worker's router imports as it is
+nestgate.server.supervisor.share_before_fork): every module a worker's router imports as it is
 built is already imported, and the bench's idle-memory figure reads the process tree."""
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ PROBE = textwrap.dedent("""
                       {"prefix": "/app/", "type": "proxy",
                        "upstream": "http://127.0.0.1:9"}]}]}, "t.toml", folder)
     import importlib
-    import nestgate.supervisor, nestgate.worker      # what the supervisor has loaded itself
-    from nestgate.site import build_router, handler_modules
+    import nestgate.server.supervisor, nestgate.server.worker      # what the supervisor has loaded itself
+    from nestgate.sites.build import build_router, handler_modules
     for name in handler_modules(config):
         importlib.import_module(name)
     before = set(sys.modules)

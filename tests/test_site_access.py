@@ -16,7 +16,7 @@ import ssl
 import pytest
 
 from h2client import H2Client
-from nestgate.auth.passwords import hash_password
+from nestgate.handlers.auth.passwords import hash_password
 
 ALLOWED, OUTSIDER = "10.1.2.3", "203.0.113.9"
 NOTE = "---\ntitle: Private plans\n---\n\nthe secret text\n"

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import _env
-from nestgate.auth.store import SCHEMA_NAMES, Store, prepare_store
+from nestgate.handlers.auth.store import SCHEMA_NAMES, Store, prepare_store
 
 OPENERS = 4
 

@@ -310,7 +310,7 @@ def test_a_start_that_cannot_bind_names_the_address_and_the_key(tmp_path, flag):
 
 def supervisor_with_fake_workers(monkeypatch):
     """A Supervisor whose forks only hand out pids; the signals it sends are recorded."""
-    from nestgate import supervisor as module
+    from nestgate.server import supervisor as module
     sup = module.Supervisor(None, None, None, None)
     pids = iter(range(1000, 2000))
     signalled: list[tuple[int, int]] = []

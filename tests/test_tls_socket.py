@@ -1,4 +1,4 @@
-"""`nestgate.tlssocket`: TLS on the socket itself, as the transport asyncio protocols
+"""`nestgate.wire.tlssocket`: TLS on the socket itself, as the transport asyncio protocols
 expect. A real uvloop server (accepting in clear and adopting the descriptor, as
 `proxytls.TLSHandshake` does) and real TLS clients in threads, with trustme's
 certificates."""

@@ -1,4 +1,4 @@
-"""An in-process TLS server on `nestgate.tlssocket`, for transport tests: a uvloop
+"""An in-process TLS server on `nestgate.wire.tlssocket`, for transport tests: a uvloop
 loop in a thread accepts in clear and adopts each descriptor, as
 `proxytls.TLSHandshake` does, with a line-echo protocol that records what happened."""
 
@@ -10,7 +10,7 @@ import threading
 
 import uvloop
 
-from nestgate import tlssocket
+from nestgate.wire import tlssocket
 
 
 class _Stage:

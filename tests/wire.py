@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import httptools
 
-from nestgate.accesslog import AccessLog
+from nestgate.pipeline.accesslog import AccessLog
 from nestgate.config import parse_config
-from nestgate.http1 import HTTP1Connection
-from nestgate.site import build_router
-from nestgate.worker import ServerContext
+from nestgate.wire.http1 import HTTP1Connection
+from nestgate.sites.build import build_router
+from nestgate.server.worker import ServerContext
 
 
 class FakeTransport:

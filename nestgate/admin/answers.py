@@ -1,6 +1,6 @@
 """The sites' answers, added up over the workers for `/metrics`.
 
-Each worker publishes its `nestgate.tally` snapshot in the shared table (see
+Each worker publishes its `nestgate.base.tally` snapshot in the shared table (see
 nestgate/admin/stats.py). A worker's counts start at zero and end with it, so the
 admin process keeps the last snapshot it read of every worker and, once the worker is
 gone (a reload, a crash), adds its final snapshot to the counts of the departed: the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 
-from nestgate.tally import BUCKETS
+from nestgate.base.tally import BUCKETS
 
 LOST_REPORT_AFTER = 30.0     # seconds a worker may be missing before its last snapshot
 GONE_KEPT = 4096             # counts as final (its departure report was lost)

@@ -33,10 +33,10 @@ from nestgate.admin.stateapi import AllowList, Passkeys, Sessions
 from nestgate.admin.configapi import ConfigAPI
 from nestgate.admin.operations import Operations
 from nestgate.admin.replies import error, method_not_allowed, reply
-from nestgate.clock import CLOCK
-from nestgate.handlers import GATED, ReadyChoice
-from nestgate.responses import Prebuilt
-from nestgate.routing import Router, SiteRoutes
+from nestgate.base.clock import CLOCK
+from nestgate.base.handler import GATED, ReadyChoice
+from nestgate.base.responses import Prebuilt
+from nestgate.pipeline.routing import Router, SiteRoutes
 
 NOT_FOUND = error(404, "not_found", "no such endpoint on the admin listener")
 METHOD = method_not_allowed("GET, HEAD")
@@ -372,7 +372,7 @@ def swagger_page() -> Prebuilt:
 
 def swagger_assets():
     from nestgate.handlers.static import StaticFiles
-    from nestgate.routetypes import StaticOptions
+    from nestgate.sites.routetypes import StaticOptions
     # Cached whole (the bundle is 1.7 MB) so its compressed variants are made once.
     options = StaticOptions(root=str(SWAGGER_DIR), cache_file_max=4 << 20,
                             sendfile_min=4 << 20, cache_control="public, max-age=3600")
@@ -389,7 +389,7 @@ def store_counts(store_path: str):
     """(allow-list entries, live sessions) for the status page; None without a store."""
     if not store_path:
         return None
-    from nestgate.auth.store import open_store
+    from nestgate.handlers.auth.store import open_store
     store = open_store(store_path)
     try:
         return len(store.allow_entries()), len(store.live_sessions())

@@ -17,7 +17,7 @@ from __future__ import annotations
 from nestgate.admin.replies import method_not_allowed, parse_json
 from nestgate.admin.stateapi import MAX_COMMENT, StoreEndpoint
 from nestgate.bans.table import ANSWERS, FED, ban_table
-from nestgate.units import parse_duration
+from nestgate.base.units import parse_duration
 
 DEFAULT_FOR = 86400.0
 MOST_FOR = 366 * 86400.0

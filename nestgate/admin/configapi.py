@@ -45,7 +45,7 @@ def redacted(value):
     if isinstance(value, (list, tuple, set, frozenset)):
         return [redacted(v) for v in value]
     if isinstance(value, str) and "://" in value:
-        from nestgate.auth.redisstore import shown
+        from nestgate.handlers.auth.redisstore import shown
         return shown(value) if value.startswith(("redis", "unix")) else value
     if value is None or isinstance(value, (bool, int, float, str)):
         return value

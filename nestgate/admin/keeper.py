@@ -16,8 +16,8 @@ from dataclasses import replace
 
 from nestgate.admin.process import ADMIN_PROCESS_NAME, REPORT_MAX, admin_listener, run_admin
 from nestgate.admin.stats import WorkerTable
-from nestgate.certinfo import certificate_expiry, certificate_stamp
-from nestgate.sideprocess import name_process, process_name
+from nestgate.certs.info import certificate_expiry, certificate_stamp
+from nestgate.server.sideprocess import name_process, process_name
 
 REPORT_EVERY = 1.0           # seconds between reports when nothing changes
 RESTART_DELAY = 0.5          # an admin process that died is started again after this
@@ -39,7 +39,7 @@ class AdminKeeper:
         self.started = time.time()
         self.supervisor_pid = os.getpid()
         self.config_hash = ""
-        self.certificates: list[dict] = []      # of the serving config (nestgate.certinfo)
+        self.certificates: list[dict] = []      # of the serving config (nestgate.certs.info)
         self.users: list[dict] = []             # of the serving config, without secrets
         self.oidc_clients: list[dict] = []      # the same: the OpenID provider's clients
         self.providers: list[dict] = []         # its [[auth.oidc]], without client secrets

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 
 from nestgate import __version__
-from nestgate.auth.store import store_errors
-from nestgate.tally import BUCKETS, H2_PROTECTIONS, H3_PROTECTIONS
+from nestgate.handlers.auth.store import store_errors
+from nestgate.base.tally import BUCKETS, H2_PROTECTIONS, H3_PROTECTIONS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -35,7 +35,7 @@ class Exposition:
 
     def histogram(self, name: str, help_text: str, series) -> None:
         """`series`: (labels, [per-bucket counts..., +Inf count, sum, count]) with the
-        bucket bounds of nestgate.tally.BUCKETS; written cumulative, as the format asks."""
+        bucket bounds of nestgate.base.tally.BUCKETS; written cumulative, as the format asks."""
         self.lines.append(f"# HELP nestgate_{name} {help_text}")
         self.lines.append(f"# TYPE nestgate_{name} histogram")
         for labels, values in series:

@@ -9,7 +9,7 @@ secret's hash) and the grants it holds in the shared store.
 from __future__ import annotations
 
 from nestgate.admin.stateapi import StoreEndpoint
-from nestgate.auth.oidc.state import is_grant_id
+from nestgate.handlers.auth.oidc.state import is_grant_id
 
 
 class Grants(StoreEndpoint):
@@ -18,7 +18,7 @@ class Grants(StoreEndpoint):
     __slots__ = ()
 
     async def answer(self, request) -> str:
-        from nestgate.auth.oidc.state import provider_state
+        from nestgate.handlers.auth.oidc.state import provider_state
         grant_id = request.params.get("id")
         method = request.method
         if grant_id is None and method not in (b"GET", b"HEAD"):

@@ -1,5 +1,5 @@
 """The operator's actions on the workers, through the control frame of the shared table
-(nestgate/control.py):
+(nestgate/base/control.py):
 
     POST /v1/notes/purge        forget every rendered page; each renders on its next request
     POST /v1/notes/reread       read the notes folders again (edits made on disk), and purge

@@ -25,7 +25,7 @@ from __future__ import annotations
 import ipaddress
 
 from nestgate.admin.replies import error
-from nestgate.handlers import GATED
+from nestgate.base.handler import GATED
 
 WRONG_HOST = error(421, "misdirected_request", "the Host does not name this admin "
                    "listener: use its address, localhost, or a name in [admin] "

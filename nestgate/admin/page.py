@@ -209,7 +209,7 @@ class StatusPage:
                f"{time.strftime('%Y-%m-%d', time.gmtime(c['not_after']))} "
                f"({(c['not_after'] - now) / 86400:.0f} days)</td>") + "</tr>"
             for c in self.state.report.get("certificates", ()))
-        from nestgate.auth.store import store_errors
+        from nestgate.handlers.auth.store import store_errors
         try:
             counts = self.store_counts()
         except store_errors() as exc:

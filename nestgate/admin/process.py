@@ -12,9 +12,9 @@ from dataclasses import replace
 
 from nestgate.admin.api import AdminState, admin_router
 from nestgate.config import Listener
-from nestgate.handlers import Service
-from nestgate.tls import server_context
-from nestgate.worker import run_worker
+from nestgate.base.handler import Service
+from nestgate.wire.tls import server_context
+from nestgate.server.worker import run_worker
 
 REPORT_MAX = 1 << 20         # bytes of one report datagram
 ADMIN_PROCESS_NAME = "nestgate-admin"

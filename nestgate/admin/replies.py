@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from nestgate.responses import Prebuilt
+from nestgate.base.responses import Prebuilt
 
 
 def error(status: int, code: str, message: str, details=None, headers=()) -> Prebuilt:

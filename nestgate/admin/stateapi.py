@@ -15,9 +15,9 @@ a reload.
 from __future__ import annotations
 
 from nestgate.admin.replies import method_not_allowed, parse_json
-from nestgate.auth.store import DEFAULT_TTL
-from nestgate.clientip import Networks
-from nestgate.units import parse_duration
+from nestgate.handlers.auth.store import DEFAULT_TTL
+from nestgate.base.clientip import Networks
+from nestgate.base.units import parse_duration
 
 MAX_COMMENT = 200
 
@@ -40,7 +40,7 @@ class StoreEndpoint:
         if not self.store_path:
             await request.send_prebuilt(self.error(409, "no_store", self.missing))
             return
-        from nestgate.auth.store import store_errors
+        from nestgate.handlers.auth.store import store_errors
         try:
             allowed = await self.answer(request)
         except store_errors() as exc:
@@ -55,7 +55,7 @@ class StoreEndpoint:
         raise NotImplementedError
 
     def store(self):
-        from nestgate.auth.store import open_store
+        from nestgate.handlers.auth.store import open_store
         return open_store(self.store_path)
 
     def ask(self, method: str, *args):
@@ -187,7 +187,7 @@ class Passkeys(StoreEndpoint):
         if "id" in params:
             if method != b"DELETE":
                 return "DELETE"
-            from nestgate.auth.passkeys import PasskeyError, from_b64url
+            from nestgate.handlers.auth.passkeys import PasskeyError, from_b64url
             try:
                 found = self.ask("remove_passkey", from_b64url(params["id"]))
             except PasskeyError:                   # not base64url: no such passkey
@@ -195,7 +195,7 @@ class Passkeys(StoreEndpoint):
             await self.removed(request, found, "passkey", "passkeys.revoke", params["id"])
         elif method in (b"GET", b"HEAD"):
             from urllib.parse import parse_qs
-            from nestgate.auth.passkeys import b64url
+            from nestgate.handlers.auth.passkeys import b64url
             user = parse_qs(request.query.decode("latin-1")).get("user", [""])[0]
             rows = self.ask("passkeys", user)
             await self.reply(request, 200, {"passkeys": [

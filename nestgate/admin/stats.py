@@ -12,9 +12,9 @@ requests (for `keepalive_requests`); a closed connection adds its count to its
 listener's total, and the tick adds the open connections' counts to that.
 
 Beside each slot, a second table holds the worker's answer counts and durations
-(`nestgate.tally`) as a JSON blob of at most `TALLY_BYTES`, written on the same tick.
+(`nestgate.base.tally`) as a JSON blob of at most `TALLY_BYTES`, written on the same tick.
 One more blob goes the other way: the operator's requests (purge the pages, drain an
-upstream; nestgate/control.py), written by the admin process, read by every worker on
+upstream; nestgate/base/control.py), written by the admin process, read by every worker on
 its tick. A blob is framed by a sequence number made odd while it is written and even
 after, so the reader can tell a torn one and read again.
 """
@@ -133,7 +133,7 @@ class WorkerTable:
         return _read_frame(self.tallies, slot * TALLY_BYTES)[1]
 
     def write_control(self, data: bytes) -> bool:
-        """The operator's requests for every worker (see nestgate/control.py)."""
+        """The operator's requests for every worker (see nestgate/base/control.py)."""
         return _write_frame(self.control, 0, CONTROL_BYTES, data)
 
     def read(self) -> list[WorkerFigures]:

@@ -72,7 +72,7 @@ def _owner(server) -> SimpleNamespace | None:
 
 def _make(path: Path, owner: SimpleNamespace | None) -> None:
     from nestgate.certs.storage import CertStorage
-    from nestgate.private import PRIVATE_FILE, make_private_folders
+    from nestgate.base.private import PRIVATE_FILE, make_private_folders
     aside = path.with_name(f".{path.name}.{os.getpid()}.new")
     try:
         make_private_folders(path.parent, owner)

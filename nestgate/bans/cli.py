@@ -4,7 +4,7 @@ Edits the bans in the config's store (the `[auth] store` file, `[bans] store`, o
 Redis under `[state] backend = "redis"`), which every worker polls: a ban added or
 lifted here is in force everywhere within a second, without a reload. `list` also
 shows CrowdSec's decisions in force, from the file the bouncer keeps them in
-(nestgate.decisions): they are lifted in CrowdSec (`cscli decisions delete`), not here.
+(nestgate.bans.decisions): they are lifted in CrowdSec (`cscli decisions delete`), not here.
 This module owns the arguments and the printing; `nestgate.bans.store` does the rest.
 """
 
@@ -36,7 +36,7 @@ def _add(bans, args) -> int:
 
 def _list(bans, args) -> int:
     import time
-    from nestgate.decisions import read_snapshot
+    from nestgate.bans.decisions import read_snapshot
     decided = read_snapshot(args.decisions) if args.decisions else None
     now = time.time()
     print_table([("NETWORK", "UNTIL (UTC)", "ORIGIN", "RULE", "STRIKES", "ANSWER", "REASON")] +

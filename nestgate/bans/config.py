@@ -20,7 +20,7 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-from nestgate.clientip import parse_networks
+from nestgate.base.clientip import parse_networks
 
 KINDS = ("signin", "scanner", "malformed", "ratelimit", "status")
 DEFAULT_BAN_FOR = (600.0, 3600.0, 86400.0)
@@ -80,7 +80,7 @@ def _store(table, name: str, auth, state) -> str:
     """The bans' store: Redis under `[state] backend = "redis"`; else the [auth] store
     file (one file for all the state), else `[bans] store`, else the default file."""
     if state.backend == "redis":
-        from nestgate.auth.redisstore import redis_locator
+        from nestgate.handlers.auth.redisstore import redis_locator
         return redis_locator(state.url, state.prefix)
     if auth is not None and not name:
         return auth.store
@@ -150,7 +150,7 @@ def check_sites(bans: BansConfig, sites, file: str) -> list[str]:
 
 
 def _positive_duration(value) -> float:
-    from nestgate.units import parse_duration
+    from nestgate.base.units import parse_duration
     seconds = parse_duration(value)
     if seconds <= 0:
         raise ValueError("a duration above 0")

@@ -32,8 +32,8 @@ class BanRow(NamedTuple):
 
 def open_bans(locator: str):
     """The bans of the store a locator names (SQLite file or Redis URL)."""
-    from nestgate.auth.redisstore import is_redis
-    from nestgate.auth.store import open_store
+    from nestgate.handlers.auth.redisstore import is_redis
+    from nestgate.handlers.auth.store import open_store
     store = open_store(locator)
     return RedisBans(store) if is_redis(locator) else SqliteBans(store)
 
@@ -184,7 +184,7 @@ def lift(bans, text: str) -> str | None:
         return network
     if "/" in text:
         return None
-    from nestgate.clientip import Networks
+    from nestgate.base.clientip import Networks
     for row in bans.live():
         if text.strip() in Networks([row.network]) and bans.unban(row.network):
             return row.network

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 One anonymous shared mapping, made by the supervisor before it forks anything (like
-the rate table, nestgate.ratelimit), so a ban that one worker makes is in force in
+the rate table, nestgate.pipeline.ratelimit), so a ban that one worker makes is in force in
 every worker at its next accept, and the admin process reads the same entries.
 
 An entry is a network (IPv4 or IPv6, a prefix length, the address bits under it),
@@ -25,7 +25,7 @@ so a reader never matches half an entry.
 
 Two writers, two kinds of entry. nestgate's own bans (a [[ban]] rule's, the
 operator's, the store's: the workers and the admin process write them) and CrowdSec's
-decisions (written only by the bouncer process, nestgate.crowdsec: origin FED) are
+decisions (written only by the bouncer process, nestgate.bans.crowdsec: origin FED) are
 kept apart: the kind is a bit of the meta word, so one network can hold one of each,
 each writer lifts only its own, and a CrowdSec decision deleted never lifts a ban of
 nestgate's on the same network (or the other way round). Both kinds share the probe
@@ -40,7 +40,7 @@ import multiprocessing
 import time
 from typing import NamedTuple
 
-from nestgate.clientip import _as_int
+from nestgate.base.clientip import _as_int
 
 # What fills it: CrowdSec's decisions (50,000 is a large Local API with community
 # lists; each decision is one entry, a range too) plus nestgate's own bans (a busy

@@ -12,7 +12,7 @@ answer whose status a rule watches (`answered`: a handler's answer, from
 which the route table puts in front of that 404 only when some rule counts 404s).
 
 Each rule counts per client network (the address, an IPv6 client's /64) in the rate
-table every worker shares (nestgate.ratelimit.RateTable), as a leaky bucket: `count`
+table every worker shares (nestgate.pipeline.ratelimit.RateTable), as a leaky bucket: `count`
 events in a burst, draining at `count` per `window`. The event that overflows it bans
 the network: at once in the shared table (`nestgate.bans.table`), for the rule's first
 duration, so every worker refuses it from its next accept; then in the store, which
@@ -33,7 +33,7 @@ connection while the table is empty, and one lookup (a probe per prefix length i
 use) while it is not; nothing per request.
 
 CrowdSec's decisions are in the same table (the bouncer process writes them,
-nestgate.crowdsec) and are refused here the same way: with `[crowdsec]` the table is
+nestgate.bans.crowdsec) and are refused here the same way: with `[crowdsec]` the table is
 looked up even when there are no [[ban]] rules, and without a [bans] table or rules
 there is no store to keep in step.
 """
@@ -45,12 +45,12 @@ import time
 from datetime import datetime, timezone
 
 from nestgate.bans.table import ban_table, client_network
-from nestgate.clientip import Networks, parse_networks
-from nestgate.errorpages import DEFAULT_PAGES, HTML, error_html
-from nestgate.handlers import GATED, Periodic, Service
-from nestgate.responses import Prebuilt
-from nestgate.route import NO_PARAMS, Route
-from nestgate.tally import TALLY
+from nestgate.base.clientip import Networks, parse_networks
+from nestgate.base.errorpages import DEFAULT_PAGES, HTML, error_html
+from nestgate.base.handler import GATED, Periodic, Service
+from nestgate.base.responses import Prebuilt
+from nestgate.base.route import NO_PARAMS, Route
+from nestgate.base.tally import TALLY
 
 SYNC_INTERVAL = 0.5          # seconds: a ban made elsewhere is in force here within 1 s
 PURGE_INTERVAL = 600.0
@@ -112,7 +112,7 @@ class BanWatch(Service):
 
     def configure(self, config, rates) -> None:
         """Take `config`'s rules (the worker does this before building its routes), and
-        the rate table every worker shares (nestgate.ratelimit's), where rules count."""
+        the rate table every worker shares (nestgate.pipeline.ratelimit's), where rules count."""
         self.rates = rates
         bans = config.bans
         self.keeps = bans.enabled
@@ -217,7 +217,7 @@ class BanWatch(Service):
 
     def turns_away(self, conn) -> bool:
         """`refuses` but for the closing, which the caller does (a QUIC connection has
-        no transport of its own to close: nestgate.http3 closes it by QUIC's means)."""
+        no transport of its own to close: nestgate.wire.http3 closes it by QUIC's means)."""
         table = self.table
         if not len(table):
             return False

@@ -240,7 +240,7 @@ class Nestgate(Peer):
 
 def _state_locator(site: Site, workdir: Path) -> str:
     if site.state == "redis":
-        from nestgate.auth.redisstore import redis_locator
+        from nestgate.handlers.auth.redisstore import redis_locator
         return redis_locator(site.state_url, "nestgate-bench:")
     return str(workdir / "nestgate-bench-state.db")
 
@@ -248,7 +248,7 @@ def _state_locator(site: Site, workdir: Path) -> str:
 def _open_bench_session(site: Site, workdir: Path) -> None:
     """The session the private scenarios' requests carry, put in the store the server
     will use, as a sign-in would."""
-    from nestgate.auth.store import open_store, prepare_store, token_hash
+    from nestgate.handlers.auth.store import open_store, prepare_store, token_hash
     from .scenarios import BENCH_SESSION
     locator = _state_locator(site, workdir)
     prepare_store(locator)
@@ -268,7 +268,7 @@ def _bans_store(workdir: Path) -> str:
 def _fill_bans(site: Site, workdir: Path) -> None:
     """`site.bans` bans in the store the server loads its table from at the start:
     addresses of 100.64.0.0/10, never the driver's loopback."""
-    from nestgate.auth.store import prepare_store
+    from nestgate.handlers.auth.store import prepare_store
     from nestgate.bans.store import open_bans
     locator = _bans_store(workdir)
     prepare_store(locator)
@@ -282,7 +282,7 @@ def _fill_bans(site: Site, workdir: Path) -> None:
 
 
 def _signed_in_tables(site: Site, workdir: Path) -> list[str]:
-    from nestgate.auth.passwords import hash_password
+    from nestgate.handlers.auth.passwords import hash_password
     lines = ["[auth]", f"store = {_toml(str(workdir / 'nestgate-bench-state.db'))}",
              "cookie_secure = false", "", "[[auth.user]]", 'name = "bench"',
              f"password = {_toml(hash_password('bench-password'))}",

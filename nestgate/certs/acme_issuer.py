@@ -32,7 +32,7 @@ from cryptography.x509.oid import NameOID
 from nestgate.certs.config import RFC2136
 from nestgate.certs.shared import MIRROR_WAIT
 from nestgate.certs.storage import CertStorage, key_pem, slug
-from nestgate.private import PRIVATE_FILE
+from nestgate.base.private import PRIVATE_FILE
 
 USER_AGENT = "nestgate"
 ACME_IDENTIFIER = x509.ObjectIdentifier("1.3.6.1.5.5.7.1.31")    # RFC 8737 id-pe-acmeIdentifier

@@ -4,7 +4,7 @@ Python's SNI callback cannot see what ALPN a client offers, and TLS-ALPN-01 (RFC
 needs exactly that: the CA's validation handshake offers only `acme-tls/1` and must
 get the challenge certificate, while a browser asking for the same name must not.
 The ALPN offer also decides whether a handshake is refused with the
-no_application_protocol alert (nestgate.tls.refuses_alpn), so every ClientHello is read.
+no_application_protocol alert (nestgate.wire.tls.refuses_alpn), so every ClientHello is read.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class NotClientHello(ValueError):
 def parse_client_hello(data: bytes) -> tuple[str | None, list[str]] | None:
     """(server name, ALPN protocols) of the ClientHello in the first TLS record of
     `data`; None while the record is incomplete; NotClientHello when it is not one."""
-    # Read for every handshake on a TLS listener (nestgate.tls.refuses_alpn): the record
+    # Read for every handshake on a TLS listener (nestgate.wire.tls.refuses_alpn): the record
     # is copied once and its lengths read by indexing, a third of the time memoryview
     # slices and int.from_bytes took.
     if len(data) < 5:

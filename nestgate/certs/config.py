@@ -13,7 +13,7 @@ import base64
 import os
 from dataclasses import dataclass
 
-from nestgate.private import open_to_others
+from nestgate.base.private import open_to_others
 
 LETS_ENCRYPT = "https://acme-v02.api.letsencrypt.org/directory"
 LETS_ENCRYPT_STAGING = "https://acme-staging-v02.api.letsencrypt.org/directory"

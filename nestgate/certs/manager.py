@@ -250,7 +250,7 @@ class CertManager:
 
 def run_certificates(config) -> None:
     """The certificate process's body (forked, restarted and replaced on reload by the
-    supervisor, nestgate.sideprocess)."""
+    supervisor, nestgate.server.sideprocess)."""
     CertManager(config).run()
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from nestgate.private import PRIVATE_FILE, make_private_folders
+from nestgate.base.private import PRIVATE_FILE, make_private_folders
 
 PRIVATE = PRIVATE_FILE
 

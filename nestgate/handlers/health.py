@@ -10,10 +10,10 @@ import json
 import os
 
 from nestgate import __version__
-from nestgate.clientip import LOCAL
-from nestgate.clock import CLOCK
-from nestgate.handlers import GATED
-from nestgate.responses import Prebuilt
+from nestgate.base.clientip import LOCAL
+from nestgate.base.clock import CLOCK
+from nestgate.base.handler import GATED
+from nestgate.base.responses import Prebuilt
 
 _MEMO_LIMIT = 4096         # client addresses remembered as local or not
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nestgate.responses import Prebuilt, html_page
-from nestgate.hosts import plain_host_name
+from nestgate.base.responses import Prebuilt, html_page
+from nestgate.base.hosts import plain_host_name
 
 
 def fixed_redirect(to: str, status: int) -> Prebuilt:

@@ -34,14 +34,13 @@ import stat
 from email.utils import formatdate, parsedate_to_datetime
 from urllib.parse import quote
 
-from nestgate import compress
-from nestgate.clock import CLOCK
-from nestgate.handlers import PEEK
-from nestgate.responses import (CONNECTION_ENDINGS, SERVER, STATUS_LINES, Prebuilt,
-                                header_pairs, html_page, lines_of,
-                                status_line)
-from nestgate.sendwatch import cut
-from nestgate.tally import TALLY
+from nestgate.base import compress
+from nestgate.base.clock import CLOCK
+from nestgate.base.handler import PEEK
+from nestgate.base.responses import (CONNECTION_ENDINGS, SERVER, STATUS_LINES, Prebuilt,
+                                     header_pairs, html_page, lines_of, status_line)
+from nestgate.base.sendwatch import cut
+from nestgate.base.tally import TALLY
 
 log = logging.getLogger("nestgate.static")
 

@@ -113,7 +113,7 @@ def test_the_admins_route_is_not_reached_by_any_spelling(start_server, upstream,
         assert resp.status == 403, (path, resp.status)
     assert not any("dmin" in r["target"] for r in up.requests), up.requests
     # A session whose user is gone (here: made up in the store) is no session.
-    from nestgate.auth.store import Store, token_hash
+    from nestgate.handlers.auth.store import Store, token_hash
     store = Store(str(tmp_path / "state.db"))
     store.create_session(token_hash("forged-token"), "root", time.time() + 3600, "")
     store.close()

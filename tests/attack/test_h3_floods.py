@@ -15,7 +15,7 @@ import time
 import pytest
 
 import h3client
-from nestgate.h2guard import RESET_ALLOWANCE
+from nestgate.wire.h2guard import RESET_ALLOWANCE
 
 pytestmark = pytest.mark.attack
 

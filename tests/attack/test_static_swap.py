@@ -18,7 +18,7 @@ import pytest
 
 from conftest import serve
 from nestgate.handlers.static import NotFound, StaticFiles
-from nestgate.routetypes import StaticOptions
+from nestgate.sites.routetypes import StaticOptions
 
 SWAP_SECONDS = 3.0
 

@@ -8,7 +8,7 @@ hundreds of closed connections were held at a time and freed in batches that lef
 C heap in pieces (30 -> 60 MB in 2,000 connections, still rising after 7,000). Now the
 transport lets go of OpenSSL's state and of its protocol as it closes. Over the event
 loop's TLS the heap grew with each burst of handshakes and its free middle stayed
-resident; the worker's tick now gives it back (nestgate.heap).
+resident; the worker's tick now gives it back (nestgate.server.heap).
 
 Measured here, RSS at start / after 1,500 / after 4,500 connections, in MB: h2 over the
 socket's TLS 29.3 / 46.9 / 65.7 before, 29.4 / 37.1 / 37.7 after; HTTP/1.1 29.4 / 58.0 /
@@ -25,7 +25,7 @@ import time
 import pytest
 
 from conftest import tls_hello_config
-from nestgate.heap import CHECK_SECONDS
+from nestgate.server.heap import CHECK_SECONDS
 
 ROUND = 100                 # connections at once, one request each
 CONNECTIONS = 4500          # per case; RSS is read after the first third and at the end

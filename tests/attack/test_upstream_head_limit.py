@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from nestgate.proxy.upstream import UPSTREAM_HEAD_MAX
+from nestgate.handlers.proxy.upstream import UPSTREAM_HEAD_MAX
 from rawupstream import RawUpstream, proxy_toml
 
 KIB = 1024

@@ -1,0 +1,437 @@
+"""HTTP/3 over QUIC (RFC 9114) on aioquic: one more adapter of the stream sequence.
+
+Theory of operation
+-------------------
+The QUIC side (the worker's UDP listener, certificates by server name, what becomes of
+a client whose address changes) is `nestgate.wire.h3quic`'s; the stream sequence's side
+shared with HTTP/2 is `nestgate.wire.streamconn`'s. Each request stream is a head, body and end for the stream sequence
+(`nestgate.pipeline.dispatch.open_stream`); `H3Request` puts the answer back as HEADERS and
+DATA frames. A head is checked by HTTP/2's rules (nestgate.wire.fieldhead). Nothing else
+happens here: routes, guards, handlers, error pages, counts and the request log are the
+sequence's.
+
+The abuse limits of HTTP/2 hold here too:
+  * concurrent streams: aioquic grants 128 request streams at a time (and more as they
+    finish), HTTP/2's MAX_CONCURRENT_STREAMS;
+  * header size: the bytes of a request stream before its head is decoded are counted
+    as they arrive, and past `max_header_bytes` + HEADER_BLOCK_SLACK (+ one datagram)
+    the connection ends with H3_EXCESSIVE_LOAD; a decoded head over `max_header_bytes`
+    is a 431 on its stream, as on HTTP/2;
+  * resets: streams the client resets before their answer are counted as on HTTP/2
+    (`too_many_resets`), and too many end the connection with H3_EXCESSIVE_LOAD;
+  * `keepalive_requests` streams per connection, then it ends once they are answered;
+    `keepalive_timeout` is QUIC's idle timeout; a stream whose answer the client does
+    not acknowledge for `send_timeout` is reset.
+aioquic gives the client flow-control credit as body bytes arrive, not as a handler
+reads them: a body the handler has not read yet is held, at most `max_body` per stream
+(413 past it). An answer waits for the client: `write` returns once the stream holds
+fewer than STREAM_HIGH_WATER bytes the client has not acknowledged.
+
+Stopping (a reload, a stop): a connection finishes its streams and closes with
+H3_NO_ERROR, for at most `shutdown_timeout`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.h3.connection import H3_ALPN, ErrorCode, H3Connection
+from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.quic.events import ConnectionTerminated, ProtocolNegotiated, \
+    StopSendingReceived, StreamDataReceived, StreamReset
+from aioquic.quic.packet import QuicErrorCode, QuicFrameType
+
+from nestgate.base.clock import CLOCK
+from nestgate.pipeline.dispatch import GONE, conclude, record, start, take_peer
+from nestgate.base.errors import HandlerError
+from nestgate.wire.fieldhead import pairs_of, ready_fields, response_fields
+from nestgate.wire.h2guard import HEADER_BLOCK_SLACK, too_many_resets
+from nestgate.pipeline.ratelimit import count_connection, uncount_connection
+from nestgate.pipeline.request import Body, Request
+from nestgate.base.responses import header_pairs
+from nestgate.wire.streamconn import StreamAdapter
+from nestgate.base.tally import H3_PROTECTIONS, TALLY
+
+log = logging.getLogger("nestgate.http3")
+
+STREAM_HIGH_WATER = 256 * 1024    # unacknowledged answer bytes a stream may hold
+STREAM_LOW_WATER = 64 * 1024      # ... and where a waiting writer goes on
+DATAGRAM = 1500                   # a request stream's bytes past its head in one read, at most
+# Why a protection ended a connection: the key of its counter ("h3_<key>") and its words.
+PROTECTIONS = {
+    "header_block": "request head over max_header_bytes",
+    "rapid_reset": "streams reset before their answer (rapid reset)",
+}
+assert tuple(PROTECTIONS) == H3_PROTECTIONS
+
+
+class H3Request(Request):
+    """A Request whose answer goes out as HEADERS and DATA frames on one QUIC stream.
+    It is also its body's flow (`request.Body`): aioquic takes the body as it comes."""
+
+    __slots__ = ("stream_id",)
+
+    protocol = "HTTP/3"
+
+    def start(self, status: int, headers, content_length: int | None = None) -> None:
+        self._send_head(status, response_fields(status, header_pairs(headers), content_length))
+
+    def start_raw(self, status: int, block: bytes, content_length: int | None = None) -> None:
+        self._send_head(status, response_fields(status, pairs_of(block), content_length))
+
+    def _send_head(self, status: int, fields: list) -> None:
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = True
+        self.status = status
+        fields.append((b"date", CLOCK.date))
+        self.connection.send_head(self.stream_id, fields, self.head_only)
+        if self.head_only:
+            self.finished = True
+
+    async def write(self, data: bytes) -> None:
+        if not self.started:
+            raise RuntimeError("write before start")
+        if self.push(data):
+            await self.writable()
+
+    def push(self, data: bytes) -> bool:
+        if self.head_only or not data:
+            return False
+        self.sent += len(data)
+        return self.connection.send_body(self.stream_id, data)
+
+    async def writable(self) -> None:
+        await self.connection.drained(self.stream_id)
+
+    async def send_prebuilt(self, response) -> None:
+        self.answer_ready(response)
+        await self.writable()
+
+    def answer_ready(self, response) -> None:
+        self.started = self.finished = True
+        self.status = response.status
+        self.sent = self.connection.send_ready(self.stream_id, response, self.head_only)
+
+    def cut(self) -> None:
+        self.connection.reset(self.stream_id)
+
+    def end(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self.connection.end_stream(self.stream_id)
+
+    def take_over(self, head: bytes) -> bytes:
+        raise HandlerError(501, "HTTP/3 has no protocol upgrade")   # RFC 9114 4.5
+
+    # the body's flow
+    def pause_reading_for_body(self) -> None:
+        pass
+
+    def resume_reading_for_body(self) -> None:
+        pass
+
+    def send_continue(self) -> None:
+        pass                   # HTTP/3 clients do not wait for 100 on their own
+
+
+class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
+    """One QUIC connection carrying HTTP/3 (made by `QuicListener` for a new client)."""
+
+    protocol = "HTTP/3"          # as the request log writes it
+    request_class = H3Request
+    transport = None             # the UDP socket is the listener's, never this one's to abort
+
+    def __init__(self, ctx, quic, stream_handler=None) -> None:
+        QuicConnectionProtocol.__init__(self, quic, stream_handler)
+        self.ctx = ctx
+        self.router = ctx.router         # (a banned client's page instead: `serve_only`)
+        self.limits = ctx.limits
+        self.loop = ctx.loop
+        self.client = self.peer = ""
+        self.decisions = None
+        self.client_tag = 0            # counted under max_connections_per_client (ratelimit)
+        self.xff_trusted = False
+        self.logging = False
+        self.bytes_in = self.bytes_out = 0
+        self._http: H3Connection | None = None
+        self._streams: dict[int, H3Request] = {}
+        self._heads: dict[int, int] = {}     # request streams before their head: bytes so far
+        self._next_stream = 0                # the lowest client stream id not seen yet
+        self._head_limit = self.limits.max_header_bytes + HEADER_BLOCK_SLACK + DATAGRAM
+        self._opened = self._wasted = 0
+        self._waiters: dict[int, list] = {}  # stream id -> [future, seconds waited]
+        self._draining = False
+        self._ended = False
+
+    # ------------------------------------------------------------ datagrams and events
+    def datagram_received(self, data, addr) -> None:
+        if not self.peer:
+            self._arrived(addr)
+        self.bytes_in += len(data)
+        QuicConnectionProtocol.datagram_received(self, data, addr)
+        if self._waiters:
+            self._wake_writers()
+
+    def _arrived(self, addr) -> None:
+        ctx = self.ctx
+        take_peer(self, ctx.client_address(addr))
+        bans = ctx.bans
+        if bans is not None and bans.turns_away(self):
+            # Banned (nestgate.bans), closed before the handshake: a transport close,
+            # as QUIC refuses a connection (RFC 9000 20.1). A ban answered with the
+            # page is served it on this connection (`serve_only`).
+            self._ended = True
+            self._quic.close(error_code=QuicErrorCode.CONNECTION_REFUSED,
+                             frame_type=QuicFrameType.PADDING, reason_phrase="banned")
+            return
+        if len(ctx.connections) >= self.limits.max_connections or \
+                (ctx.max_per_client and not count_connection(self)):
+            self._ended = True
+            self._quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD, reason_phrase="busy")
+            return
+        ctx.connections.add(self)
+        self._draining = ctx.draining
+
+    def serve_only(self, router) -> None:
+        """Route every stream of this connection with `router` (a banned client's page)."""
+        self.router = router
+
+    def quic_event_received(self, event) -> None:
+        kind = type(event)
+        if kind is ProtocolNegotiated:
+            if event.alpn_protocol in H3_ALPN:
+                self._http = H3Connection(self._quic)
+            return
+        if kind is ConnectionTerminated:
+            self._end()
+            return
+        if self._http is None or self._ended:
+            return
+        if kind is StreamDataReceived and event.stream_id & 3 == 0 and self._over_head(event):
+            self._calm("header_block")
+            return
+        if (kind is StreamReset or kind is StopSendingReceived) and \
+                self._stream_reset(event.stream_id):
+            self._calm("rapid_reset", f" ({self._wasted} of {self._opened})")
+            return
+        for h3_event in self._http.handle_event(event):
+            h3_kind = type(h3_event)
+            if h3_kind is HeadersReceived:
+                self._headers(h3_event)
+            elif h3_kind is DataReceived:
+                self._data(h3_event)
+
+    def _over_head(self, event) -> bool:
+        """Count a request stream's bytes until its head is decoded (see the module)."""
+        stream_id = event.stream_id
+        if stream_id >= self._next_stream:
+            self._next_stream = stream_id + 4
+            self._heads[stream_id] = 0
+        taken = self._heads.get(stream_id)
+        if taken is None:
+            return False
+        taken += len(event.data)
+        self._heads[stream_id] = taken
+        return taken > self._head_limit
+
+    def _headers(self, event) -> None:
+        stream_id = event.stream_id
+        if self._heads.pop(stream_id, None) is None:
+            return      # trailers (never passed on), or a stream answered already
+        self._opened += 1
+        if self._opened >= self.limits.keepalive_requests:
+            self._draining = True
+        ended = event.stream_ended
+        req, length = self._open_head(stream_id, event.headers, ended, None)
+        if req is None:
+            if not ended:
+                self._quic.stop_stream(stream_id, ErrorCode.H3_NO_ERROR)   # no body wanted
+            self._after_answer()
+            return
+        if not ended:
+            req.body = Body(req, False, length)
+        self._streams[stream_id] = req
+        start(req)
+
+    def _data(self, event) -> None:
+        req = self._streams.get(event.stream_id)
+        if req is None or req.body is None:
+            return
+        body = req.body
+        received = body.received + len(event.data)
+        if received > self.limits.max_body:
+            self._refuse_body(req, 413)
+        elif body.length is not None and (received > body.length or (
+                event.stream_ended and received != body.length)):
+            # DATA that disagrees with the content-length: malformed (RFC 9114 4.1.2),
+            # and never delivered short or long to a handler that announced it upstream.
+            self._refuse_body(req, 400)
+        else:
+            if event.data:
+                body.feed(event.data)
+            if event.stream_ended:
+                body.finish()
+
+    def _stream_reset(self, stream_id: int) -> bool:
+        """The client reset a stream (RESET_STREAM, while it was sending) or asked us to
+        stop answering on it (STOP_SENDING: how a request whose body was sent in full is
+        cancelled): its work is dropped. True when it did so to too many streams before
+        their answer."""
+        self._heads.pop(stream_id, None)
+        req = self._streams.pop(stream_id, None)
+        self._fail_writer(stream_id)
+        if req is None:
+            return False                       # answered already: nothing was wasted
+        self._abandon(req)
+        # QUIC's reset ends the client's half only: ours ends too, which frees the
+        # stream for the client's next (aioquic grants new ones as streams finish).
+        self._quic.reset_stream(stream_id, ErrorCode.H3_REQUEST_CANCELLED)
+        self._wasted += 1
+        return too_many_resets(self._wasted, self._opened)
+
+    def _refuse_body(self, req: H3Request, status: int) -> None:
+        """The rest of a request body will not be taken: `status`, or a reset stream
+        when the answer began."""
+        stream_id = req.stream_id
+        self._streams.pop(stream_id, None)
+        self._abandon(req)
+        self._quic.stop_stream(stream_id, ErrorCode.H3_REQUEST_CANCELLED)
+        if req.started:
+            self.reset(stream_id)
+            return
+        req.answer_ready(req.errors.answer(status, req.headers))
+        record(req, req.logged)
+
+    def _calm(self, why: str, detail: str = "") -> None:
+        """A protection ends the connection: H3_EXCESSIVE_LOAD, counted."""
+        log.warning("HTTP/3 client %s: %s%s: connection closed", self.peer,
+                    PROTECTIONS[why], detail)
+        TALLY.event("h3_" + why)
+        self.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD, reason_phrase=why)
+        self._end()
+
+    def _end(self) -> None:
+        """The connection is over: its streams are dropped, its figures handed on."""
+        if self._ended and self not in self.ctx.connections:
+            return
+        self._ended = True
+        ctx = self.ctx
+        if self in ctx.connections:
+            ctx.connections.discard(self)
+            uncount_connection(self)
+            ctx.requests_done += self._opened
+            ctx.bytes_in_done += self.bytes_in
+            ctx.bytes_out_done += self.bytes_out
+        for req in list(self._streams.values()):
+            self._abandon(req)
+        self._streams.clear()
+        for stream_id in list(self._waiters):
+            self._fail_writer(stream_id)
+
+    # ------------------------------------------------------------ answering
+    def conclude(self, req: H3Request, status: int) -> None:
+        """`dispatch.answer`'s outcome for a stream's request (see HTTP2Connection's)."""
+        ours = self._streams.get(req.stream_id) is req
+        if status == GONE:
+            if not ours or self._ended:
+                return             # the stream or the connection went away meanwhile
+            status = 500           # a reset of the handler's own: its stream still waits
+        conclude(req, status)
+        self._streams.pop(req.stream_id, None)
+        self.bytes_out += req.sent
+        self._after_answer()
+
+    def send_ready(self, stream_id: int, response, head_only: bool) -> int:
+        """A ready answer on the stream (nestgate.pipeline.dispatch): its body's length."""
+        # Its fields are made per answer: a ready answer may be rewritten in place (the
+        # health's each second), and QPACK encodes them per answer anyway.
+        fields = ready_fields(response)
+        fields.append((b"date", CLOCK.date))
+        body = b"" if head_only else response.body
+        self._http.send_headers(stream_id, fields, end_stream=not body)
+        if body:
+            self._http.send_data(stream_id, body, end_stream=True)
+        self._transmit_soon()
+        return len(body)
+
+    def send_head(self, stream_id: int, fields: list, end: bool) -> None:
+        self._check_open(stream_id)
+        self._http.send_headers(stream_id, fields, end_stream=end)
+        self._transmit_soon()
+
+    def send_body(self, stream_id: int, data: bytes) -> bool:
+        """True when the stream holds so much the client has not taken that the caller
+        should wait (`drained`)."""
+        self._check_open(stream_id)
+        self._http.send_data(stream_id, data, end_stream=False)
+        self._transmit_soon()
+        return self._held(stream_id) > STREAM_HIGH_WATER
+
+    def end_stream(self, stream_id: int) -> None:
+        self._check_open(stream_id)
+        self._http.send_data(stream_id, b"", end_stream=True)
+        self._transmit_soon()
+
+    def reset(self, stream_id: int) -> None:
+        if not self._ended:
+            self._quic.reset_stream(stream_id, ErrorCode.H3_INTERNAL_ERROR)
+            self._transmit_soon()
+
+    def _check_open(self, stream_id: int) -> None:
+        if self._ended or stream_id not in self._streams:
+            raise ConnectionResetError("stream or connection gone")
+
+    def _held(self, stream_id: int) -> int:
+        # aioquic keeps a stream's answer bytes until the client acknowledges them.
+        stream = self._quic._streams.get(stream_id)
+        return 0 if stream is None else len(stream.sender._buffer)
+
+    async def drained(self, stream_id: int) -> None:
+        """Until the stream holds fewer than STREAM_LOW_WATER unacknowledged bytes (the
+        tick resets it if that takes `send_timeout`)."""
+        while self._held(stream_id) > STREAM_LOW_WATER:
+            self._check_open(stream_id)
+            waiter = self.loop.create_future()
+            self._waiters[stream_id] = [waiter, 0.0]
+            try:
+                await waiter
+            finally:
+                self._waiters.pop(stream_id, None)
+
+    def _wake_writers(self) -> None:
+        for stream_id, (waiter, _waited) in list(self._waiters.items()):
+            if not waiter.done() and self._held(stream_id) <= STREAM_LOW_WATER:
+                waiter.set_result(None)
+
+    def _fail_writer(self, stream_id: int) -> None:
+        entry = self._waiters.get(stream_id)
+        if entry is not None and not entry[0].done():
+            entry[0].set_exception(ConnectionResetError("stream reset"))
+
+    # ------------------------------------------------------------ worker hooks
+    @property
+    def served(self) -> int:
+        """Request streams opened so far (for the worker's figures)."""
+        return self._opened
+
+    def _after_answer(self) -> None:
+        if self._draining and not self._streams and not self._ended:
+            self.close(error_code=ErrorCode.H3_NO_ERROR)
+
+    def tick(self, elapsed: float) -> None:
+        """Reset the streams whose answer waited `send_timeout` for the client."""
+        for stream_id, entry in list(self._waiters.items()):
+            entry[1] += elapsed
+            if entry[1] >= self.limits.send_timeout:
+                self._fail_writer(stream_id)
+                self.reset(stream_id)
+        self._after_answer()
+
+    def finish_and_close(self) -> None:
+        """Graceful stop: the streams open are answered, then the connection closes."""
+        self._draining = True
+        self._after_answer()
+
