@@ -379,19 +379,25 @@ body = "the configured page"
 """
 
 
-def test_a_note_is_not_published_on_a_configured_routes_path(start_server, notes):
+def test_a_note_that_would_shadow_a_configured_route_is_refused(start_server, notes):
     """A note whose page would be /notes/about, where the site has a route of its own:
-    the write is kept, the route keeps answering in every worker, and the log says why
-    the page is not there (the page was registered over the route, in the writing worker)."""
+    refused with 409 naming the route, by PUT and by POST, nothing written, and the
+    route keeps answering in every worker; another slug is written as usual."""
     server = start_server(ROUTE_BESIDE_NOTES.format(notes=notes, workers=2, token=TOKEN,
                                                     max_bytes="64KiB"))
     port = server.port()
-    status, _, body = call(port, "PUT", "/api/v1/notes/about",
-                           {"title": "About", "body": "a note"})
-    assert status == 201 and body["slug"] == "about"
+    note = {"title": "About", "body": "a note"}
+    for method, path, sent in (("PUT", "/api/v1/notes/about", note),
+                               ("POST", "/api/v1/notes", {**note, "slug": "about"})):
+        status, _, body = call(port, method, path, sent)
+        assert (status, body["field"]) == (409, "slug")
+        assert body["error"] == ("the note's page /notes/about is the site's route "
+                                 "'/notes/about': choose another slug")
+    assert not (notes / "about.md").exists()
+    assert call(port, "GET", "/api/v1/notes/about")[0] == 404
     for _ in range(12):                         # new connections: both workers answer
         status, _, page = call(port, "GET", "/notes/about", token=None)
         assert (status, page) == (200, b"the configured page")
-    logged = server.wait_for("/notes/about is not published")
-    assert "the path is the route '/notes/about'" in logged
-    assert call(port, "GET", "/api/v1/notes/about")[2]["title"] == "About"
+    status, _, body = call(port, "PUT", "/api/v1/notes/about-us", note)
+    assert (status, body["slug"]) == (201, "about-us")
+    assert call(port, "GET", "/notes/about-us", token=None)[0] == 200

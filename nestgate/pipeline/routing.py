@@ -106,6 +106,11 @@ class SiteRoutes:
         self.prefixes.append((prefix, handler, label, TALLY.route(self.name, label)))
         self.prefixes.sort(key=lambda entry: len(entry[0]), reverse=True)
 
+    def holder(self, path: str):
+        """(the handler as its owner gave it, the route's label) of the exact or
+        `{name}` route that holds `path`, or None when no route does."""
+        return self.owners.get(path_shape(path))
+
     def remove_exact(self, path: str, handler) -> bool:
         """Take out the exact route on `path` if `handler` is the one it was added
         with; a route another owner holds there stays. True when it was removed."""

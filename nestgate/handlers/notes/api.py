@@ -215,6 +215,12 @@ class NotesApi:
             note = make_note(slug, meta, body)
         except BadNote as exc:
             raise ApiError(422, str(exc), exc.field) from None
+        path = self.pages.note_path(slug)
+        taken = self.pages.taken_by(path)
+        if taken is not None:
+            # The site's route keeps its path: the note's page would never be shown.
+            raise ApiError(409, f"the note's page {path} is the site's route {taken!r}: "
+                                "choose another slug", "slug")
         limit = self.notes.max_page_bytes
         try:
             self.pages.renderer.note_page_within(note, limit)

@@ -107,6 +107,18 @@ class SitePages:
         self.routes.add_exact(page.path, page, page.label)
         self.registered[page.path] = page
 
+    def note_path(self, slug: str) -> str:
+        return f"{self.notes.path}/{slug}"
+
+    def taken_by(self, path: str) -> str | None:
+        """The label of another route of the site on `path` (a configured route, the
+        health check, the notes API), which a page there could never shadow; None when
+        the path is free or already this site's page."""
+        held = self.routes.holder(path) if self.routes is not None else None
+        if held is None or held[0] is self.registered.get(path):
+            return None
+        return held[1]
+
     def _publish(self, page: CachedPage) -> None:
         """Register a page rendered while serving. A note or tag whose page would take
         the path of another route of the site (a configured route, the health check,
@@ -293,7 +305,7 @@ class SitePages:
             slug = params["slug"]
             if not SLUG.match(slug):
                 return None
-            key, path = ("note", slug), f"{base}/{slug}"
+            key, path = ("note", slug), self.note_path(slug)
         elif kind == "list":
             if n < 2:
                 return None
