@@ -7,4 +7,6 @@
     watch    a worker's side: counting what clients do, banning, keeping its table in
              step with the store, refusing at accept, the 403 page
     cli      `nestgate ban list | add | remove`
+    crowdsec   the CrowdSec bouncer: a side process polls the Local API's decisions
+    decisions  and writes them as the decision table every site's gate refuses
 """
