@@ -90,7 +90,6 @@ def build_router(config) -> Router:
     if geo is not None:
         services.append(geo)
     broadcast = None
-    auth_servers = guards.auth_servers      # forward_auth table -> its auth server
     if config.state.backend == "redis" and any(s.notes for s in config.sites):
         from nestgate.handlers.notes.broadcast import NotesBroadcast
         broadcast = NotesBroadcast(config.state)
@@ -104,9 +103,7 @@ def build_router(config) -> Router:
             handler = build_handler(route, site_config, config)
             if isinstance(handler, Service):
                 services.append(handler)
-            if route.forward_auth is not None:
-                from nestgate.handlers.auth.delegate import delegated
-                handler = delegated(handler, route, auth_servers)
+            handler = guards.route_handler(handler, route)
             if route.path:
                 site.add_exact(route.path, handler, route.label, access=route.access,
                                limit=route.rate_limit, policy=route.policy)

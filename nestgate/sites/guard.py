@@ -55,6 +55,14 @@ class Guards:
             guard = delegating(guard, site_config, self.auth_servers)
         return watched(guard, site_config.name)
 
+    def route_handler(self, handler, route):
+        """A configured route's handler, asking the route's own auth server first
+        (its `forward_auth`) when it has one; the site's guard is added with it."""
+        if route.forward_auth is None:
+            return handler
+        from nestgate.handlers.auth.delegate import delegated
+        return delegated(handler, route, self.auth_servers)
+
     def add_portal(self, site: SiteRoutes, site_config) -> None:
         """The sign-in pages and forward-auth endpoints of a protected site."""
         if self.gateway is not None:
