@@ -7,6 +7,7 @@
     watch    a worker's side: counting what clients do, banning, keeping its table in
              step with the store, refusing at accept, the 403 page
     cli      `nestgate ban list | add | remove`
-    crowdsec   the CrowdSec bouncer: a side process polls the Local API's decisions
-    decisions  and writes them as the decision table every site's gate refuses
+    crowdsec        the CrowdSec bouncer: a side process polls the Local API's
+                    decisions into the ban table; decisions: kept in a file for restarts
+    crowdsecalerts  nestgate's own bans sent to the Local API as alerts
 """

@@ -9,7 +9,8 @@ off the path of a good request: a failed or refused sign-in (the portal), a requ
 refused as malformed (the protocol adapters' 400), a rate-limit refusal (429), and an
 answer whose status a rule watches (`answered`: a handler's answer, from
 `dispatch.record`, and the built-in 404 of an unmatched path, through `NotedNotFound`,
-which the route table puts in front of that 404 only when some rule counts 404s).
+which the site's guard (nestgate.sites.guard) hands the route table to put in front
+of that 404 only when some rule counts 404s).
 
 Each rule counts per client network (the address, an IPv6 client's /64) in the rate
 table every worker shares (nestgate.pipeline.ratelimit.RateTable), as a leaky bucket: `count`
