@@ -760,6 +760,7 @@ def test_a_remembered_head_for_a_stream_reset_meanwhile_fails_the_exchange_quiet
     # and the exchange fails as it would in the parser's callback (no exception out of
     # the upstream socket's data_received).
     from types import SimpleNamespace
+    from nestgate.base.flow import Reading
     from nestgate.wire.h2engine import StreamClosedError
     from nestgate.handlers.proxy import upstream as up
 
@@ -775,11 +776,11 @@ def test_a_remembered_head_for_a_stream_reset_meanwhile_fails_the_exchange_quiet
     head = b"HTTP/1.1 200 OK\r\nx-kind: remembered\r\ncontent-length: 2"
     up._read_head(head, 200, True)                 # known, as after a first response
     conn = SimpleNamespace(target=SimpleNamespace(private=False, compress=False),
-                           closed=False, exchange=None)
+                           closed=False, exchange=None, reading=Reading())
     conn.close = lambda: setattr(conn, "closed", True)
     ex = up.Exchange(conn, ResetStream())
     ex.feed(head + b"\r\n\r\nok")
-    assert ex.error == 502 and conn.closed and conn.exchange is None and not ex.pending
+    assert ex.error == 502 and conn.closed and conn.exchange is None and not ex.relay.out
 
 
 def test_a_site_written_with_the_proxy_and_static_shorthands_serves(start_server, upstream,

@@ -23,6 +23,7 @@ import ssl
 
 from nestgate.base.clock import CLOCK
 from nestgate.base.errors import HandlerError
+from nestgate.base.flow import Reading, Signal, hold
 from nestgate.base.grammar import TCHAR
 from nestgate.base.handler import Service, TellsIdentity
 from nestgate.handlers.proxy.balancer import Balancer
@@ -53,6 +54,7 @@ _NO_NAMES: frozenset[bytes] = frozenset()
 # name with a space in it) is malformed.
 _SCHEMES = {"http": b"http", "https": b"https"}
 _FORWARDED_LIMIT = 4096       # (client, scheme) pairs whose X-Forwarded-* lines are kept
+_FIELDS_LIMIT = 1024          # requests' header lines kept (`ProxyHandler._head`)
 
 
 class _Stale(Exception):
@@ -105,6 +107,9 @@ class ProxyHandler(Service, TellsIdentity):
         # (client, scheme) -> the X-Forwarded-For and -Proto lines and the start of
         # X-Forwarded-Host, made once per client rather than formatted per request.
         self._forwarded_lines: dict[tuple[str, str], bytes] = {}
+        # (host, client, scheme, identity, the request's header fields) -> the header
+        # lines that go upstream after Host: a client repeats its fields byte for byte.
+        self._fields_made: dict[tuple, bytes] = {}
         self.running = False
         # The worker's tick drives the timeout watch (and, through the balancer, the
         # health checks): often enough to see the shortest timeout pass.
@@ -136,7 +141,7 @@ class ProxyHandler(Service, TellsIdentity):
                     if now - ex.last > opts.tunnel_idle_timeout:
                         ex.lost()               # both sides close as the tunnel ends
                     continue
-                if type(ex) is not Exchange or ex.complete or ex.error or ex.paused:
+                if type(ex) is not Exchange or ex.complete or ex.error or conn.reading.paused:
                     continue
                 if now - ex.last > opts.read_timeout or \
                         (opts.request_timeout and now - ex.t0 > opts.request_timeout):
@@ -151,9 +156,10 @@ class ProxyHandler(Service, TellsIdentity):
     # ------------------------------------------------------ requests
     def begin(self, req, identity: bytes = b"") -> bool:
         """The common case without a coroutine: no body, no upgrade, an idle kept-alive
-        connection ready. The exchange answers from its callbacks and `settled` tells
-        the engine. Anything else (False) goes through `handle` in a task."""
-        if not req.relays_bytes or req.body is not None or req.upgrade or not self.running:
+        connection ready, and room to answer at once (`relay.ready_now`). The exchange
+        answers from its callbacks and `settled` tells the engine. Anything else
+        (False) goes through `handle` in a task."""
+        if req.body is not None or req.upgrade or not self.running:
             return False
         target = self.single
         if target is None or not target.healthy:
@@ -176,12 +182,12 @@ class ProxyHandler(Service, TellsIdentity):
         except HandlerError:
             target.idle.append(conn)            # unused; `handle` answers the refusal
             return False
-        ex = conn.spare
-        if ex is None:
-            ex = Exchange(conn, req)
-        else:
-            conn.spare = None
-            ex._reset(req)
+        ex = Exchange.on(conn, req)
+        if not ex.relay.ready_now():
+            conn.exchange = None                # no room yet: `handle` waits for it
+            conn.spare = ex
+            target.idle.append(conn)
+            return False
         ex.fast = self
         ex.target = target
         ex.sent_all = True
@@ -273,9 +279,9 @@ class ProxyHandler(Service, TellsIdentity):
         raise HandlerError(status)
 
     def _head(self, req, target, identity: bytes = b"") -> bytes:
-        """The request head for `target`: the headers as parsed, less the dropped ones,
-        then the user's `identity` lines, X-Forwarded-* and the framing (and upgrade)
-        lines nestgate writes itself.
+        """The request head for `target`: the request line and Host (the holes, per
+        request), then the header lines `_fields` makes, kept in `_fields_made` for
+        a request without a body from a client that repeats its headers.
         HandlerError(400) for a Connection header `_hop_names` refuses."""
         path = req.raw_target
         if self.strip and path.startswith(self.strip):
@@ -283,8 +289,29 @@ class ProxyHandler(Service, TellsIdentity):
             if not path.startswith(b"/"):
                 path = b"/" + path
         host = req.host
-        parts = [req.method, b" ", path, b" HTTP/1.1\r\nhost: ",
-                 target.authority if self.host_from_target or not host else host, b"\r\n"]
+        line = (req.method, b" ", path, b" HTTP/1.1\r\nhost: ",
+                target.authority if self.host_from_target or not host else host, b"\r\n")
+        if req.body is not None:
+            return b"".join(line + (self._fields(req, identity)[0],))
+        # The fields depend on nothing else (`_fields` says when they do not).
+        key = (host, req.client, req.scheme, identity, tuple(req.headers))
+        fields = self._fields_made.get(key)
+        if fields is None:
+            fields, kept = self._fields(req, identity)
+            if kept:
+                if len(self._fields_made) >= _FIELDS_LIMIT:
+                    self._fields_made.clear()
+                self._fields_made[key] = fields
+        return b"".join(line + (fields,))
+
+    def _fields(self, req, identity: bytes) -> tuple[bytes, bool]:
+        """The header lines after Host: the headers as parsed, less the dropped ones,
+        then the user's `identity` lines, X-Forwarded-* and the framing (and upgrade)
+        lines nestgate writes itself; and whether they may be kept for the same
+        request fields (False when they depend on the connection: a trusted proxy's
+        X-Forwarded-*, Connection options)."""
+        host = req.host
+        parts = []
         drop = self.drop
         special = cookies = None
         for item in req.headers:
@@ -311,12 +338,13 @@ class ProxyHandler(Service, TellsIdentity):
             key = (req.client, req.scheme)
             lines = self._forwarded_lines.get(key) or self._learn_forwarded(key)
             parts += (identity, lines, host, b"\r\n\r\n")
-            return b"".join(parts)
+            return b"".join(parts), True
         conn = req.connection
         upgrade = declared = None
-        xff = proto = fhost = None
+        xff = proto = fhost = claims = None
+        own = True              # the lines depend on the request alone (see the end)
         if special is not None:
-            conn_tokens = claims = None
+            conn_tokens = None
             for name, value in special:
                 if name == b"content-length":
                     declared = value
@@ -333,11 +361,14 @@ class ProxyHandler(Service, TellsIdentity):
                     fhost = value
                 elif name in CLIENT_CLAIMS:
                     claims = [(name, value)] if claims is None else claims + [(name, value)]
+            # What a client claims about who it is counts only from a trusted proxy:
+            # with such claims the lines depend on the connection too.
+            own = xff is None and proto is None and fhost is None and claims is None
             if conn_tokens is not None:
                 # Headers the Connection header names are hop-by-hop too.
                 names = _hop_names(req, conn_tokens)
                 if names:
-                    del parts[6:]
+                    del parts[:]
                     for name, value in req.headers:
                         if name not in drop and name not in names:
                             parts += (name, b": ", value, b"\r\n")
@@ -375,7 +406,7 @@ class ProxyHandler(Service, TellsIdentity):
             if offered:
                 parts += (b"connection: upgrade\r\nupgrade: ", offered, b"\r\n")
         parts.append(b"\r\n")
-        return b"".join(parts)
+        return b"".join(parts), own
 
     def _offered(self, upgrade: bytes) -> bytes:
         """Of a request's Upgrade list (`protocol[/version]` items), the items whose
@@ -410,10 +441,7 @@ class ProxyHandler(Service, TellsIdentity):
         target.active += 1
         target.requests += 1
         try:
-            if not ex.h1:
-                # Room for the first part of the body before the upstream is asked: a
-                # client that grants no window never gets anything read for it.
-                await ex.take_room()
+            await ex.relay.ready()
             conn.transport.write(head)
             if req.body is not None:
                 await self._send_body(req, conn, ex)
@@ -468,7 +496,7 @@ class ProxyHandler(Service, TellsIdentity):
         if tail:
             conn.transport.write(tail)
         client.set_sink(pipe.from_client)
-        conn.transport.resume_reading()
+        conn.reading.resume()
         await pipe.run()
 
 
@@ -525,28 +553,27 @@ def _hop_names(req, tokens: bytes) -> frozenset[bytes] | set[bytes]:
 
 
 class Pipe:
-    """After 101: bytes both ways, each side paused while the other's buffer is full."""
+    """After 101: bytes both ways, each side's reading paused while the other side's
+    buffer is full (`flow.hold`)."""
 
-    __slots__ = ("client", "upstream", "closed", "client_full", "upstream_full", "waiter",
-                 "last")
+    __slots__ = ("client", "upstream", "closed", "signal", "last", "client_reading")
 
     def __init__(self, client, upstream) -> None:
         self.client = client
         self.upstream = upstream
         self.closed = False
         self.last = CLOCK.now           # when a byte last went either way (the tick's view)
-        self.client_full = self.upstream_full = False
-        self.waiter: asyncio.Future | None = None
+        self.signal = Signal()
+        self.client_reading = Reading(client.transport)
 
     def feed(self, data: bytes) -> None:            # upstream -> client
         self.last = CLOCK.now
         client = self.client
         client.bytes_out += len(data)
         client.write(data)
-        if client.write_paused and not self.client_full:
-            self.client_full = True
-            self.upstream.transport.pause_reading()
-            self._wake()
+        if client.write_paused and not self.upstream.reading.paused:
+            self.upstream.reading.pause()
+            self.signal.wake()
 
     def from_client(self, data: bytes) -> None:     # client -> upstream
         self.last = CLOCK.now
@@ -554,37 +581,23 @@ class Pipe:
         if upstream.closed:
             return
         upstream.transport.write(data)
-        if upstream.write_paused and not self.upstream_full:
-            self.upstream_full = True
-            self.client.transport.pause_reading()
-            self._wake()
+        if upstream.write_paused and not self.client_reading.paused:
+            self.client_reading.pause()
+            self.signal.wake()
 
     def lost(self) -> None:
         self.closed = True
-        self._wake()
-
-    def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
+        self.signal.wake()
 
     async def run(self) -> None:
+        upstream_reading = self.upstream.reading
         try:
             while not self.closed:
-                if self.client_full:
-                    await self.client.wait_writable()
-                    self.client_full = False
-                    if not self.upstream.closed:
-                        self.upstream.transport.resume_reading()
-                    continue
-                if self.upstream_full:
-                    await self.upstream.wait_writable()
-                    self.upstream_full = False
-                    self.client.transport.resume_reading()
-                    continue
-                self.waiter = asyncio.get_running_loop().create_future()
-                try:
-                    await self.waiter
-                finally:
-                    self.waiter = None
+                if upstream_reading.paused:
+                    await hold(upstream_reading, self.client.wait_writable)
+                elif self.client_reading.paused:
+                    await hold(self.client_reading, self.upstream.wait_writable)
+                else:
+                    await self.signal.wait()
         finally:
             self.upstream.close()

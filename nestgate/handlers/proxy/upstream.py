@@ -2,13 +2,14 @@
 
 Theory of operation
 -------------------
-An `Exchange` is the httptools response parser's callback object for one request.
-It answers the client straight from the parser callbacks: the status and the
-kept headers go out at `on_headers_complete`, body chunks are pushed as they
-arrive, `on_message_complete` ends the response and hands the connection back to
-the pool. The handler coroutine sleeps on one future and wakes only when the
-exchange is over, failed, or must wait for a slow client (backpressure: the
-upstream socket stops being read until the client's buffer drains).
+An `Exchange` is the httptools response parser's callback object for one request:
+the upstream side. What it reads it hands to its relay (`relay.py`), which owns the
+client side: the status and the kept headers at `on_headers_complete`, body chunks
+as they arrive, the end at `on_message_complete`, which also hands the connection
+back to the pool. The exchange never writes to a client; the relay decides when the
+upstream must stop being read for a slow client (the connection's `flow.Reading`).
+A handler coroutine, when there is one, sleeps on the exchange's `signal` and wakes
+only when the exchange is over, failed, upgraded, or its relay has work to do.
 
 Response heads are not read a header at a time: at `on_headers_complete` the
 head's bytes (llhttp has checked them) are looked up in `_HEADS`, and only a head
@@ -34,15 +35,11 @@ import httptools
 
 from nestgate.base import compress
 from nestgate.base.clock import CLOCK
-from nestgate.base.flow import Writable
+from nestgate.base.flow import Reading, Signal, Writable
+from nestgate.handlers.proxy.relay import relay_for
 from nestgate.base.responses import SERVER, STATUS_LINES, status_line
 
 WRITE_HIGH_WATER = 64 * 1024
-# Response body bytes a non-HTTP/1.1 client's exchange asks room for at a time: the
-# upstream is read only while the client's protocol (HTTP/2's flow-control window and
-# per-connection output budget) has room, so a client that grants no window holds at
-# most this plus one socket read per stream.
-CLIENT_ROOM = 64 * 1024
 # Bytes of response head an upstream may send, interim responses and the blank line
 # included; past it the answer is 502 (nginx answers so, "upstream sent too big
 # header", past proxy_buffer_size, 4-8 KiB; apps with large cookies need more).
@@ -96,7 +93,7 @@ class UpstreamConnection(asyncio.Protocol):
     """A connection to one target; `exchange` receives its bytes while it is in use."""
 
     __slots__ = ("target", "transport", "exchange", "closed", "write_paused", "_writable",
-                 "idle_since", "reused", "spare")
+                 "reading", "idle_since", "reused", "spare")
 
     def __init__(self, target) -> None:
         self.target = target
@@ -105,12 +102,14 @@ class UpstreamConnection(asyncio.Protocol):
         self.closed = False
         self.write_paused = False
         self._writable = Writable()
+        self.reading = Reading()        # paused while a client cannot take more
         self.idle_since = 0.0
         self.reused = False
         self.spare: Exchange | None = None      # reused for the next request
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.reading.transport = transport
         transport.set_write_buffer_limits(WRITE_HIGH_WATER)
         self.target.conns.add(self)
 
@@ -153,12 +152,11 @@ class UpstreamConnection(asyncio.Protocol):
 class Exchange:
     """One request/response on an upstream connection, streaming to `request`."""
 
-    __slots__ = ("conn", "req", "parser", "block", "status", "length", "chunked", "started",
-                 "complete", "error", "waiter", "paused", "last", "t0", "sent_all",
-                 "upgrade_value", "upgrade_tail", "received", "out", "head_buf", "head_start",
+    __slots__ = ("conn", "req", "relay", "signal", "parser", "block", "status", "length",
+                 "chunked", "started", "complete", "error", "last", "t0", "sent_all",
+                 "upgrade_value", "upgrade_tail", "received", "head_buf", "head_start",
                  "last_head", "last_known", "owed", "keep_alive", "heads", "private",
-                 "reusable", "fast", "target", "h1", "pending", "credit", "cancel",
-                 "client", "compress", "encoder")
+                 "reusable", "fast", "target", "cancel", "compress", "encoder")
 
     @classmethod
     def on(cls, conn: UpstreamConnection, req) -> Exchange:
@@ -178,11 +176,9 @@ class Exchange:
         # What an exchange that ended cleanly leaves as it found it (and `_reset`
         # does not touch: the exchange is reused only after a clean end).
         self.error = 0                # 502/504 when the exchange failed
-        self.waiter: asyncio.Future | None = None
-        self.paused = False           # upstream reading paused for the client
+        self.signal = Signal()        # the handler's coroutine waits on it (`wait`)
         self.upgrade_tail: bytes | None = None
-        self.out: list[bytes] = []    # bytes for the client, written once per upstream read
-        self.pending: list[bytes] = []          # not h1: body chunks the handler writes
+        self.relay = relay_for(self, conn.reading, req)
         self.head_buf = b""           # the response head's bytes while it arrives
         self.head_start = 0           # where it begins in them (after interim responses)
         self.last_head: bytes | None = None     # the last remembered head on this
@@ -198,11 +194,11 @@ class Exchange:
 
     def _reset(self, req) -> None:
         self.req = req
-        # Body chunks a handler left unwritten (its stream was reset while it waited
-        # for the client's window, after the upstream's response had all arrived):
-        # the connection is sound, the chunks are the last client's and go nowhere.
-        self.pending.clear()
-        self.client = req.connection  # the client's connection, written to directly
+        relay = self.relay
+        if relay.relays_bytes is not req.relays_bytes:
+            # A client of the other kind than this connection's last one.
+            relay = self.relay = relay_for(self, self.conn.reading, req)
+        relay.req = req
         self.block = b""              # the kept header lines, each ending in CRLF
         self.status = 0
         self.length = None
@@ -212,15 +208,10 @@ class Exchange:
         self.last = self.t0 = CLOCK.now
         self.sent_all = False         # the whole request went upstream
         self.upgrade_value = b""
-        self.credit = 0               # not h1: body bytes the client's protocol has room for
         self.received = False
         self.reusable = False         # ended cleanly: the handler gives the connection back
         self.fast = None              # the handler, when no coroutine waits (see `settle`)
         self.target = None
-        # A client whose answer is a byte stream (HTTP/1.1) gets the upstream's bytes
-        # framed here and written once per upstream read; others (HTTP/2) are answered
-        # through `start_raw` and `write`, under their flow control.
-        self.h1 = req.relays_bytes
         self.encoder = None           # a StreamEncoder when this response is compressed
         self.conn.exchange = self
 
@@ -233,16 +224,9 @@ class Exchange:
         elif self.started or self.head_buf or self.compress or not self._remembered(data):
             if not self._parse(data):
                 return
-        out = self.out
-        if out:
-            # What this read produced for the client, in one write.
-            self.out = []
-            client = self.client
-            transport = client.transport
-            if not transport.is_closing():
-                transport.write(out[0] if len(out) == 1 else b"".join(out))
-            if client.write_paused and not self.complete and not self.paused:
-                self._pause_for_client()
+        relay = self.relay
+        if relay.out:
+            relay.flush()               # what this read made, to the client
         if self.complete and self.fast is not None:
             handler, self.fast = self.fast, None
             handler.settled(self)
@@ -277,20 +261,14 @@ class Exchange:
         self.started = True
         start = end + 4
         got = len(data) - start
-        if self.h1:
-            head = req.head_from(status, lines)
-            self.out.append(head + data[start:start + length] if got else head)
-            req.sent += min(got, length)
-        else:
-            try:
-                req.start_raw(status, self.block, length)
-            except ConnectionResetError:
-                # The client's stream was reset in this same turn of the loop, before
-                # its task was cancelled: as in the parser's callback (`_parse`).
-                self.fail(BAD_GATEWAY)
-                return True
-            if got:
-                self._relay(data[start:start + length])
+        try:
+            self.relay.start_counted(status, self.block, lines, length,
+                                     data[start:start + length] if got else b"", got >= length)
+        except ConnectionResetError:
+            # The client's stream was reset in this same turn of the loop, before
+            # its task was cancelled: as in the parser's callback (`_parse`).
+            self.fail(BAD_GATEWAY)
+            return True
         if got < length:
             self.owed = length - got
             self.keep_alive = keep_alive
@@ -309,11 +287,7 @@ class Exchange:
                 data = data[:owed]
         else:
             self.owed = owed - size
-        if self.h1:
-            self.req.sent += len(data)
-            self.out.append(data)
-        else:
-            self._relay(data)
+        self.relay.counted(data)
         if not self.owed:
             self._finish(self.keep_alive and size == owed)
 
@@ -334,8 +308,8 @@ class Exchange:
             if self.status == 101 and self.fast is None:
                 self.upgrade_tail = data[exc.args[0]:]
                 self.conn.exchange = None
-                self.conn.transport.pause_reading()   # the tunnel resumes it
-                self._wake()
+                self.conn.reading.pause()             # the tunnel resumes it
+                self.signal.wake()
             else:
                 self.fail(BAD_GATEWAY)
             return False
@@ -354,43 +328,6 @@ class Exchange:
             return False
         return True
 
-    def _flush(self) -> None:
-        out, self.out = self.out, []
-        client = self.client
-        client.write(out[0] if len(out) == 1 else b"".join(out))
-        if client.write_paused and not self.complete and not self.paused:
-            self._pause_for_client()
-
-    def _pause_for_client(self) -> None:
-        """The client is slower than the upstream: stop reading the upstream."""
-        self.paused = True
-        self.conn.transport.pause_reading()
-        if self.fast is not None:
-            asyncio.get_running_loop().create_task(self._resume_when_writable())
-        self._wake()
-
-    async def _resume_when_writable(self) -> None:
-        try:
-            await self.client.wait_writable()
-        except ConnectionError:
-            return                          # the client went away: `cancel` cleans up
-        if self.paused and self.fast is not None:
-            self.paused = False
-            self.last = CLOCK.now
-            if not self.conn.closed:
-                self.conn.transport.resume_reading()
-
-    async def take_room(self) -> None:
-        """Not HTTP/1.1: wait until the client's protocol has room for more of the body
-        (its flow-control window, its connection's output budget), then read on."""
-        while self.credit <= 0:
-            self.credit += await self.req.room(CLIENT_ROOM)
-        self.last = CLOCK.now
-        if self.paused:
-            self.paused = False
-            if not self.conn.closed:
-                self.conn.transport.resume_reading()
-
     def _settle(self) -> None:
         handler, self.fast = self.fast, None
         handler.settled(self)
@@ -405,8 +342,8 @@ class Exchange:
             return
         if self.started and self.length is None and not self.chunked and self.status != 101:
             self._finish(False)                 # a body delimited by the connection closing
-            if self.out:
-                self._flush()
+            if self.relay.out:
+                self.relay.flush()
             if self.fast is not None:
                 self._settle()
         else:
@@ -453,11 +390,7 @@ class Exchange:
                         self.encoder = compress.StreamEncoder(coding)
                 else:
                     lines = None                # Vary added, the body as it is
-        if self.h1:
-            self.out.append(req.head_from(status, lines) if lines is not None
-                            else req.head_bytes(status, self.block, self.length))
-        else:
-            req.start_raw(status, self.block, self.length)
+        self.relay.start(status, self.block, self.length, lines)
         self.started = True
         if req.head_only:
             # No body follows a HEAD response whatever its headers say; the parser
@@ -474,23 +407,7 @@ class Exchange:
             chunk = self.encoder.feed(chunk)
             if not chunk:
                 return
-        if self.h1:
-            data = self.req.frame(chunk)
-            if data:
-                self.out.append(data)
-        else:
-            self._relay(chunk)
-
-    def _relay(self, chunk: bytes) -> None:
-        """Not HTTP/1.1: a body chunk for `wait` to write through the protocol's `write`."""
-        self.pending.append(chunk)
-        self.credit -= len(chunk)
-        if self.credit <= 0 and not self.paused:
-            # Past the room the client's protocol granted: read no further until
-            # `wait` has written these and been granted more.
-            self.paused = True
-            self.conn.transport.pause_reading()
-        self._wake()
+        self.relay.body(chunk)
 
     def on_message_complete(self) -> None:
         if self.status < 200 or self.complete:
@@ -504,28 +421,21 @@ class Exchange:
             encoder, self.encoder = self.encoder, None
             tail = encoder.finish()
             if tail:
-                if self.h1:
-                    self.out.append(self.req.frame(tail))
-                else:
-                    self.pending.append(tail)
-        if self.h1:
-            tail = self.req.end_bytes()
-            if tail:
-                self.out.append(tail)
-        # else: the engine ends the response once the handler has written `pending`
+                self.relay.body(tail)
+        if not self.req.finished:
+            self.relay.end()
         conn = self.conn
         conn.exchange = None
-        if self.paused:
-            # Done: what is left is already in the client's buffer.
-            self.paused = False
-            if not conn.closed:
-                conn.transport.resume_reading()
+        # Done: what is left is with the relay or in the client's buffer, and the
+        # connection is read again (for its next exchange, or to see it close).
+        if conn.reading.paused:
+            conn.reading.resume()
         if reusable and self.sent_all and not conn.closed:
             self.reusable = True
         else:
             conn.close()
-        if self.waiter is not None:
-            self._wake()
+        if self.fast is None:
+            self.signal.wake()
 
     def fail(self, status: int) -> None:
         if self.complete or self.error:
@@ -535,39 +445,20 @@ class Exchange:
         self.conn.close()
         if self.fast is not None:
             self._settle()
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self.signal.wake()
 
     async def wait(self) -> None:
-        """Until the exchange is over, failed, upgraded or paused for the client."""
+        """Until the exchange is over, failed or upgraded; meanwhile the relay writes
+        what it holds and waits for the client (`relay.drain`)."""
+        relay = self.relay
         while True:
-            if self.pending and not self.error:
-                # Not HTTP/1.1: the body goes through the protocol's own `write`.
-                chunks, self.pending = self.pending, []
-                for chunk in chunks:
-                    await self.req.write(chunk)
+            if not self.error and relay.due():
+                await relay.drain()
                 self.last = CLOCK.now
-                if self.paused and not self.complete:
-                    await self.take_room()
                 continue
             if self.complete or self.error or self.upgrade_tail is not None:
                 return
-            if self.paused:
-                await self.req.writable()
-                self.paused = False
-                self.last = CLOCK.now
-                if not self.conn.closed:
-                    self.conn.transport.resume_reading()
-                continue
-            self.waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
+            await self.signal.wait()
 
 
 def _kind(name: bytes) -> int:
