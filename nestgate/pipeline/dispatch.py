@@ -164,7 +164,7 @@ async def run(req) -> None:
 def begin(req) -> bool:
     """True when `req`'s handler took it to answer from callbacks (it then calls
     `req.answered()` or `req.answer_in_task()`); False: answer it in a task."""
-    if req.relays_bytes:
+    if req.answers_from_callbacks:
         take = getattr(req.handler, "begin", None)
         if take is not None:
             return take(req)

@@ -15,9 +15,13 @@ can do, which the subclasses say with class attributes:
   `relays_bytes`  True when the response is one byte stream the handler may frame
                   itself (`head_bytes`/`head_from`, `frame`, `end_bytes`) and write
                   to `connection` in batches, and may answer from callbacks
-                  (`begin` returning True, then `answered`/`answer_in_task`). The
-                  proxy relays an upstream's bytes this way on HTTP/1.1; on HTTP/2
-                  it answers through `start_raw`/`write`, like any handler.
+                  The proxy relays an upstream's bytes this way on HTTP/1.1; on
+                  HTTP/2 and HTTP/3 it answers through `start_raw` and `write` (or
+                  `push`), like any handler.
+  `answers_from_callbacks`  True when a handler may take the request to answer it
+                  from callbacks, without a task (`begin` returning True, then
+                  `answered` or `answer_in_task`; `room_now` and `write_now` tell
+                  such a handler what it may send at once). HTTP/1.1 and HTTP/2.
   `sendfile_transport()`  the transport a file's bytes may go to with `sendfile`
                   (a plain TCP socket carrying nothing but this response), or None.
 
@@ -146,6 +150,7 @@ class Request:
 
     protocol = ""              # as the request log writes it: "HTTP/1.1", "HTTP/2"
     relays_bytes = False
+    answers_from_callbacks = False
 
     def __init__(self, conn, handler, route, method: bytes, raw_target: bytes, qmark: int,
                  headers, host: bytes, keep_alive: bool, t0: float) -> None:
@@ -237,6 +242,16 @@ class Request:
         """How many body bytes to produce next, at most `wanted`, for a handler that
         reads them from somewhere (a file, an upstream)."""
         return wanted
+
+    def room_now(self, wanted: int) -> int:
+        """`room` without waiting: how many body bytes may be produced at once (0:
+        none now; ask `room`)."""
+        return wanted
+
+    def write_now(self, data: bytes) -> bool:
+        """`write` when the protocol takes the bytes at once, for a handler answering
+        from callbacks; False (nothing taken) when they would have to wait."""
+        return False
 
     def push(self, data: bytes) -> bool:
         """`write` without waiting: True when the caller should stop producing until

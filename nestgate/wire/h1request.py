@@ -20,6 +20,7 @@ class HTTP1Request(Request):
     __slots__ = ("version", "_chunked")
 
     relays_bytes = True
+    answers_from_callbacks = True
 
     def __init__(self, conn, handler, route, method: bytes, raw_target: bytes, qmark: int,
                  version: str, headers, host: bytes, keep_alive: bool, t0: float) -> None:

@@ -107,20 +107,42 @@ class Sending:
         while True:
             if self.transport.is_closing():
                 raise ConnectionResetError("client went away")
-            budget = OUTPUT_BUDGET - self._granted
             if self.write_paused:
                 await self._writable.wait()
-            elif budget <= 0:
+            elif self._granted >= OUTPUT_BUDGET:
                 if self._budget is None or self._budget.done():
                     self._budget = self.loop.create_future()
                 await asyncio.shield(self._budget)
             else:
-                window = self.h2.local_flow_control_window(stream_id)
-                if window > 0:
-                    granted = min(wanted, max(window, ROOM_MIN), budget)
-                    self._granted += granted
+                granted = self.grant(stream_id, wanted)
+                if granted:
                     return granted
                 await self._wait_window(stream_id)
+
+    def grant(self, stream_id: int, wanted: int) -> int:
+        """`room` without waiting: what the stream's handler may produce now (0: none)."""
+        budget = OUTPUT_BUDGET - self._granted
+        if budget <= 0 or self.write_paused or self.transport.is_closing():
+            return 0
+        window = self.h2.local_flow_control_window(stream_id)
+        if window <= 0:
+            return 0
+        granted = min(wanted, max(window, ROOM_MIN), budget)
+        self._granted += granted
+        return granted
+
+    def send_now(self, stream_id: int, data: bytes) -> bool:
+        """`data` out at once as one DATA frame, when nothing of the stream is queued
+        and its window takes it; False (nothing sent) otherwise."""
+        if stream_id in self.outboxes or self.write_paused:
+            return False
+        h2 = self.h2
+        if len(data) > min(h2.local_flow_control_window(stream_id), h2.max_outbound_frame_size):
+            return False
+        h2.send_data(stream_id, data)
+        self._guard.data_sent += 1
+        self._flush_soon(len(data))
+        return True
 
     def release(self, req, sent: int) -> None:
         """`sent` bytes that `room` granted to `req` are out (or will never be)."""

@@ -13,6 +13,7 @@ from nestgate.base.clock import CLOCK
 from nestgate.base.errors import HandlerError
 from nestgate.wire.fieldhead import pairs_of, ready_fields, response_fields
 from nestgate.wire.h2engine import INTERNAL_ERROR, encode_field, encode_fields
+from nestgate.pipeline.dispatch import run
 from nestgate.pipeline.request import Request
 from nestgate.base.responses import SERVER, alt_svc_value
 
@@ -104,6 +105,21 @@ class H2Request(Request):
     __slots__ = ("stream_id", "flow", "granted")
 
     protocol = "HTTP/2"
+    answers_from_callbacks = True
+
+    def answered(self, status: int = 0) -> None:
+        """For a handler whose `begin` took the stream: it is answered, or failed with
+        `status` (the error page if nothing was sent, else RST_STREAM)."""
+        self.cancel = None
+        self.connection.conclude(self, status)
+
+    def answer_in_task(self) -> None:
+        """For a handler whose `begin` took the stream but cannot answer it from
+        callbacks after all (nothing was sent): `handle` answers it in a task."""
+        self.cancel = None
+        conn = self.connection
+        if conn._streams.get(self.stream_id) is self:
+            self.task = conn.loop.create_task(run(self))
 
     def start(self, status: int, headers, content_length: int | None = None) -> None:
         pairs = [(n.encode("latin-1") if isinstance(n, str) else n,
@@ -158,6 +174,23 @@ class H2Request(Request):
         granted = await self.connection.room(self.stream_id, wanted)
         self.granted += granted
         return granted
+
+    def room_now(self, wanted: int) -> int:
+        granted = self.connection.grant(self.stream_id, wanted)
+        self.granted += granted
+        return granted
+
+    def write_now(self, data: bytes) -> bool:
+        # One DATA frame, when nothing of the stream is queued and its window takes it.
+        if self.head_only or not data:
+            return True
+        conn = self.connection
+        if not conn.send_now(self.stream_id, data):
+            return False
+        self.sent += len(data)
+        if self.granted:
+            conn.release(self, len(data))
+        return True
 
     def push(self, data: bytes) -> bool:
         # Frames need the client's window: queue them (in order) and tell the caller

@@ -54,3 +54,5 @@ class StreamAdapter:
             req.body.abort()
         if req.task is not None and not req.task.done():
             req.task.cancel()
+        elif req.cancel is not None:
+            req.cancel()                 # a handler answering from callbacks (`begin`)
