@@ -54,7 +54,12 @@ _NO_NAMES: frozenset[bytes] = frozenset()
 # name with a space in it) is malformed.
 _SCHEMES = {"http": b"http", "https": b"https"}
 _FORWARDED_LIMIT = 4096       # (client, scheme) pairs whose X-Forwarded-* lines are kept
-_FIELDS_LIMIT = 1024          # requests' header lines kept (`ProxyHandler._head`)
+# Requests' header lines kept (`ProxyHandler._head`): how many, and the most bytes of
+# one. A browser's usual request is well under 2 KB; a client that sends large fields
+# that never repeat would otherwise fill the cache with them (the key holds the fields
+# too): at most about 256 x 2 x 2 KB = 1 MB a route and worker.
+_FIELDS_LIMIT = 256
+_FIELDS_KEPT_BYTES = 2048
 
 
 class _Stale(Exception):
@@ -298,7 +303,7 @@ class ProxyHandler(Service, TellsIdentity):
         fields = self._fields_made.get(key)
         if fields is None:
             fields, kept = self._fields(req, identity)
-            if kept:
+            if kept and len(fields) <= _FIELDS_KEPT_BYTES:
                 if len(self._fields_made) >= _FIELDS_LIMIT:
                     self._fields_made.clear()
                 self._fields_made[key] = fields
