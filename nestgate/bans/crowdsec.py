@@ -46,8 +46,6 @@ import re
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 from nestgate.bans.table import FED, network_key
@@ -225,6 +223,9 @@ class LocalApi:
         self.url = url
 
     def call(self, method: str, path: str, headers: dict, body=None):
+        # urllib.request (http.client, email: 4 MB) in the bouncer's process only: every
+        # config imports this module, to read its [crowdsec] table.
+        import urllib.request
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
             self.url + path, data=data, method=method,
@@ -240,6 +241,7 @@ class LocalApi:
     def reason(exc: Exception, refused: str) -> str:
         """What a failed call to the Local API says in the log; `refused` is what a 401 or
         403 means for that call (which credentials it did not take)."""
+        import urllib.error
         if isinstance(exc, urllib.error.HTTPError):
             if exc.code in (401, 403):
                 return f"HTTP {exc.code}: {refused}"

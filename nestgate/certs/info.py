@@ -4,8 +4,6 @@ management API (`/v1/ready`, `/metrics`). Read when a config is loaded, not per 
 
 from __future__ import annotations
 
-from cryptography import x509
-
 
 def certificate_expiry(config) -> list[dict]:
     """One entry per `[[listen.certificate]]`: the listener, the file, the names it is
@@ -19,6 +17,8 @@ def certificate_expiry(config) -> list[dict]:
                 continue
             entry = {"listener": f"{listener.host}:{listener.port}", "file": cert.cert,
                      "names": list(cert.names)}
+            # cryptography (10 MB) only for configs with certificate files.
+            from cryptography import x509
             try:
                 with open(cert.cert, "rb") as f:
                     leaf = x509.load_pem_x509_certificate(f.read())   # the first in the chain

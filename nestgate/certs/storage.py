@@ -25,9 +25,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-
 from nestgate.base.private import PRIVATE_FILE, make_private_folders
 
 PRIVATE = PRIVATE_FILE
@@ -69,6 +66,9 @@ class StoredCertificate:
 
 def describe(chain_pem: bytes) -> tuple[float, float, str, tuple[str, ...], str]:
     """(not_before, not_after, issuer common name, DNS names, serial) of a chain's leaf."""
+    # cryptography (10 MB) is loaded by the configs that have certificates, not by all
+    # that import this module (the supervisor does); see handler_modules.
+    from cryptography import x509
     leaf = x509.load_pem_x509_certificate(chain_pem)
     issuer = leaf.issuer.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
     try:
@@ -82,6 +82,7 @@ def describe(chain_pem: bytes) -> tuple[float, float, str, tuple[str, ...], str]
 
 
 def key_pem(private_key) -> bytes:
+    from cryptography.hazmat.primitives import serialization
     return private_key.private_bytes(serialization.Encoding.PEM,
                                      serialization.PrivateFormat.PKCS8,
                                      serialization.NoEncryption())

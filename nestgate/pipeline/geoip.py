@@ -28,8 +28,6 @@ import asyncio
 import sys
 from dataclasses import dataclass
 
-import maxminddb
-
 from nestgate.base.filewatch import file_stamp
 from nestgate.base.handler import Periodic, Service
 
@@ -69,6 +67,7 @@ def _database(s, key: str) -> str:
 
 def database_problem(path: str) -> str:
     """What is wrong with `path` as a MaxMind DB, or ""."""
+    import maxminddb             # only for a config with [geoip]: see GeoLookup
     try:
         reader = maxminddb.open_database(path)
     except (OSError, ValueError, maxminddb.InvalidDatabaseError) as exc:
@@ -111,6 +110,11 @@ class GeoLookup(Service):
     tick_every = CHECK_EVERY
 
     def __init__(self, config: GeoConfig) -> None:
+        # maxminddb (and the importlib.metadata, zipfile and email it loads, 5 MB) is
+        # imported by the configs that have a [geoip] table, when they are read.
+        import maxminddb
+        self._maxminddb = maxminddb
+        self._bad_record = (ValueError, maxminddb.InvalidDatabaseError)
         self.config = config
         self.memo: dict[str, tuple[str, int]] = {}
         # The few distinct answers, each held once however many addresses share it.
@@ -147,7 +151,7 @@ class GeoLookup(Service):
                 asn = asn_of(record)
             if config.asn_database:
                 asn = asn_of(self._get(config.asn_database, address))
-        except (ValueError, maxminddb.InvalidDatabaseError):
+        except self._bad_record:
             return UNKNOWN           # not an address (a PROXY header's UNKNOWN: "")
         return country or "", asn or 0
 
@@ -202,9 +206,10 @@ class GeoLookup(Service):
     def _read(self, path: str):
         """A reader of `path`; None when it cannot be opened (said once; the reader in
         use stays)."""
+        maxminddb = self._maxminddb
         try:
             reader = maxminddb.open_database(path, maxminddb.MODE_MEMORY)
-        except (OSError, ValueError, maxminddb.InvalidDatabaseError) as exc:
+        except (OSError, *self._bad_record) as exc:
             if path not in self._failed:
                 self._failed.add(path)
                 print(f"nestgate: geoip: cannot open {path} ({exc}); the last one read "

@@ -45,6 +45,10 @@ def handler_modules(config) -> set[str]:
              for name in ROUTE_TYPES[route.type].modules}
     if any(site.home or site.notes for site in config.sites):
         names.update(SITE_PAGES_MODULES)
+    if any(listener.certificates for listener in config.listeners):
+        names.add("cryptography.x509")           # certificates reread when renewed
+    if config.geoip is not None:
+        names.add("maxminddb")                   # the workers' GeoLookup
     if any(site.forward_auth or any(r.forward_auth for r in site.routes)
            for site in config.sites):
         names.add("nestgate.handlers.auth.delegate")         # asking an auth server first
