@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 
 from nestgate.base.handler import ReadyChoice
-from nestgate.base.responses import SERVER, Prebuilt, reason
+from nestgate.base.responses import SERVER, Prebuilt, alt_svc_value, reason
 
 HTML = "text/html; charset=utf-8"
 JSON = "application/json"
@@ -207,4 +207,9 @@ def error_pages(config, site_config=None) -> ErrorPages:
         custom[404] = Path(config.server.not_found_page).read_bytes()
     if site_config is not None:
         custom.update(site_config.error_pages)
+    # Without pages of its own a site answers with the built-in ones, built once when
+    # the module was imported (before the workers were forked, so shared by them);
+    # unless this worker announces HTTP/3, whose Alt-Svc line they were built without.
+    if not custom and not alt_svc_value():
+        return DEFAULT_PAGES
     return ErrorPages(custom)
