@@ -61,6 +61,7 @@ def server(tmp_path_factory, certs):
 prefix = "/files/"
 type = "static"
 root = "{folder / 'www'}"
+warm = true          # warm files answer with the Alt-Svc line too (site.build_shared)
 
 [[site.route]]
 prefix = "/app/"

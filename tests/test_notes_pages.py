@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import signal
 import time
 import xml.etree.ElementTree as ET
 
@@ -219,3 +220,19 @@ def test_a_new_sites_pages_are_styled_by_the_built_in_assets(start_server, notes
     status, headers, _ = notes_get(server.port(), "/__nestgate__/style.css")
     assert headers["content-type"].startswith("text/css")
     assert notes_get(server.port(), "/__nestgate__/../nestgate.toml")[0] == 404
+
+
+def test_a_reload_renders_with_the_new_configs_settings(start_server, notes):
+    """The supervisor builds each site's renderer before forking the workers
+    (nestgate.sites.build.build_shared); a reload's workers render with the new config's."""
+    server = serve(start_server, notes)
+    assert b"&lt;script&gt;" in notes_get(server.port(), "/notes/rich")[2]
+    server.config_path.write_text(SITE.format(notes=notes, site_extra="",
+                                              notes_extra="raw_html = true"))
+    mark = len(server.lines)
+    server.signal(signal.SIGHUP)
+    server.wait_for("reloaded", start=mark)
+    deadline = time.monotonic() + 10     # the old workers stop accepting a moment later
+    while b"<script>alert(1)</script>" not in notes_get(server.port(), "/notes/rich")[2]:
+        assert time.monotonic() < deadline, "the reloaded workers still escape raw HTML"
+        time.sleep(0.1)

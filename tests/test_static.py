@@ -6,6 +6,7 @@ import errno
 import gzip
 import http.client
 import os
+import signal
 import socket
 import ssl
 import struct
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import serve
+from conftest import STATIC_SITE, serve
 from wire import parse_responses
 
 
@@ -363,3 +364,29 @@ def test_a_client_that_goes_away_during_sendfile_is_a_normal_end(start_server, r
     time.sleep(0.5)                         # a failure would be logged by now
     errors = [line for line in server.lines if "Traceback" in line or "failed" in line]
     assert errors == [], "\n".join(server.lines)
+
+
+def test_warm_files_carry_the_servers_name_and_a_reloaded_configs_headers(start_server,
+                                                                          root):
+    """Warm files are loaded by the supervisor before it forks the workers
+    (nestgate.sites.build.build_shared): they answer as a worker's own would, with the version
+    under server_tokens, and after a reload with the new config's headers."""
+    from nestgate import __version__
+    config = STATIC_SITE.replace("[server]\n", "[server]\n{tokens}\n", 1)
+    tokens = start_server(config.format(root=root, extra="warm = true", recheck="1s",
+                                        workers=1, tls="", tokens="server_tokens = true"))
+    assert get(tokens.port(), "/style.css")[1]["server"] == f"nestgate/{__version__}"
+    server = serve(start_server, root, 'warm = true\ncache_control = "max-age=60"')
+    status, headers, _ = get(server.port(), "/style.css")
+    assert (status, headers["server"], headers["cache-control"]) == (200, "nestgate",
+                                                                     "max-age=60")
+    server.config_path.write_text(STATIC_SITE.format(
+        root=root, extra='warm = true\ncache_control = "max-age=120"', recheck="1s",
+        workers=1, tls=""))
+    mark = len(server.lines)
+    server.signal(signal.SIGHUP)
+    server.wait_for("reloaded", start=mark)
+    deadline = time.monotonic() + 10     # the old workers stop accepting a moment later
+    while get(server.port(), "/style.css")[1]["cache-control"] != "max-age=120":
+        assert time.monotonic() < deadline, "the reloaded workers answer the old headers"
+        time.sleep(0.1)

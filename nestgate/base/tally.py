@@ -22,6 +22,7 @@ scraped. A client that went away before any answer is counted as 499, as nginx l
 
 from __future__ import annotations
 
+import contextlib
 import json
 from bisect import bisect_left
 from collections import defaultdict
@@ -104,6 +105,16 @@ class Tally:
 
     def event(self, name: str) -> None:
         self.events[name] += 1
+
+    @contextlib.contextmanager
+    def not_counted(self):
+        """Caches built inside are not this process's: the supervisor builds some to
+        hand their contents to the workers it forks, and answers nothing itself."""
+        kept = list(self.caches)
+        try:
+            yield
+        finally:
+            self.caches[:] = kept
 
     def banned(self, rule: str) -> None:
         self.bans[rule] = self.bans.get(rule, 0) + 1

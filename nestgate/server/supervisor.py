@@ -225,10 +225,11 @@ class Supervisor:
         return gen
 
     def fork(self, gen: Generation, slot: Slot) -> None:
-        from nestgate.sites.build import handler_modules
+        from nestgate.sites.build import build_shared, handler_modules
         from nestgate.server.worker import run_worker
         if slot.figures < 0:
             slot.figures = self.admin.table.claim()
+        build_shared(gen.config)
         share_before_fork(handler_modules(gen.config))
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
         try:

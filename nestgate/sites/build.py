@@ -6,6 +6,8 @@ here, once per load: prebuilt responses, the route tables, the 404 page.
 
 from __future__ import annotations
 
+import os
+
 from nestgate import PACKAGE_DIR
 from nestgate.base.handler import Service
 from nestgate.handlers.health import health_handler
@@ -57,6 +59,43 @@ def handler_modules(config) -> set[str]:
     if config.auth is not None and config.auth.providers:
         names.add("nestgate.handlers.auth.oidc.signin_pages")      # with Authlib, joserfc and httpx
     return names
+
+
+def build_shared(config) -> None:
+    """What every worker of `config` would build the same way, built once in the
+    supervisor before it forks them (see share_before_fork): the page renderers of the
+    sites with a home page or notes, and the files of static routes with `warm`."""
+    sites = config.guarded_sites
+    with_pages = [site for site in sites if site.home or site.notes]
+    if with_pages:
+        from nestgate.handlers.notes.render import keep_renderers
+        # The notes folder as SitePages' NoteStore names it (its realpath).
+        keep_renderers([(site, os.path.realpath(site.notes.dir) if site.notes else None)
+                        for site in with_pages])
+    if "nestgate.handlers.static" in handler_modules(config):
+        from nestgate.handlers.static import keep_warm
+        keep_warm(_warmed_here(config, sites))
+
+
+def _warmed_here(config, sites) -> list:
+    """The StaticFiles of the routes with `warm`, built (and so warmed) here. Their
+    ready answers carry the Server header as this process has it, the one without the
+    version, and no Alt-Svc line (a worker announcing HTTP/3 adds one, see
+    nestgate.base.responses.announce_http3): with `server_tokens` or HTTP/3, none is built.
+    One that cannot be built is left to the workers, which report why."""
+    from nestgate.base.tally import TALLY
+    if config.server.server_tokens or any(listener.http3 for listener in config.listeners):
+        return []
+    built = []
+    with TALLY.not_counted():
+        for site in sites:
+            for route in site.routes:
+                if route.type == "static" and route.options.warm:
+                    try:
+                        built.append(build_handler(route, site, config))
+                    except Exception:  # noqa: BLE001 - see the docstring
+                        continue
+    return built
 
 
 def add_site_pages(site: SiteRoutes, site_config, config, not_found, broadcast=None) -> None:

@@ -42,7 +42,7 @@ from nestgate.base.control import CONTROLS
 from nestgate.base.errors import RouteTaken
 from nestgate.base.tally import TALLY
 from nestgate.base.handler import PEEK
-from nestgate.handlers.notes.render import Renderer
+from nestgate.handlers.notes.render import renderer_for
 from nestgate.handlers.notes.store import SLUG, NoteStore
 from nestgate.base.responses import Prebuilt, html_page
 
@@ -61,7 +61,7 @@ class SitePages:
         self.site_name = site_config.name
         self.notes = site_config.notes
         self.store = NoteStore(self.notes.dir) if self.notes else None
-        self.renderer = Renderer(site_config, self.store.dir if self.store else None)
+        self.renderer = renderer_for(site_config, self.store.dir if self.store else None)
         self.headers = [("cache-control", "no-cache"), *headers]
         self.not_found = not_found
         self.method_not_allowed = Prebuilt(405, b"method not allowed\n",

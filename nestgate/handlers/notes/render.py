@@ -209,3 +209,37 @@ class Renderer:
             entries=[{"note": n, "id": f"{prefix}/{n.slug}" if self.base_url
                       else f"{prefix}:{n.slug}", "html": str(self.note_html(n))}
                      for n in entries])
+
+
+# Renderers the supervisor built before forking the workers (`keep_renderers`): a worker
+# takes its site's instead of building one, so the Markdown parser, the Jinja environment
+# and the rendered profile stay on pages every worker shares. Building them in each
+# worker wrote about 2 MB of the supervisor's pages per worker (code run for the first
+# time, objects it touched), each write a private copy.
+_KEPT: dict[int, tuple[object, str | None, Renderer]] = {}
+
+
+def keep_renderers(sites) -> None:
+    """Build and keep a renderer for each (site config, notes folder) of `sites`, in
+    place of those kept for an earlier config. A site whose renderer cannot be built is
+    left to the workers, which report why."""
+    kept = {}
+    for site_config, notes_dir in sites:
+        old = _KEPT.get(id(site_config))
+        if old is not None and old[0] is site_config and old[1] == notes_dir:
+            kept[id(site_config)] = old
+            continue
+        try:
+            kept[id(site_config)] = (site_config, notes_dir, Renderer(site_config, notes_dir))
+        except Exception:  # noqa: BLE001 - the worker builds it again and says why
+            continue
+    _KEPT.clear()
+    _KEPT.update(kept)
+
+
+def renderer_for(site_config, notes_dir: str | None) -> Renderer:
+    """The renderer kept for this very site config and folder, else a new one."""
+    old = _KEPT.get(id(site_config))
+    if old is not None and old[0] is site_config and old[1] == notes_dir:
+        return old[2]
+    return Renderer(site_config, notes_dir)
