@@ -114,6 +114,11 @@ class Listener:
     def scheme(self) -> str:
         return "https" if self.tls else "http"
 
+    @property
+    def speaks_http2(self) -> bool:
+        """Its connections may speak HTTP/2: h2 by ALPN on TLS, or a preface in clear."""
+        return self.tls and self.http2 or self.http2_cleartext
+
 
 @dataclass(frozen=True)
 class Route:

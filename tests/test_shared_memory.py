@@ -23,8 +23,8 @@ EVERY_ROUTE_TYPE = {
                   {"prefix": "/app/", "type": "proxy",
                    "upstream": "http://127.0.0.1:9"}]}]}
 
-# Prints the modules building a worker's router imports beyond those the supervisor has
-# loaded, then the names among `LIBRARIES` loaded at all.
+# Prints the modules building a worker's router and its listeners' protocols imports
+# beyond those the supervisor has loaded, then the names among `LIBRARIES` loaded at all.
 PROBE = textwrap.dedent("""
     import json, sys
     from pathlib import Path
@@ -41,14 +41,18 @@ PROBE = textwrap.dedent("""
         importlib.import_module(name)
     before = set(sys.modules)
     build_router(config)
+    from nestgate.server.worker import protocol_factory
+    for listener in config.listeners:           # what each connection starts as
+        protocol_factory(None, listener, None)
     print(json.dumps(sorted(set(sys.modules) - before)))
     print(json.dumps(sorted(name for name in json.loads(sys.argv[3]) if name in sys.modules)))
 """)
 
 # Libraries for features the embedded default does not use: cryptography (certificate
-# files), maxminddb ([geoip]), urllib.request (the CrowdSec bouncer). Loaded by every
-# config, they were 14 MiB of the default's idle PSS.
-LIBRARIES = ["cryptography", "maxminddb", "urllib.request"]
+# files), maxminddb ([geoip]), urllib.request (the CrowdSec bouncer), the HTTP/2 engine
+# and hpack (listeners with TLS or h2c). Loaded by every config, they were 15 MiB of
+# the default's idle PSS.
+LIBRARIES = ["cryptography", "maxminddb", "urllib.request", "nestgate.wire.http2", "hpack"]
 
 
 def probe(folder, config: dict) -> tuple[list[str], list[str]]:
@@ -74,7 +78,15 @@ def test_a_config_with_geoip_has_its_library_imported_before_the_workers(tmp_pat
     assert "maxminddb" in loaded
 
 
-def test_a_config_without_certificates_geoip_or_crowdsec_loads_none_of_their_libraries(
+def test_a_listener_speaking_http2_has_its_engine_imported_before_the_workers(tmp_path):
+    config = {**EVERY_ROUTE_TYPE,
+              "listen": [{"address": "127.0.0.1:0", "http2_cleartext": True}]}
+    built, loaded = probe(tmp_path, config)
+    assert built == []
+    assert "nestgate.wire.http2" in loaded and "hpack" in loaded
+
+
+def test_a_config_without_certificates_geoip_crowdsec_or_http2_loads_none_of_their_libraries(
         tmp_path):
     assert probe(tmp_path, EVERY_ROUTE_TYPE)[1] == []
 

@@ -23,8 +23,6 @@ from nestgate.base.clock import CLOCK
 from nestgate.base.clientip import parse_networks
 from nestgate.wire.h1proxyheader import ProxyProtocolConnection
 from nestgate.wire.http1 import HTTP1Connection
-from nestgate.wire.h2select import ALPNSwitch, PriorKnowledge
-from nestgate.wire.http2 import HTTP2Connection
 from nestgate.wire.proxytls import ProxyThenTLS, TLSHandshake
 from nestgate.pipeline.ratelimit import shared_limits
 from nestgate.base.responses import announce_http3
@@ -90,6 +88,10 @@ def protocol_factory(ctx, listener, sslcontext):
     listeners that offer h2, ALPN then decides between HTTP/2 and HTTP/1.1."""
     def http1():
         return HTTP1Connection(ctx)
+    if listener.speaks_http2:
+        # Only then is the HTTP/2 engine loaded (1 MB, hpack's tables with it): by the
+        # supervisor, before the fork (nestgate.sites.build.handler_modules).
+        from nestgate.wire.h2select import ALPNSwitch, PriorKnowledge
     usual = (lambda: ALPNSwitch(ctx, http1)) if listener.tls and listener.http2 else http1
     if sslcontext is not None:
         stage = ProxyThenTLS if listener.proxy_protocol_from else TLSHandshake
@@ -274,12 +276,13 @@ class Worker:
             requests += conn.served
             bytes_in += conn.bytes_in
             bytes_out += conn.bytes_out
-            if isinstance(conn, HTTP2Connection):
+            protocol = conn.protocol
+            if protocol == "HTTP/2":
                 http2 += 1
-            elif isinstance(conn, (TLSHandshake, PriorKnowledge)):
+            elif not protocol:               # a TLS handshake, or no preface read yet
                 handshakes += 1
                 continue
-            elif conn.protocol != "HTTP/3":   # the table has no HTTP/3 column yet
+            elif protocol != "HTTP/3":       # the table has no HTTP/3 column yet
                 http1 += 1
             if conn.ctx.scheme == "https":
                 tls += 1

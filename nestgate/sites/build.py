@@ -41,12 +41,15 @@ SITE_PAGES_MODULES = ("nestgate.handlers.static", "nestgate.handlers.notes.api",
 
 
 def handler_modules(config) -> set[str]:
-    """The modules the workers' router for `config` imports when it is built."""
+    """The modules the workers' router for `config` imports when it is built, and the
+    HTTP/2 engine when a listener speaks HTTP/2."""
     from nestgate.sites.routetypes import ROUTE_TYPES
     names = {name for site in config.sites for route in site.routes
              for name in ROUTE_TYPES[route.type].modules}
     if any(site.home or site.notes for site in config.sites):
         names.update(SITE_PAGES_MODULES)
+    if any(listener.speaks_http2 for listener in config.listeners):
+        names.add("nestgate.wire.h2select")      # the workers' connections (worker.py)
     if any(listener.certificates for listener in config.listeners):
         names.add("cryptography.x509")           # certificates reread when renewed
     if config.geoip is not None:

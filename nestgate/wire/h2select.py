@@ -40,6 +40,7 @@ class PriorKnowledge(asyncio.Protocol):
 
     served = 0                         # no request yet (for the worker's figures)
     bytes_in = bytes_out = 0
+    protocol = ""                      # none chosen yet (the figures count a handshake)
 
     def __init__(self, ctx, http1_factory) -> None:
         self.ctx = ctx

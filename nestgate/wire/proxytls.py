@@ -61,6 +61,7 @@ class TLSHandshake(asyncio.Protocol):
 
     served = 0                         # no request yet (for the worker's figures)
     bytes_in = bytes_out = 0           # nor HTTP bytes: the handshake's are not counted
+    protocol = ""                      # none chosen yet (the figures count a handshake)
 
     def __init__(self, ctx, sslcontext, protocol_factory) -> None:
         self.ctx = ctx
