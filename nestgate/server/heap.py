@@ -42,6 +42,13 @@ def _glibc():
     return mallinfo2, malloc_trim
 
 
+def trim_heap() -> None:
+    """Give every free page of the heap back now (nothing outside glibc)."""
+    calls = _glibc()
+    if calls is not None:
+        calls[1](0)
+
+
 class HeapTrim:
     """Called by the worker's tick with the clock; trims when the heap holds too much free."""
 
