@@ -13,8 +13,7 @@ until as seconds since the epoch.
 
 from __future__ import annotations
 
-import contextlib
-import os
+from nestgate.base.files import replace_file
 
 MAGIC = "nestgate crowdsec decisions 2\n"
 
@@ -23,23 +22,7 @@ def write_snapshot(path: str, refused: dict[str, tuple[float, str]]) -> None:
     """Replace the file at `path` whole with `refused` (network -> (until, scenario))."""
     lines = [MAGIC] + [f"{until:.3f} {network} {_word(scenario)}\n"
                        for network, (until, scenario) in refused.items()]
-    folder = os.path.dirname(path) or "."
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("".join(lines))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    replace_file(path, "".join(lines).encode("utf-8"), sync_folder=True)
 
 
 def read_snapshot(path: str, say=None) -> dict[str, tuple[float, str]] | None:

@@ -15,7 +15,8 @@ import ssl
 import time
 from pathlib import Path
 
-from .drivers import ERROR_KEYS, LATENCY_KEYS, RunResult, percentile
+from .drivers import ERROR_KEYS, RunResult
+from .pyclient import run_result
 
 
 async def _connection(port: int, path: str, streams: int, until: float, latencies: list,
@@ -87,14 +88,8 @@ def run(port: int, path: str, connections: int, streams: int, duration_s: float,
 
     asyncio.run(load())
     elapsed = time.perf_counter() - started
-    ordered = sorted(latencies)
-    latency = dict.fromkeys(LATENCY_KEYS)
-    latency.update({f"p{p}": percentile(ordered, float(p)) for p in ("50", "90", "99", "99.9")})
-    if ordered:
-        latency.update(mean=sum(ordered) / len(ordered), max=ordered[-1])
-    status: dict[str, int] = {}
-    for code in statuses:
-        status[f"{code // 100}xx"] = status.get(f"{code // 100}xx", 0) + 1
+    result = run_result(latencies, statuses, sum(sizes), elapsed, errors, "h3")
     raw_path.write_text(f"h3py: {connections} connections x {streams} streams, "
-                        f"{duration_s}s: {len(statuses)} answers, {status}, errors {errors}\n")
-    return RunResult(len(statuses), elapsed, sum(sizes), latency, errors, status, "h3", {})
+                        f"{duration_s}s: {len(statuses)} answers, {result.status}, "
+                        f"errors {errors}\n")
+    return result

@@ -36,8 +36,10 @@ def _request(conn, method: str, path: str, body: bytes | None, token: str) -> tu
     return resp.status, len(resp.read())
 
 
-def _result(latencies_ms: list[float], statuses: list[int], nbytes: int, elapsed_s: float,
-            **extra) -> RunResult:
+def run_result(latencies_ms: list[float], statuses: list[int], nbytes: int, elapsed_s: float,
+               errors: dict | None = None, protocol: str = "http/1.1", **extra) -> RunResult:
+    """A Python client's run as the drivers report theirs: latency percentiles, the
+    answers counted by status class, the socket errors (none unless given)."""
     ordered = sorted(latencies_ms)
     latency = dict.fromkeys(LATENCY_KEYS)
     latency.update({f"p{p}": percentile(ordered, float(p)) for p in ("50", "90", "99", "99.9")})
@@ -46,8 +48,9 @@ def _result(latencies_ms: list[float], statuses: list[int], nbytes: int, elapsed
     status: dict[str, int] = {}
     for code in statuses:
         status[f"{code // 100}xx"] = status.get(f"{code // 100}xx", 0) + 1
-    return RunResult(len(statuses), elapsed_s, nbytes, latency, dict.fromkeys(ERROR_KEYS, 0),
-                     status, "http/1.1", extra)
+    return RunResult(len(statuses), elapsed_s, nbytes, latency,
+                     dict.fromkeys(ERROR_KEYS, 0) if errors is None else errors,
+                     status, protocol, extra)
 
 
 def cold(scheme: str, port: int, page: str, write_path: str, token: str, duration_s: float,
@@ -69,7 +72,7 @@ def cold(scheme: str, port: int, page: str, write_path: str, token: str, duratio
     conn.close()
     elapsed = time.perf_counter() - started
     raw_path.write_text("cold GETs after a PUT, ms:\n" + "\n".join(f"{x:.3f}" for x in latencies))
-    return _result(latencies, statuses, nbytes, elapsed)
+    return run_result(latencies, statuses, nbytes, elapsed)
 
 
 def writes(scheme: str, port: int, write_path: str, token: str, duration_s: float,
@@ -87,7 +90,7 @@ def writes(scheme: str, port: int, write_path: str, token: str, duration_s: floa
     conn.close()
     elapsed = time.perf_counter() - started
     raw_path.write_text("PUT latencies, ms:\n" + "\n".join(f"{x:.3f}" for x in latencies))
-    return _result(latencies, statuses, 0, elapsed)
+    return run_result(latencies, statuses, 0, elapsed)
 
 
 def fsync_rate(directory: Path, duration_s: float = 2.0) -> float:

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nestgate.base.files import replace_file
 from nestgate.base.private import PRIVATE_FILE, make_private_folders
 
 PRIVATE = PRIVATE_FILE
@@ -111,21 +112,7 @@ class CertStorage:
         root (a certbot hook), the file is given to the storage folder's owner, the
         user the server runs as."""
         self._folders(path.parent)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        try:
-            if os.geteuid() == 0:
-                owner = os.stat(self.root)
-                os.fchown(fd, owner.st_uid, owner.st_gid)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        replace_file(path, data, mode, os.stat(self.root) if os.geteuid() == 0 else None)
 
     def changed(self) -> None:
         """Tell the workers to look again (they compare this file's mtime each tick)."""

@@ -569,15 +569,17 @@ class BindError(OSError):
                          f"({reason})")
 
 
-def _bound(listener) -> socket.socket:
-    """A socket bound to the listener's address (BindError naming it if it cannot be)."""
+def _bound(listener, kind: int = socket.SOCK_STREAM, port: int | None = None,
+           option: int = socket.SO_REUSEADDR) -> socket.socket:
+    """A socket of `kind` bound to the listener's address (its port unless `port` is
+    given), with `option` set; BindError naming the listener if it cannot be bound."""
     family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, kind)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, option, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind((listener.host, listener.port))
+        sock.bind((listener.host, listener.port if port is None else port))
     except OSError as exc:
         sock.close()
         raise BindError(listener, exc) from exc
@@ -588,21 +590,10 @@ def _bound(listener) -> socket.socket:
 
 
 def _quic_socket(listener, port: int) -> socket.socket:
-    """A UDP socket for the listener's HTTP/3, on the port its TCP socket has."""
-    family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_DGRAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind((listener.host, port))
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        raise BindError(listener, exc) from exc
-    except BaseException:
-        sock.close()
-        raise
+    """A UDP socket for the listener's HTTP/3, on the port its TCP socket has, shared
+    by the workers (SO_REUSEPORT)."""
+    sock = _bound(listener, socket.SOCK_DGRAM, port, socket.SO_REUSEPORT)
+    sock.setblocking(False)
     return sock
 
 

@@ -696,16 +696,24 @@ _REASONS = {
 }
 
 
-async def _read_form(request) -> dict[str, str] | None:
+async def read_small_body(request, limit: int = MAX_FORM) -> bytes | None:
+    """The request's body, read whole; None once it passes `limit` bytes."""
     parts, size = [], 0
     if request.body is not None:
         while chunk := await request.body.read():
             size += len(chunk)
-            if size > MAX_FORM:
+            if size > limit:
                 return None
             parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _read_form(request) -> dict[str, str] | None:
+    body = await read_small_body(request)
+    if body is None:
+        return None
     try:
-        fields = parse_qs(b"".join(parts).decode("utf-8", "replace"), max_num_fields=20)
+        fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=20)
     except ValueError:                           # more fields than that: no CSRF token
         return {}
     return {k: v[0] for k, v in fields.items()}

@@ -31,7 +31,7 @@ from authlib.oauth2.rfc6749 import scope_to_list
 from nestgate.handlers.auth.oidc.config import (AUTHORIZE_PATH, DISCOVERY_PATH, JWKS_PATH,
                                                 REVOKE_PATH, TOKEN_PATH, USERINFO_PATH)
 from nestgate.handlers.auth.oidc.server import Headers, Provider, ProviderRequest, UserModel
-from nestgate.handlers.auth.portal import cookies, login_url, origin
+from nestgate.handlers.auth.portal import cookies, login_url, origin, read_small_body
 from nestgate.handlers.auth.store import StoreUnavailable, store_errors, token_hash
 
 MAX_FORM = 16 * 1024
@@ -130,14 +130,8 @@ def _parse(text: str) -> dict[str, list[str]] | None:
 
 async def _read_form(request) -> dict[str, list[str]] | None:
     """The urlencoded body; None when it is too long or has too many fields."""
-    parts, size = [], 0
-    if request.body is not None:
-        while chunk := await request.body.read():
-            size += len(chunk)
-            if size > MAX_FORM:
-                return None
-            parts.append(chunk)
-    return _parse(b"".join(parts).decode("utf-8", "replace"))
+    body = await read_small_body(request, MAX_FORM)
+    return None if body is None else _parse(body.decode("utf-8", "replace"))
 
 
 _BAD_REQUEST = (400, [("Content-Type", "application/json"), ("Cache-Control", "no-store")],
