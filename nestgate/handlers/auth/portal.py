@@ -543,6 +543,18 @@ class Challenge:
                                  (b"www-authenticate", b'Cookie realm="nestgate"')], body)
 
 
+async def page_or_form(request, show) -> bool:
+    """A page at GET and HEAD (answered here by `show(request)`), its form at POST: True
+    for a POST, whose form the caller reads; any other method is answered 405."""
+    if request.method in (b"GET", b"HEAD"):
+        await show(request)
+        return False
+    if request.method != b"POST":
+        await request.send(405, [(b"allow", b"GET, HEAD, POST")], b"")
+        return False
+    return True
+
+
 class _FormPath:
     """A page at GET and HEAD, its form at POST; a POST passes the CSRF check first."""
 
@@ -552,11 +564,7 @@ class _FormPath:
         self.signin = signin
 
     async def handle(self, request) -> None:
-        if request.method in (b"GET", b"HEAD"):
-            await self.show(request)
-            return
-        if request.method != b"POST":
-            await request.send(405, [(b"allow", b"GET, HEAD, POST")], b"")
+        if not await page_or_form(request, self.show):
             return
         form = await _read_form(request)
         if form is None:

@@ -31,7 +31,8 @@ from authlib.oauth2.rfc6749 import scope_to_list
 from nestgate.handlers.auth.oidc.config import (AUTHORIZE_PATH, DISCOVERY_PATH, JWKS_PATH,
                                                 REVOKE_PATH, TOKEN_PATH, USERINFO_PATH)
 from nestgate.handlers.auth.oidc.server import Headers, Provider, ProviderRequest, UserModel
-from nestgate.handlers.auth.portal import cookies, login_url, origin, read_small_body
+from nestgate.handlers.auth.portal import (cookies, login_url, origin, page_or_form,
+                                           read_small_body)
 from nestgate.handlers.auth.store import StoreUnavailable, store_errors, token_hash
 
 MAX_FORM = 16 * 1024
@@ -222,13 +223,12 @@ class UserInfo(_Endpoint):
 class Authorize(_Endpoint):
     """GET: the authorization request. POST: the consent form's answer."""
 
+    async def ask(self, request) -> None:
+        """The authorization request in the query (GET, HEAD)."""
+        await self.authorize(request, _parse(request.query.decode("utf-8", "replace")), None)
+
     async def handle(self, request) -> None:
-        if request.method in (b"GET", b"HEAD"):
-            await self.authorize(request, _parse(request.query.decode("utf-8", "replace")),
-                                 None)
-            return
-        if request.method != b"POST":
-            await request.send(405, [(b"allow", b"GET, HEAD, POST")], b"")
+        if not await page_or_form(request, self.ask):
             return
         form = await _read_form(request)
         if form is None:
