@@ -3,6 +3,7 @@
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 from . import tools
@@ -39,6 +40,10 @@ def collect(params: dict, peer_versions: dict[str, str]) -> dict[str, str]:
         "git_commit": _git_commit(),
         "uname": " ".join(platform.uname()),
         "python": platform.python_version(),
+        # Which build matters as much as the version: a distribution's optimised build
+        # and a plain source build (pyenv's default) differ by about 2x on pure Python.
+        "python_executable": os.path.realpath(sys.executable),
+        "python_build": " ".join(platform.python_build()) + " " + platform.python_compiler(),
         "cpu_model": cpu_model(),
         "cpu_count": str(os.cpu_count()),
         "cpu_affinity": str(len(os.sched_getaffinity(0))),
