@@ -55,6 +55,7 @@ class AnswerQueue:
         """A ready `response` as the last thing on this connection, which then closes."""
         data = response.render(self.close_mode)
         self.bytes_out += len(data)
+        self.write_later()
         self.transport.write(data)
         self.transport.close()
 
@@ -64,6 +65,7 @@ class AnswerQueue:
         route.tally.count(response.status)
         head_only = method == b"HEAD"
         if self._active is None and not self._queue and not self.write_paused:
+            self.write_later()
             if mode == self.close_mode or self.ctx.draining:
                 self._enter(CLOSING)
                 self.bytes_out += response.write_to(self.transport, self.close_mode, head_only)
@@ -79,6 +81,7 @@ class AnswerQueue:
     def start_answer(self, req: HTTP1Request) -> None:
         """`req`'s turn: its handler answers it, from callbacks or in a task."""
         self._active = req
+        self.write_later()
         start(req)
 
     def finish(self, req: HTTP1Request, status: int = 0) -> None:
@@ -133,6 +136,7 @@ class AnswerQueue:
             waiting.abandon()
         self._queue.clear()
         if self.transport is not None:
+            self.write_later()
             self.transport.close()
 
     def _run_queue(self) -> None:
@@ -150,6 +154,7 @@ class AnswerQueue:
         if self._closing_transport():
             return       # bytes after a closing response: nothing more is answered
         self._enter(CLOSING)
+        self.write_later()
         self.state = IDLE
         response = response or ERRORS.get(status) or ERRORS[400]
         broken, self._parsing = self._parsing, None
@@ -180,4 +185,5 @@ class AnswerQueue:
         elif self._active is not None:
             self._active.end_connection()
         elif self.transport is not None:
+            self.write_later()
             self.transport.close()

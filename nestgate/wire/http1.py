@@ -12,6 +12,7 @@ composed here at class definition (so a request pays no call or lookup for the s
                                        a ready answer written from the callback
   nestgate.wire.h1request   HTTP1Request    a handler's answer as HTTP/1 bytes
   nestgate.wire.h1queue     AnswerQueue     pipelined answers in order; error answers
+  nestgate.wire.h1later     LaterOutput     ready answers written after the batch of reads
   nestgate.wire.h1pacing    ReadPacing      when reading stops and starts again
   nestgate.wire.h1tunnel    Tunnels         upgrade requests and the tunnels after them
   nestgate.wire.h1proxyheader               a PROXY protocol header before the first request
@@ -47,6 +48,7 @@ from nestgate.base.errorpages import DEFAULT_PAGES, ERRORS
 from nestgate.base.errors import RequestError
 from nestgate.base.flow import Writable
 from nestgate.wire.h1pacing import FEED_SLICE, PIPELINE_HIGH, WRITE_HIGH_WATER, ReadPacing
+from nestgate.wire.h1later import LaterOutput
 from nestgate.wire.h1parse import AfterLast, RequestReader
 from nestgate.wire.h1phases import BODY, CLOSED, CLOSING, HEAD, IDLE, OPEN, TUNNEL, Phases
 from nestgate.wire.h1queue import AnswerQueue
@@ -83,6 +85,7 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
         self._known_site = ctx.router.memo.get     # the router's Host memo, asked first
         self.loop = ctx.loop
         self.transport = None
+        self._later = None             # a ready answer waiting for the batch's end (h1later)
         self.parser = httptools.HttpRequestParser(self)
         limits = ctx.limits      # copied: read on every request
         self._max_url = limits.max_url
@@ -148,6 +151,7 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
     # ------------------------------------------------------------ transport
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self._later = LaterOutput(transport)
         ctx = self.ctx
         self.set_client(ctx.client_address(transport.get_extra_info("peername")))
         if ctx.bans is not None and ctx.bans.refuses(self):
@@ -168,6 +172,13 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
         if ctx.draining:
             self.finish_and_close()
         ctx.connections.add(self)
+
+    def eof_received(self) -> None:
+        # The client sent its last bytes: the transport closes itself after this
+        # returns, so a ready answer still waiting for the batch's end goes out first.
+        # (libuv stops reading a socket at a short read, so the end usually comes a
+        # poll later, after the batch's flush; a read that filled its buffer does not.)
+        self.write_later()
 
     @property
     def served(self) -> int:
@@ -202,6 +213,12 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
 
     def _closing_transport(self) -> bool:
         return self.transport is None or self.transport.is_closing()
+
+    def write_later(self) -> None:
+        """Write the ready answer waiting for the batch's end (nestgate.wire.h1later)
+        now: before any other write or a close, so answers keep their order."""
+        if self._later.parts:
+            self._later.flush()
 
     def write(self, data: bytes) -> None:
         """Bytes of a `Request`'s answer (counted in its `sent`)."""
@@ -307,6 +324,7 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
             return
         if state == IDLE:
             self._enter(CLOSING)
+            self.write_later()
             self.transport.close()
         else:
             self._fail(408)           # after any answer still ahead of it
