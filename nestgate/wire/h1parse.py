@@ -19,7 +19,6 @@ import time
 
 from nestgate.pipeline.dispatch import GATED, PEEK, refresh_client, resolve
 from nestgate.base.errors import RequestError
-from nestgate.wire.h1later import LATER
 from nestgate.wire.h1phases import BODY, CLOSING, HEAD, IDLE, LAST
 from nestgate.wire.h1request import HTTP1Request
 from nestgate.pipeline.request import Body
@@ -248,17 +247,8 @@ class RequestReader:
 
         if not kind and not has_body and keep_alive and not self.logging \
                 and self._active is None and not self._queue and not self.write_paused:
-            # The common case, answered from here: a ready response, nothing ahead of it,
-            # written after this batch of reads (nestgate.wire.h1later).
-            later = self._later
-            if later.parts:                   # pipelined: the one waiting goes first
-                later.flush()
-                self.bytes_out += handler.write_to(self.transport, self.keep_alive_mode,
-                                                   method == b"HEAD")
-            else:
-                LATER.add(later, self.loop)
-                self.bytes_out += handler.write_to(later, self.keep_alive_mode,
-                                                   method == b"HEAD")
+            # The common case, answered from here: a ready response, nothing ahead of it.
+            self.write_ready(handler, self.keep_alive_mode, method == b"HEAD")
             route.tally.codes[handler.status] += 1     # RouteTally.count, inline
             return
 

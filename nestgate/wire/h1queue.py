@@ -65,13 +65,13 @@ class AnswerQueue:
         route.tally.count(response.status)
         head_only = method == b"HEAD"
         if self._active is None and not self._queue and not self.write_paused:
-            self.write_later()
             if mode == self.close_mode or self.ctx.draining:
                 self._enter(CLOSING)
+                self.write_later()
                 self.bytes_out += response.write_to(self.transport, self.close_mode, head_only)
                 self.transport.close()
             else:
-                self.bytes_out += response.write_to(self.transport, mode, head_only)
+                self.write_ready(response, mode, head_only)
         else:
             self._queue.append(ReadyAnswer(self, response, mode, head_only))
         if self.logging:

@@ -48,7 +48,7 @@ from nestgate.base.errorpages import DEFAULT_PAGES, ERRORS
 from nestgate.base.errors import RequestError
 from nestgate.base.flow import Writable
 from nestgate.wire.h1pacing import FEED_SLICE, PIPELINE_HIGH, WRITE_HIGH_WATER, ReadPacing
-from nestgate.wire.h1later import LaterOutput
+from nestgate.wire.h1later import LATER, LaterOutput
 from nestgate.wire.h1parse import AfterLast, RequestReader
 from nestgate.wire.h1phases import BODY, CLOSED, CLOSING, HEAD, IDLE, OPEN, TUNNEL, Phases
 from nestgate.wire.h1queue import AnswerQueue
@@ -219,6 +219,18 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
         now: before any other write or a close, so answers keep their order."""
         if self._later.parts:
             self._later.flush()
+
+    def write_ready(self, response, mode: int, head_only: bool) -> None:
+        """A ready `response` that keeps the connection open, written after this batch
+        of reads (nestgate.wire.h1later); at once, behind the one waiting, when another
+        waits (pipelined requests)."""
+        later = self._later
+        if later.parts:
+            later.flush()
+            self.bytes_out += response.write_to(self.transport, mode, head_only)
+        else:
+            LATER.add(later, self.loop)
+            self.bytes_out += response.write_to(later, mode, head_only)
 
     def write(self, data: bytes) -> None:
         """Bytes of a `Request`'s answer (counted in its `sent`)."""
