@@ -279,7 +279,9 @@ class HTTP2Connection(StreamAdapter, Sending, Ending):
             self._multiplexed = True     # streams sent together, however fast answered
         if self.phase != SERVING:
             self._idle()                 # before the flush: a GOAWAY rides with the answers
-        self.flush()
+            self.flush()
+        else:
+            self._flush_soon()
 
     def _stream_gone(self, stream_id: int, by_client: bool) -> bool:
         """A stream was reset (by the client, or by the engine for a stream error):
