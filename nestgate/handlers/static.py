@@ -10,6 +10,13 @@ lookup, a few header comparisons and one write. A cached file is stat-ed again a
 most once per `recheck` interval, off the loop, so a change or deletion on disk is
 served correctly soon after. Files at or above `sendfile_min` are never read into
 memory: `os.sendfile` on the socket (plain TCP) or reads from an executor (TLS).
+A large file's open descriptor, stat and header fields are kept (`openfiles`, at
+most `KEEP_OPEN_MAX`, least recently used out first), so the next requests for it
+within `recheck` open nothing and need no executor trip: only the `sendfile` (or the
+TLS path's reads). After `recheck` the path is resolved and stat-ed again off the loop
+and the descriptor kept only while the path still names the same file (inode, mtime,
+size); else it is dropped, and closed once no answer sends from it. Only the identity
+answer is kept: a precompressed sibling is looked for and opened per request as before.
 
 Path safety: hidden segments (".git") are refused; the path is resolved with
 `realpath` and must stay inside the resolved root; the file is opened with
@@ -36,11 +43,12 @@ from urllib.parse import quote
 
 from nestgate.base import compress
 from nestgate.base.clock import CLOCK
-from nestgate.base.handler import PEEK
+from nestgate.base.handler import PEEK, Service
 from nestgate.base.responses import (CONNECTION_ENDINGS, SERVER, STATUS_LINES, Prebuilt,
                                      header_pairs, html_page, lines_of, status_line)
 from nestgate.base.sendwatch import cut
 from nestgate.base.tally import TALLY
+from nestgate.handlers.openfiles import KeptFile, OpenFiles
 
 log = logging.getLogger("nestgate.static")
 
@@ -140,13 +148,15 @@ def _signature(st) -> tuple | None:
     return None if st is None else (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
-class StaticFiles:
+class StaticFiles(Service):
     """The `static` route type; its options are `routetypes.StaticOptions`.
 
     `peek` answers from the parser callback whatever a cached file can answer without
     the disk: its 200 (or the precompressed variant Accept-Encoding picks), its 304,
     and 405 for other methods. A Range request, a file not cached, or one due for its
-    once-a-second stat returns None: `handle` then runs as a task."""
+    once-a-second stat returns None: `handle` then runs as a task.
+
+    As a service, it closes the large files it keeps open when the worker stops."""
 
     is_async = PEEK
 
@@ -172,6 +182,7 @@ class StaticFiles:
         self.not_found = not_found or Prebuilt(404, html_page(404), "text/html; charset=utf-8")
         self._cache: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         self._cached_bytes = 0
+        self._open_files = OpenFiles()
         self._negotiator = compress.Negotiator()
         self.hits = self.misses = 0     # answered from the cache in `peek`; loaded
         self.site, self.label = site, prefix + "*"      # for the cache metrics
@@ -183,6 +194,9 @@ class StaticFiles:
         self._warm_key = (self.root, options, tuple(self.extra))
         if options.warm:
             self.warm()
+
+    def stop(self) -> None:
+        self._open_files.drop_all()
 
     def cache_figures(self) -> list:
         return ["static", self.site, self.label, self.hits, self.misses, self._cached_bytes]
@@ -236,8 +250,12 @@ class StaticFiles:
             self._cache.move_to_end(rel)
             await self._answer_cached(request, entry)
             return
+        kept = self._open_files.get(rel)
+        if kept is not None and CLOCK.now - kept.checked < self.recheck:
+            await self._answer_large(request, kept)
+            return
         try:
-            await self._slow(request, rel, entry)
+            await self._slow(request, rel, entry, kept)
         except NotFound:
             await request.send_prebuilt(self.not_found)
 
@@ -252,8 +270,17 @@ class StaticFiles:
                 return None
         return rel
 
-    async def _slow(self, request, rel: str, entry: Entry | None) -> None:
+    async def _slow(self, request, rel: str, entry: Entry | None,
+                    kept: KeptFile | None) -> None:
         loop = self.loop
+        if kept is not None:
+            same = await loop.run_in_executor(None, self._still_same, rel, kept,
+                                              request.path.endswith("/"))
+            if same:
+                kept.checked = CLOCK.now
+                await self._answer_large(request, kept)
+                return
+            self._open_files.drop(rel, kept)
         if entry is not None:
             fresh = await loop.run_in_executor(None, self._still_fresh, entry)
             if fresh:
@@ -282,7 +309,11 @@ class StaticFiles:
                 self._remember(rel, entry)
             await self._answer_cached(request, entry)
             return
-        await self._answer_large(request, real, st)
+        opened = await loop.run_in_executor(None, self._open, real)
+        etag, headers = self._large_headers(opened.st, real, "")
+        kept = KeptFile(opened.fd, opened.st, real, etag, headers, CLOCK.now)
+        self._open_files.keep(rel, kept)
+        await self._answer_large(request, kept)
 
     # ------------------------------------------------------------ cached files
     async def _answer_cached(self, request, entry: Entry) -> None:
@@ -327,40 +358,52 @@ class StaticFiles:
             self._cached_bytes -= old.weight
 
     # ------------------------------------------------------------ large files
-    async def _answer_large(self, request, real: str, st) -> None:
-        loop = self.loop
+    async def _answer_large(self, request, kept: KeptFile) -> None:
+        """From the kept descriptor, or a precompressed sibling Accept-Encoding picks.
+        Held for the whole answer: a kept file dropped meanwhile stays open until then."""
         inm, ims, rng, if_range, accept = _conditional_headers(request.headers)
-        encoding = ""
-        opened = None
-        if self.precompressed and accept is not None and rng is None:
-            # Files this big are never compressed here: only their siblings are sent.
-            siblings = dict(_ENCODINGS)
-            while (enc := compress.negotiate(accept, tuple(siblings))):
-                try:
-                    opened = await loop.run_in_executor(None, self._open, real + siblings[enc])
-                    encoding = enc
-                    break
-                except NotFound:
-                    del siblings[enc]
-        if opened is None:
-            opened = await loop.run_in_executor(None, self._open, real)
+        kept.hold()
         try:
-            await self._send_opened(request, opened, real, encoding, rng, if_range, inm, ims)
+            if self.precompressed and accept is not None and rng is None:
+                # Files this big are never compressed here: only their siblings are sent.
+                sibling = await self._open_sibling(kept.real, accept)
+                if sibling is not None:
+                    opened, encoding = sibling
+                    try:
+                        etag, headers = self._large_headers(opened.st, kept.real, encoding)
+                        await self._send_file(request, opened.fd, opened.st, etag, headers,
+                                              None, None, inm, ims)
+                    finally:
+                        os.close(opened.fd)
+                    return
+            await self._send_file(request, kept.fd, kept.st, kept.etag, kept.headers,
+                                  rng, if_range, inm, ims)
         finally:
-            os.close(opened.fd)
+            kept.release()
 
-    async def _send_opened(self, request, opened: Opened, real, encoding, rng, if_range,
-                           inm, ims) -> None:
-        st = opened.st
+    async def _open_sibling(self, real: str, accept: bytes) -> tuple[Opened, str] | None:
+        siblings = dict(_ENCODINGS)
+        while (enc := compress.negotiate(accept, tuple(siblings))):
+            try:
+                return await self.loop.run_in_executor(None, self._open, real + siblings[enc]), enc
+            except NotFound:
+                del siblings[enc]
+        return None
+
+    def _large_headers(self, st, real: str, encoding: str) -> tuple[str, list]:
+        """A large file's ETag and its 200's header fields (Content-Length aside)."""
         etag = _etag(st, encoding)
-        last_modified = http_date(st.st_mtime)
         headers = [("content-type", content_type(real)), ("etag", etag),
-                   ("last-modified", last_modified), ("accept-ranges", "bytes")]
+                   ("last-modified", http_date(st.st_mtime)), ("accept-ranges", "bytes")]
         if encoding:
             headers.append(("content-encoding", encoding))
         if self.precompressed:
             headers.append(("vary", "accept-encoding"))
-        headers += self.extra
+        return etag, headers + self.extra
+
+    async def _send_file(self, request, fd: int, st, etag: str, headers: list, rng, if_range,
+                         inm, ims) -> None:
+        """The 200, 206, 304 or 416 for an open file; `headers` is not changed."""
         if _not_modified(inm, ims, etag, st.st_mtime):
             request.start(304, [h for h in headers if h[0] != "content-type"], None)
             return
@@ -372,16 +415,16 @@ class StaticFiles:
                 return
             if span is not None:
                 start, length, status = span[0], span[1] - span[0] + 1, 206
-                headers.append(("content-range", f"bytes {span[0]}-{span[1]}/{st.st_size}"))
+                headers = [*headers,
+                           ("content-range", f"bytes {span[0]}-{span[1]}/{st.st_size}")]
         request.start(status, headers, length)
         if request.head_only or not length:
             return
         transport = request.sendfile_transport()
         if transport is not None:
-            await self._sendfile(request, transport, opened.fd, start, length,
-                                 request.send_timeout)
+            await self._sendfile(request, transport, fd, start, length, request.send_timeout)
         else:                                 # TLS or HTTP/2: the bytes pass through us
-            await self._send_reads(request, opened.fd, start, length)
+            await self._send_reads(request, fd, start, length)
 
     async def _send_reads(self, request, fd: int, offset: int, length: int) -> None:
         loop = self.loop
@@ -564,6 +607,15 @@ class StaticFiles:
         full = Prebuilt(200, data, entry.type,
                         validators + [("accept-ranges", "bytes")] + coding + vary + self.extra)
         return Variant(encoding, etag, full, Bodiless(304, validators + vary + self.extra))
+
+    def _still_same(self, rel: str, kept: KeptFile, slash: bool) -> bool:
+        """Whether `rel` still resolves, inside the root, to the kept file unchanged."""
+        try:
+            found = self._locate(rel, slash)
+        except NotFound:
+            return False
+        return found[0] == "file" and found[1] == kept.real \
+            and _signature(found[2]) == kept.signature
 
     def _still_fresh(self, entry: Entry) -> bool:
         sigs = [_signature(_stat(entry.real))]
