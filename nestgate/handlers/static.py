@@ -276,7 +276,9 @@ class StaticFiles(Service):
         if kept is not None:
             same = await loop.run_in_executor(None, self._still_same, rel, kept,
                                               request.path.endswith("/"))
-            if same:
+            # Dropped meanwhile (evicted, or replaced by another answer's open), it may
+            # be closed already: found anew below.
+            if same and not kept.dropped:
                 kept.checked = CLOCK.now
                 await self._answer_large(request, kept)
                 return
