@@ -8,7 +8,6 @@ Nothing here touches sockets or the event loop.
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import os
 import re
@@ -341,6 +340,7 @@ class _Section:
     def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
         def convert(v):
             if v not in choices:
+                import difflib      # only a config with a mistake needs it
                 near = difflib.get_close_matches(str(v), choices, n=1, cutoff=0.6)
                 hint = f" (did you mean {near[0]!r}?)" if near else ""
                 raise ValueError("one of " + ", ".join(repr(c) for c in choices) + hint)
@@ -427,6 +427,7 @@ class _Section:
     @staticmethod
     def near(name: str, known, cutoff: float = 0.75) -> str:
         """" (did you mean 'x'?)" for the known name closest to a mistyped one."""
+        import difflib      # only a config with a mistake needs it
         close = difflib.get_close_matches(name, known, n=1, cutoff=cutoff)
         return f" (did you mean {close[0]!r}?)" if close else ""
 

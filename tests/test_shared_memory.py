@@ -36,6 +36,7 @@ PROBE = textwrap.dedent("""
     config = parse_config(data, "t.toml", folder)
     import importlib
     import nestgate.server.supervisor, nestgate.server.worker      # what the supervisor has loaded itself
+    import nestgate.admin.process                                # and the admin process
     from nestgate.sites.build import build_router, handler_modules
     for name in handler_modules(config):
         importlib.import_module(name)
@@ -51,8 +52,11 @@ PROBE = textwrap.dedent("""
 # Libraries for features the embedded default does not use: cryptography (certificate
 # files), maxminddb ([geoip]), urllib.request (the CrowdSec bouncer), the HTTP/2 engine
 # and hpack (listeners with TLS or h2c). Loaded by every config, they were 15 MiB of
-# the default's idle PSS.
-LIBRARIES = ["cryptography", "maxminddb", "urllib.request", "nestgate.wire.http2", "hpack"]
+# the default's idle PSS. And what no config needs until something asks: the `email`
+# package and `calendar` (HTTP dates are nestgate.base.httpdate's), `difflib` (a config
+# with a mistake), the admin's OpenAPI document (its first GET /docs/json).
+LIBRARIES = ["cryptography", "maxminddb", "urllib.request", "nestgate.wire.http2", "hpack",
+             "email", "calendar", "difflib", "nestgate.admin.openapi"]
 
 
 def probe(folder, config: dict) -> tuple[list[str], list[str]]:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from nestgate import __version__
-from nestgate.admin import metrics, openapi
+from nestgate.admin import metrics
 from nestgate.admin.answers import AnswerCounts
 from nestgate.admin.guessing import Guesses, Held, given_token
 from nestgate.admin.origin import OwnAddress, SameOrigin, ip_loopback
@@ -289,7 +289,7 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     site.add_exact("/login", page, sign_in=False)
     # The API's description holds nothing secret: open, so that a client (or Swagger
     # UI) can read it before it has the token.
-    site.add_exact("/docs/json", Endpoint(lambda: (200, openapi.DOCUMENT_BYTES),
+    site.add_exact("/docs/json", Endpoint(lambda: (200, openapi_document()),
                                           "application/json"), sign_in=False)
     # Swagger UI, bundled (no CDN: the admin listener is often on a machine without
     # the internet, and a page that loads outside scripts could be made to leak the
@@ -337,6 +337,13 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     router = Router(site)
     router.add_site(["*"], site)
     return router
+
+
+def openapi_document() -> bytes:
+    """The OpenAPI document's bytes, built when first asked for: nobody reads it at
+    idle, and built at import it is a few hundred KiB the supervisor would hold too."""
+    from nestgate.admin.openapi import DOCUMENT_BYTES
+    return DOCUMENT_BYTES
 
 
 SWAGGER_DIR = Path(__file__).parent / "swagger_ui"

@@ -7,7 +7,7 @@ request (DESIGN.md: per request only the Date value changes, formatted once a se
 
 import time
 import weakref
-from email.utils import formatdate
+from nestgate.base.httpdate import http_date
 
 
 class Clock:
@@ -29,7 +29,7 @@ class Clock:
         second = int(self.wall)
         if second != self.second:
             self.second = second
-            self.date = formatdate(second, usegmt=True).encode()
+            self.date = http_date(second).encode()
             self.date_line = b"date: " + self.date + b"\r\n"
             for obj in list(self._each_second):
                 obj.refresh()

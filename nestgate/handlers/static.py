@@ -38,12 +38,12 @@ import logging
 import mimetypes
 import os
 import stat
-from email.utils import formatdate, parsedate_to_datetime
 from urllib.parse import quote
 
 from nestgate.base import compress
 from nestgate.base.clock import CLOCK
 from nestgate.base.handler import PEEK, Service
+from nestgate.base.httpdate import http_date, parse_http_date
 from nestgate.base.responses import (CONNECTION_ENDINGS, SERVER, STATUS_LINES, Prebuilt,
                                      header_pairs, html_page, lines_of, status_line)
 from nestgate.base.sendwatch import cut
@@ -82,10 +82,6 @@ def content_type(name: str) -> str:
     if not guessed:
         return "application/octet-stream"
     return guessed + "; charset=utf-8" if guessed.startswith("text/") else guessed
-
-
-def http_date(seconds: float) -> str:
-    return formatdate(int(seconds), usegmt=True)
 
 
 class Bodiless:
@@ -726,8 +722,8 @@ def _not_modified(inm: bytes | None, ims: bytes | None, etag: str, mtime: float)
         return "*" in tags or etag.removeprefix("W/") in tags
     if ims is not None:
         try:
-            since = parsedate_to_datetime(ims.decode("latin-1")).timestamp()
-        except (TypeError, ValueError, IndexError):
+            since = parse_http_date(ims.decode("latin-1"))
+        except ValueError:
             return False
         return int(mtime) <= since
     return False
