@@ -20,7 +20,7 @@ from conftest import (HELLO, PASSWORD_HASH, REPO, Browser, _env, admin_headers, 
                       config, get_from, one_request, poll,
                       scrape, tls_block)
 from nestgate.bans.store import open_bans
-from nestgate.bans.table import BanTable, client_network
+from nestgate.bans.table import BanTable, client_network, process_shared_lock
 from nestgate.config import ConfigError, parse_config
 
 SCANNER_RULE = """
@@ -686,3 +686,30 @@ store = "{tmp_path / 's.db'}"
     assert scan(port, "127.0.0.22", ["/private"] * 3) == [403, 403, 0]
     server.wait_for("banned 127.0.0.22/32 (forbidden")
     assert get_from(port, "/hello", source="127.0.0.23")[0] == 200
+
+
+def test_the_table_lock_is_held_across_processes_forked_after_it():
+    """Every process writes the one table: the lock made before the fork must keep a
+    child out while the supervisor holds it, and let it in once released (a copy of a
+    thread lock would stay held in the child for ever)."""
+    lock = process_shared_lock()
+    to_parent_r, to_parent_w = os.pipe()
+    to_child_r, to_child_w = os.pipe()
+    lock.acquire()
+    pid = os.fork()
+    if pid == 0:                                    # the child: report, never return
+        try:
+            os.write(to_parent_w, b"1" if lock.acquire(True, 0.2) else b"0")
+            os.read(to_child_r, 1)                  # the parent has released it
+            os.write(to_parent_w, b"1" if lock.acquire(True, 5) else b"0")
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(to_parent_r, 1) == b"0"      # kept out while held
+        lock.release()
+        os.write(to_child_w, b"x")
+        assert os.read(to_parent_r, 1) == b"1"      # let in once released
+    finally:
+        os.waitpid(pid, 0)
+        for fd in (to_parent_r, to_parent_w, to_child_r, to_child_w):
+            os.close(fd)

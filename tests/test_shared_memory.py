@@ -54,9 +54,10 @@ PROBE = textwrap.dedent("""
 # and hpack (listeners with TLS or h2c). Loaded by every config, they were 15 MiB of
 # the default's idle PSS. And what no config needs until something asks: the `email`
 # package and `calendar` (HTTP dates are nestgate.base.httpdate's), `difflib` (a config
-# with a mistake), the admin's OpenAPI document (its first GET /docs/json).
+# with a mistake), the admin's OpenAPI document (its first GET /docs/json), and
+# `multiprocessing` for one lock (nestgate.bans.table).
 LIBRARIES = ["cryptography", "maxminddb", "urllib.request", "nestgate.wire.http2", "hpack",
-             "email", "calendar", "difflib", "nestgate.admin.openapi"]
+             "email", "calendar", "difflib", "nestgate.admin.openapi", "multiprocessing"]
 
 
 def probe(folder, config: dict) -> tuple[list[str], list[str]]:

@@ -34,9 +34,10 @@ sequence of their network, so a lookup still costs one sequence per prefix lengt
 
 from __future__ import annotations
 
+import _multiprocessing
 import ipaddress
 import mmap
-import multiprocessing
+import os
 import time
 from typing import NamedTuple
 
@@ -101,6 +102,23 @@ def client_network(client: str, ipv4_prefix: int = 32, ipv6_prefix: int = 64) ->
     return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
 
 
+SEMAPHORE = 1                   # _multiprocessing.SemLock's kind for a plain lock
+
+
+def process_shared_lock():
+    """A lock every process forked after it shares: what `multiprocessing`'s fork
+    context makes (a POSIX semaphore, unlinked at once), without importing the
+    `multiprocessing` package (its context, process, reduction, synchronize and util
+    modules), which nothing else here uses: 0.3-0.6 MiB of the embedded default's idle
+    anonymous PSS, measured."""
+    while True:
+        name = "/nestgate-" + os.urandom(6).hex()
+        try:
+            return _multiprocessing.SemLock(SEMAPHORE, 1, 1, name, True)
+        except FileExistsError:
+            continue
+
+
 class BanTable:
     """The shared table (see the module docstring)."""
 
@@ -111,7 +129,7 @@ class BanTable:
         self.words = memoryview(self._map).cast("Q")
         self.floats = memoryview(self._map).cast("d")
         self.raw = memoryview(self._map)
-        self._lock = multiprocessing.get_context("fork").Lock()
+        self._lock = process_shared_lock()
         self._lengths_version = -1
         self._lengths: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         self.full_said = False
