@@ -18,9 +18,13 @@ from pathlib import Path
 from .drivers import ERROR_KEYS, RunResult
 from .pyclient import run_result
 
+# An answer not complete after this long is counted as a timeout and its stream given
+# up (a lost datagram the client never recovers from must not hold the run forever).
+ANSWER_TIMEOUT_S = 5.0
+
 
 async def _connection(port: int, path: str, streams: int, until: float, latencies: list,
-                      statuses: list, sizes: list) -> None:
+                      statuses: list, sizes: list, errors: dict) -> None:
     from aioquic.asyncio.client import connect
     from aioquic.h3.connection import H3_ALPN, H3Connection
     from aioquic.h3.events import DataReceived, HeadersReceived
@@ -62,7 +66,12 @@ async def _connection(port: int, path: str, streams: int, until: float, latencie
                        create_protocol=Client) as client:
         async def one_stream() -> None:
             while time.perf_counter() < until:
-                started, status, size, _ = await client.get()
+                try:
+                    started, status, size, _ = await asyncio.wait_for(client.get(),
+                                                                      ANSWER_TIMEOUT_S)
+                except asyncio.TimeoutError:
+                    errors["timeout"] += 1
+                    continue
                 latencies.append((time.perf_counter() - started) * 1000)
                 statuses.append(status)
                 sizes.append(size)
@@ -80,7 +89,7 @@ def run(port: int, path: str, connections: int, streams: int, duration_s: float,
     async def load() -> None:
         until = time.perf_counter() + duration_s
         results = await asyncio.gather(
-            *(_connection(port, path, streams, until, latencies, statuses, sizes)
+            *(_connection(port, path, streams, until, latencies, statuses, sizes, errors)
               for _ in range(connections)), return_exceptions=True)
         for result in results:
             if isinstance(result, Exception):
