@@ -1,4 +1,4 @@
-"""Ready answers written after the batch of reads (nestgate.wire.h1later): whatever
+"""Ready answers written after the batch of reads (nestgate.base.later): whatever
 follows one on its connection, in the same read or at once after it, comes after it,
 and a close never loses it. Real server, raw sockets."""
 

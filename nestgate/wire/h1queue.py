@@ -34,6 +34,7 @@ class ReadyAnswer:
         """Written; False when the connection ends with it."""
         conn = self.connection
         mode = conn.close_mode if conn.ctx.draining else self.mode
+        conn.write_later()
         conn.bytes_out += self.response.write_to(conn.transport, mode, self.head_only)
         if mode == conn.close_mode:
             conn.close_now()

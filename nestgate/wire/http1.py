@@ -12,7 +12,7 @@ composed here at class definition (so a request pays no call or lookup for the s
                                        a ready answer written from the callback
   nestgate.wire.h1request   HTTP1Request    a handler's answer as HTTP/1 bytes
   nestgate.wire.h1queue     AnswerQueue     pipelined answers in order; error answers
-  nestgate.wire.h1later     LaterOutput     ready answers written after the batch of reads
+  nestgate.base.later       LaterOutput     ready answers written after the batch of reads
   nestgate.wire.h1pacing    ReadPacing      when reading stops and starts again
   nestgate.wire.h1tunnel    Tunnels         upgrade requests and the tunnels after them
   nestgate.wire.h1proxyheader               a PROXY protocol header before the first request
@@ -48,7 +48,7 @@ from nestgate.base.errorpages import DEFAULT_PAGES, ERRORS
 from nestgate.base.errors import RequestError
 from nestgate.base.flow import Writable
 from nestgate.wire.h1pacing import FEED_SLICE, PIPELINE_HIGH, WRITE_HIGH_WATER, ReadPacing
-from nestgate.wire.h1later import LATER, LaterOutput
+from nestgate.base.later import LATER, LaterOutput
 from nestgate.wire.h1parse import AfterLast, RequestReader
 from nestgate.wire.h1phases import BODY, CLOSED, CLOSING, HEAD, IDLE, OPEN, TUNNEL, Phases
 from nestgate.wire.h1queue import AnswerQueue
@@ -85,7 +85,7 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
         self._known_site = ctx.router.memo.get     # the router's Host memo, asked first
         self.loop = ctx.loop
         self.transport = None
-        self._later = None             # a ready answer waiting for the batch's end (h1later)
+        self._later = None             # a ready answer waiting for the batch's end (nestgate.base.later)
         self.parser = httptools.HttpRequestParser(self)
         limits = ctx.limits      # copied: read on every request
         self._max_url = limits.max_url
@@ -215,14 +215,14 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
         return self.transport is None or self.transport.is_closing()
 
     def write_later(self) -> None:
-        """Write the ready answer waiting for the batch's end (nestgate.wire.h1later)
+        """Write the ready answer waiting for the batch's end (nestgate.base.later)
         now: before any other write or a close, so answers keep their order."""
         if self._later.parts:
             self._later.flush()
 
     def write_ready(self, response, mode: int, head_only: bool) -> None:
         """A ready `response` that keeps the connection open, written after this batch
-        of reads (nestgate.wire.h1later); at once, behind the one waiting, when another
+        of reads (nestgate.base.later); at once, behind the one waiting, when another
         waits (pipelined requests)."""
         later = self._later
         if later.parts:
@@ -232,8 +232,15 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
             LATER.add(later, self.loop)
             self.bytes_out += response.write_to(later, mode, head_only)
 
+    def write_last(self, data: bytes) -> None:
+        """The last bytes of an answer (a proxied response whole in one upstream read),
+        written after this batch of reads like a ready answer."""
+        LATER.append(self._later, data, self.loop)
+
     def write(self, data: bytes) -> None:
         """Bytes of a `Request`'s answer (counted in its `sent`)."""
+        if self._later.parts:
+            self._later.flush()
         if not self.transport.is_closing():
             self.transport.write(data)
 

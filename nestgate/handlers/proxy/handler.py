@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 
+from nestgate.base.later import LATER
 from nestgate.base.clock import CLOCK
 from nestgate.base.errors import HandlerError
 from nestgate.base.flow import Reading, Signal, hold
@@ -199,7 +200,9 @@ class ProxyHandler(Service, TellsIdentity):
         target.active += 1
         target.requests += 1
         req.cancel = ex.cancel
-        conn.transport.write(head)
+        # Sent after this batch of reads (nestgate.base.later): nothing else writes to
+        # the connection before its answer, and a client that leaves closes it.
+        LATER.append(conn.later, head, req.loop)
         return True
 
     def settled(self, ex: Exchange) -> None:

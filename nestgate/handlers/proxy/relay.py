@@ -71,12 +71,10 @@ class ByteRelay:
         if not whole:
             self.out.append(head)
             return
-        # The usual answer, whole in one read: out at once (its length frames it, so
-        # there is nothing to end it with).
+        # The usual answer, whole in one read: out after this batch of reads (its
+        # length frames it, so there is nothing to end it with; nestgate.base.later).
         req.end_bytes()
-        transport = req.connection.transport
-        if not transport.is_closing():
-            transport.write(head)
+        req.connection.write_last(head)
 
     def body(self, chunk: bytes) -> None:
         data = self.req.frame(chunk)

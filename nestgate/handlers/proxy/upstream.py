@@ -33,6 +33,7 @@ import time
 
 import httptools
 
+from nestgate.base.later import LaterOutput
 from nestgate.base import compress
 from nestgate.base.clock import CLOCK
 from nestgate.base.flow import Reading, Signal, Writable
@@ -93,7 +94,7 @@ class UpstreamConnection(asyncio.Protocol):
     """A connection to one target; `exchange` receives its bytes while it is in use."""
 
     __slots__ = ("target", "transport", "exchange", "closed", "write_paused", "_writable",
-                 "reading", "idle_since", "reused", "spare")
+                 "reading", "idle_since", "reused", "spare", "later")
 
     def __init__(self, target) -> None:
         self.target = target
@@ -106,9 +107,11 @@ class UpstreamConnection(asyncio.Protocol):
         self.idle_since = 0.0
         self.reused = False
         self.spare: Exchange | None = None      # reused for the next request
+        self.later: LaterOutput | None = None   # a request sent after the batch (base.later)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.later = LaterOutput(transport)
         self.reading.transport = transport
         transport.set_write_buffer_limits(WRITE_HIGH_WATER)
         self.target.conns.add(self)

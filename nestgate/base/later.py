@@ -1,4 +1,6 @@
-"""Ready answers written after the batch of reads that asked for them (`LATER`).
+"""Writes made while the event loop runs a batch of reads, written after the batch
+(`LATER`): an HTTP/1 connection's ready answers, and the proxy's request to its upstream
+and the whole answer it relays (nestgate.handlers.proxy).
 
 Why: a ready answer (the health JSON, a cached page) is made in a few microseconds,
 and writing it wakes the client's reader. On loopback, where nestgate sits behind
@@ -8,7 +10,7 @@ hypervisor exit on a VM): measured on a 2-core VM, a third of a health answer's 
 Written together right after the batch of reads, the first answer wakes the reader and
 the rest find it awake.
 
-How: the parser callback hands a keep-alive connection's ready answer to its
+How (HTTP/1): the parser callback hands a keep-alive connection's ready answer to its
 `LaterOutput` instead of the transport; the first one in a batch schedules one
 `flush` with `call_soon`, which the event loop runs after this poll's read callbacks,
 before it polls again. At most one answer per connection waits: a second one
@@ -16,6 +18,13 @@ before it polls again. At most one answer per connection waits: a second one
 requests is paced by the transport's buffer as before. Every other write and every
 close of a connection first writes what waits (`HTTP1Connection.write_later`), so
 answers never change order and none is lost to a close.
+
+The proxy: a request sent from callbacks goes to its upstream connection's
+`LaterOutput` (nothing else writes to that connection until the answer has come, which
+needs the request; a client that goes away closes it), and an answer whole in one
+upstream read to the client connection's (`HTTP1Connection.write_last`). Paired
+proxy-4k runs: -14 to -17 % CPU per request with both, nothing measurable with the
+client side alone.
 """
 
 from __future__ import annotations
@@ -58,6 +67,12 @@ class LaterBatch:
         if not self.waiting:
             loop.call_soon(self.flush)
         self.waiting.append(output)
+
+    def append(self, output: LaterOutput, data: bytes, loop) -> None:
+        """`data` after whatever `output` holds, written after this batch."""
+        if not output.parts:
+            self.add(output, loop)
+        output.parts.append(data)
 
     def flush(self) -> None:
         waiting, self.waiting = self.waiting, []
