@@ -23,7 +23,7 @@ The proxy: a request sent from callbacks goes to its upstream connection's
 `LaterOutput` (nothing else writes to that connection until the answer has come, which
 needs the request; a client that goes away closes it), and an answer whole in one
 upstream read to the client connection's (`HTTP1Connection.write_last`). Paired
-proxy-4k runs: -14 to -17 % CPU per request with both, nothing measurable with the
+proxy-4k runs: -15 to -26 % CPU per request with both, nothing measurable with the
 client side alone.
 """
 
