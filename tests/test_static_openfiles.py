@@ -216,3 +216,44 @@ def test_kept_descriptors_are_bounded(server, root):
     kept = poll(lambda: open_below(worker, root),
                 lambda files: len(files) <= KEEP_OPEN_MAX, timeout=5)
     assert kept == names[-KEEP_OPEN_MAX:]
+
+
+def _answers(data: bytes) -> list[tuple[int, dict, bytes]]:
+    """Pipelined HTTP/1.1 answers (all with Content-Length) split from `data`."""
+    out = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        fields = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = int(fields["content-length"])
+        out.append((int(lines[0].split()[1]), fields, rest[:length]))
+        data = rest[length:]
+    return out
+
+
+def test_pipelined_answers_around_a_sent_file_keep_their_order(server, root):
+    """A ready answer still waiting for the batch's end, then a kept large file sent
+    around the transport (head and file on the socket itself), then more: one write
+    of five requests, five answers in order, each whole."""
+    small, big = os.urandom(3_000), os.urandom(300_000)
+    (root / "small.bin").write_bytes(small)
+    (root / "big.bin").write_bytes(big)
+    assert get(server, "/small.bin")[2] == small        # cached: answered when parsed
+    assert get(server, "/big.bin")[2] == big            # kept open
+    _, port, context = server
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    if context is not None:
+        sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
+    paths = ["/small.bin", "/big.bin", "/small.bin", "/big.bin", "/small.bin"]
+    requests = [f"GET {p} HTTP/1.1\r\nHost: a\r\n" for p in paths]
+    requests[3] += "Range: bytes=10-19\r\n"
+    requests[-1] += "Connection: close\r\n"
+    sock.sendall("".join(r + "\r\n" for r in requests).encode())
+    data = b""
+    with sock:
+        while chunk := sock.recv(1 << 20):
+            data += chunk
+    answers = _answers(data)
+    assert [a[0] for a in answers] == [200, 200, 200, 206, 200]
+    assert [a[2] for a in answers] == [small, big, small, big[10:20], small]
+    assert answers[1][1]["content-length"] == str(len(big))

@@ -152,7 +152,7 @@ def recode_head(block: bytes, status: int, length: int | None,
             media = value
         elif name == b"content-encoding" or name == b"content-range":
             return None                         # coded already, or a part of something
-        elif name == b"cache-control" and b"no-transform" in value.lower():
+        elif name == b"cache-control" and value.lower().find(b"no-transform") >= 0:
             return None
         elif name == b"vary":
             vary_named = vary_named or any(t.strip() in (b"*", b"accept-encoding")

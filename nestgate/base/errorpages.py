@@ -107,7 +107,8 @@ def wants_json(headers) -> bool:
     for name, value in headers:
         if name == b"accept":
             value = value.lower()
-            return b"json" in value and b"text/html" not in value
+            # find(), not `in`: see base/paths.py on bytes in bytes.
+            return value.find(b"json") >= 0 and value.find(b"text/html") < 0
     return False
 
 

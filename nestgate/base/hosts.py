@@ -14,7 +14,7 @@ def valid_host(value: bytes) -> bool:
     if value.translate(None, _HOST_CHARS):
         return False
     _, colon, port = value.rpartition(b":")
-    return not colon or b"]" in port or port.isdigit() or port == b""
+    return not colon or 93 in port or port.isdigit() or port == b""     # 93: "]"
 
 
 # What a host name (or IP literal) is made of once lower-cased, without the characters

@@ -96,7 +96,9 @@ def header_pairs(headers) -> list[tuple[bytes, bytes]]:
     for name, value in headers:
         name = name.encode("latin-1") if isinstance(name, str) else name
         value = value.encode("latin-1") if isinstance(value, str) else value
-        if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
+        # CR and LF as ints (13, 10): `b"\r" in value` first tries the operand as an int
+        # in CPython, raising and clearing a TypeError each time (see base/paths.py).
+        if 13 in value or 10 in value or 13 in name or 10 in name:
             raise ValueError(f"header {name!r} holds a line break")
         out.append((name, value))
     return out

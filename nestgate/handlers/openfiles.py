@@ -22,20 +22,23 @@ from __future__ import annotations
 import collections
 import os
 
+from nestgate.base.responses import header_block
+
 KEEP_OPEN_MAX = 64          # descriptors kept per StaticFiles handler
 
 
 class KeptFile:
     """One open large file: descriptor, stat, where it is, and its ready header fields."""
 
-    __slots__ = ("fd", "st", "real", "signature", "etag", "headers", "checked", "users",
-                 "dropped")
+    __slots__ = ("fd", "st", "real", "signature", "etag", "headers", "block", "checked",
+                 "users", "dropped")
 
     def __init__(self, fd: int, st, real: str, etag: str, headers: list, now: float) -> None:
         self.fd, self.st, self.real = fd, st, real
         self.signature = (st.st_ino, st.st_mtime_ns, st.st_size)
         self.etag = etag
         self.headers = headers          # the 200's fields, Content-Length aside
+        self.block = header_block(headers)      # the same as header lines, made once
         self.checked = now
         self.users = 0
         self.dropped = False

@@ -37,6 +37,7 @@ import html
 import logging
 import mimetypes
 import os
+import socket
 import stat
 from urllib.parse import quote
 
@@ -45,7 +46,8 @@ from nestgate.base.clock import CLOCK
 from nestgate.base.handler import PEEK, Service
 from nestgate.base.httpdate import http_date, parse_http_date
 from nestgate.base.responses import (CONNECTION_ENDINGS, SERVER, STATUS_LINES, Prebuilt,
-                                     header_pairs, html_page, lines_of, status_line)
+                                     header_block, header_pairs, html_page, lines_of,
+                                     status_line)
 from nestgate.base.sendwatch import cut
 from nestgate.base.tally import TALLY
 from nestgate.handlers.openfiles import KeptFile, OpenFiles
@@ -54,6 +56,7 @@ log = logging.getLogger("nestgate.static")
 
 _READ_CHUNK = 256 * 1024
 _SENDFILE_CHUNK = 4 * 1024 * 1024
+_AF_INET, _SOCK_STREAM = int(socket.AF_INET), int(socket.SOCK_STREAM)
 _ENCODINGS = (("br", ".br"), ("gzip", ".gz"))   # precompressed siblings, preference order
 # Request headers that change the answer for a cached file, each with its slot in
 # `_conditional_headers`; any other header is skipped with one dict lookup in `peek`.
@@ -375,7 +378,7 @@ class StaticFiles(Service):
                         os.close(opened.fd)
                     return
             await self._send_file(request, kept.fd, kept.st, kept.etag, kept.headers,
-                                  rng, if_range, inm, ims)
+                                  rng, if_range, inm, ims, kept.block)
         finally:
             kept.release()
 
@@ -400,8 +403,9 @@ class StaticFiles(Service):
         return etag, headers + self.extra
 
     async def _send_file(self, request, fd: int, st, etag: str, headers: list, rng, if_range,
-                         inm, ims) -> None:
-        """The 200, 206, 304 or 416 for an open file; `headers` is not changed."""
+                         inm, ims, block: bytes | None = None) -> None:
+        """The 200, 206, 304 or 416 for an open file; `headers` is not changed. `block`:
+        the 200's header lines as bytes, when kept (a kept file's)."""
         if _not_modified(inm, ims, etag, st.st_mtime):
             request.start(304, [h for h in headers if h[0] != "content-type"], None)
             return
@@ -415,14 +419,19 @@ class StaticFiles(Service):
                 start, length, status = span[0], span[1] - span[0] + 1, 206
                 headers = [*headers,
                            ("content-range", f"bytes {span[0]}-{span[1]}/{st.st_size}")]
-        request.start(status, headers, length)
+                block = None
+        if block is None:
+            block = header_block(headers)
+        transport = request.sendfile_transport() \
+            if length and not request.head_only else None
+        if transport is not None:
+            await self._sendfile(request, transport, fd, start, length, request.send_timeout,
+                                 request.head_bytes(status, block, length))
+            return
+        request.start_raw(status, block, length)
         if request.head_only or not length:
             return
-        transport = request.sendfile_transport()
-        if transport is not None:
-            await self._sendfile(request, transport, fd, start, length, request.send_timeout)
-        else:                                 # TLS or HTTP/2: the bytes pass through us
-            await self._send_reads(request, fd, start, length)
+        await self._send_reads(request, fd, start, length)   # TLS or HTTP/2: through us
 
     async def _send_reads(self, request, fd: int, offset: int, length: int) -> None:
         loop = self.loop
@@ -436,27 +445,43 @@ class StaticFiles(Service):
             length -= len(chunk)
 
     async def _sendfile(self, request, transport, fd: int, offset: int, length: int,
-                        send_timeout: float) -> None:
-        """Zero-copy: wait for the transport's own buffer (the headers) to empty, then
-        `os.sendfile` on a duplicate of the socket's fd, waiting for writability on it.
-        The bytes bypass the transport, so the connection's send watch cannot see them
-        wait: a client that takes nothing for `send_timeout` is cut off here.
+                        send_timeout: float, head: bytes) -> None:
+        """Zero-copy, on the socket's own descriptor once the transport's buffer (an
+        answer before this one) is empty: the head with MSG_MORE, so it leaves in the
+        file's first segment rather than as a packet of its own that wakes the client
+        for a few hundred bytes, then `os.sendfile`. A wait for writability watches a
+        duplicate of the descriptor (the loop watches the original for the transport),
+        made only when the socket is full. The bytes bypass the transport, so the
+        connection's send watch cannot see them wait: a client that takes nothing for
+        `send_timeout` is cut off here.
         A client that goes away (reset, closed, cut off) ends the answer as any
         vanished client does (`ConnectionResetError`, see `dispatch.answer`): the
         usual end of an aborted download, worth a debug line, never a traceback."""
         loop = self.loop
-        out = os.dup(transport.get_extra_info("socket").fileno())
+        out = transport.get_extra_info("socket").fileno()
+        # Borrowed, never closed (detached below): send() with flags needs a socket
+        # object. Family and type as plain ints (the transport's socket gives enums,
+        # made per call); they do not change what send() does on the descriptor.
+        sock = socket.socket(_AF_INET, _SOCK_STREAM, 0, out)
+        waiting = _WaitFd(out)
         try:
             while transport.get_write_buffer_size():
-                await _writable(loop, out, send_timeout)
+                await waiting.writable(loop, send_timeout)
                 await asyncio.sleep(0)
+            while head:
+                if transport.is_closing():
+                    raise ConnectionResetError("client went away")
+                try:
+                    head = head[sock.send(head, socket.MSG_MORE):]
+                except BlockingIOError:
+                    await waiting.writable(loop, send_timeout)
             while length > 0:
                 if transport.is_closing():
                     raise ConnectionResetError("client went away")
                 try:
                     sent = os.sendfile(out, fd, offset, min(length, _SENDFILE_CHUNK))
                 except BlockingIOError:
-                    await _writable(loop, out, send_timeout)
+                    await waiting.writable(loop, send_timeout)
                     continue
                 if sent == 0:
                     break                           # the file shrank: see below
@@ -471,7 +496,8 @@ class StaticFiles(Service):
                       request.client, request.sent, exc or "no bytes taken for send_timeout")
             raise ConnectionResetError("client went away") from None
         finally:
-            os.close(out)
+            sock.detach()
+            waiting.close()
         if length:
             # Fewer bytes than the length already promised: the response cannot be
             # completed, and the handler fails (the connection is cut after it).
@@ -695,6 +721,26 @@ def _stat(path: str):
         return os.stat(path)
     except OSError:
         return None
+
+
+class _WaitFd:
+    """A duplicate of a socket's descriptor to wait on for writability, made on the
+    first wait (the loop refuses a watch on the descriptor a transport holds)."""
+
+    __slots__ = ("of", "fd")
+
+    def __init__(self, of: int) -> None:
+        self.of, self.fd = of, -1
+
+    async def writable(self, loop, timeout: float) -> None:
+        if self.fd < 0:
+            self.fd = os.dup(self.of)
+        await _writable(loop, self.fd, timeout)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 async def _writable(loop, fd: int, timeout: float) -> None:

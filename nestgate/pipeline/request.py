@@ -281,5 +281,6 @@ class Request:
         raise NotImplementedError
 
     def sendfile_transport(self):
-        """The transport a file may be sent to with `loop.sendfile`, or None."""
+        """The transport a file may be sent to with `sendfile`, or None; what waits to
+        be written on the connection is handed to the transport first."""
         return None

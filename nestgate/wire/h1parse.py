@@ -295,7 +295,7 @@ class RequestReader:
                 slash = url.find(b"/", len(scheme))
                 authority = url[len(scheme):slash if slash > 0 else len(url)].lower()
                 host = host.lower()
-                if b"@" in authority or authority.removesuffix(default_port) != \
+                if 64 in authority or authority.removesuffix(default_port) != \
                         host.removesuffix(default_port):
                     raise RequestError(400, "absolute-form target and Host disagree")
                 return url[slash:] if slash > 0 else b"/"

@@ -34,10 +34,14 @@ class HTTP1Request(Request):
         return "HTTP/1.0" if self.version == "1.0" else "HTTP/1.1"
 
     def sendfile_transport(self):
-        # Plain TCP only: TLS bytes must pass through the TLS layer.
-        transport = self.connection.transport
+        # Plain TCP only: TLS bytes must pass through the TLS layer. The caller writes
+        # around the transport: a ready answer still waiting for the batch's end goes
+        # into the transport first (the caller waits for its buffer to empty).
+        conn = self.connection
+        transport = conn.transport
         if self.scheme == "http" and transport is not None \
                 and transport.get_extra_info("socket") is not None:
+            conn.write_later()
             return transport
         return None
 

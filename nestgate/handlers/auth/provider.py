@@ -174,7 +174,7 @@ def asked_request(request, original: bool) -> Asked:
     if not method or len(method) > 32 or method.translate(None, TCHAR):
         raise RequestError(400, "the method asked about is not a method")
     # The host the sign-in redirect goes to: a plain host[:port], nothing else.
-    if not host or not valid_host(host) or plain_host_name(host) is None or b"@" in host:
+    if not host or not valid_host(host) or plain_host_name(host) is None or 64 in host:
         raise RequestError(400, "the host asked about is not a host name")
     if len(uri) > MAX_URI or not uri.startswith(b"/") or not uri.isascii() \
             or any(c <= 0x20 or c == 0x7F for c in uri):

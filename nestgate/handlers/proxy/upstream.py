@@ -501,7 +501,7 @@ def _read_head(head: bytes, status: int, keep_alive: bool, private: bool = False
         if kind == LENGTH:
             length = int(value)
         elif kind == CHUNKED:
-            chunked = b"chunked" in value.lower()
+            chunked = value.lower().find(b"chunked") >= 0
         elif kind == CONNECTION:
             # A list header: the names on every field line count.
             tokens = value if tokens is None else tokens + b"," + value
