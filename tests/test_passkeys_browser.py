@@ -85,6 +85,16 @@ def click(browser, selector: str) -> None:
     browser.evaluate(f"document.querySelector({json.dumps(selector)}).click()")
 
 
+def listed(name: str) -> str:
+    """An expression true once the account page the server sent lists a passkey named
+    `name` (an input named "name:<its id>"). Not `input[value=...]`: the script posts the
+    new passkey with hidden inputs added to the page it leaves, one of them value=`name`,
+    so that page would pass before the server has the passkey, and the test's next
+    navigation could cancel the registration."""
+    return ("[...document.querySelectorAll('input[name^=\"name:\"]')]"
+            f".some(input => input.value === {json.dumps(name)})")
+
+
 def sign_out(browser, base: str) -> None:
     go(browser, base + "/__auth__/logout")
     click(browser, "button[type=submit]")
@@ -106,7 +116,7 @@ def test_register_sign_out_sign_in_with_the_passkey_revoke_refused(chromium):
     go(browser, base + "/__auth__/account")
     browser.type_into("#passkey-name", "laptop")
     click(browser, "#passkey-add")
-    assert browser.wait_for("document.querySelector('input[value=\"laptop\"]') !== null")
+    assert browser.wait_for(listed("laptop"))
     credentials = browser.command("WebAuthn.getCredentials",
                                   authenticatorId=authenticator)["credentials"]
     assert len(credentials) == 1 and credentials[0]["isResidentCredential"]
