@@ -14,7 +14,8 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from nestgate.admin.process import ADMIN_PROCESS_NAME, REPORT_MAX, admin_listener, run_admin
+from nestgate.admin.process import (ADMIN_PROCESS_NAME, REPORT_MAX, admin_listener,
+                                    build_admin, run_admin)
 from nestgate.admin.stats import WorkerTable
 from nestgate.certs.info import certificate_expiry, certificate_stamp
 from nestgate.server.sideprocess import name_process, process_name
@@ -49,6 +50,9 @@ class AdminKeeper:
         self.departed: list[tuple[int, bytes]] = []
         self._last_sent = 0.0
         self._certificate_stamp = 0
+        # What `prepare` built for the first admin process: (config, (state, router)).
+        self.prebuilt = None
+        self.prebuilt_taken = False
 
     # ------------------------------------------------------------ listener
     def bind(self, config, bound, say) -> None:
@@ -111,9 +115,24 @@ class AdminKeeper:
             return replace(config, admin=replace(config.admin, token=self.config.admin.token))
 
     # ------------------------------------------------------------ the process
+    def prepare(self) -> None:
+        """Build the first admin process's state and router here, before the workers
+        are forked, to be shared rather than written in the admin process (see
+        nestgate.admin.process.build_admin). A later admin process (restarted, or on
+        a reloaded config) builds its own: it reads what was asked of the workers
+        before it started, and comes seldom. The objects stay referenced after the
+        fork: freeing them here would write to pages the other processes share."""
+        if self.sock is not None and self.prebuilt is None:
+            self.prebuilt = (self.config, build_admin(self.config, self.table))
+
     def fork(self, ready_w: int, close_in_child) -> None:
         if self.sock is None:
             return
+        built = None
+        if self.prebuilt is not None and not self.prebuilt_taken \
+                and self.prebuilt[0] is self.config:
+            built = self.prebuilt[1]
+        self.prebuilt_taken = True
         # The child is born with its name (`ps`, `top`, /proc/PID/comm): the name is
         # given to this process for the fork and taken back after it.
         own = process_name()
@@ -126,7 +145,7 @@ class AdminKeeper:
         if pid == 0:
             close_in_child()
             self.reports_out.close()
-            run_admin(self.config, self.sock, self.reports_in, self.table, ready_w)
+            run_admin(self.config, self.sock, self.reports_in, self.table, ready_w, built)
         self.pid = pid
 
     def close_in_worker(self) -> None:

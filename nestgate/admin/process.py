@@ -13,6 +13,8 @@ from dataclasses import replace
 from nestgate.admin.api import AdminState, admin_router
 from nestgate.config import Listener
 from nestgate.base.handler import Service
+from nestgate.base.tally import TALLY
+from nestgate.pipeline.routing import Router
 from nestgate.wire.tls import server_context
 from nestgate.server.worker import run_worker
 
@@ -27,11 +29,28 @@ def admin_listener(admin) -> Listener:
     return Listener(admin.host, admin.port, certificates, http2=False, key=admin.key)
 
 
-def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_fd: int):
-    """Entry point in the forked child; never returns."""
+def build_admin(config, table) -> tuple[AdminState, Router]:
+    """What the admin process answers from: its state and its router. The supervisor
+    builds them before it forks the workers (AdminKeeper.prepare), so that the code
+    building them runs once, there, and the objects are shared by every process: built
+    in the admin process after its fork, the same work wrote about 2 MB of pages it
+    shared with the supervisor (measured). Nothing in them is the process's own until
+    it serves: the stores are opened per request, the report service is added by
+    `run_admin`. Their route counts and cache are none of the workers' figures."""
     admin = config.admin
-    state = AdminState(table, admin.audit_log,
-                       bool(admin.token) and not admin.loopback_without_token)
+    with TALLY.not_counted():
+        state = AdminState(table, admin.audit_log,
+                           bool(admin.token) and not admin.loopback_without_token)
+        store = config.auth.store if config.auth is not None and \
+            config.auth.store != ":memory:" else ""
+        return state, admin_router(state, config, store)
+
+
+def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_fd: int,
+              built: tuple[AdminState, Router] | None = None):
+    """Entry point in the forked child; never returns. `built`: what `build_admin` made
+    for `config` before the fork, if it did."""
+    state, router = built if built is not None else build_admin(config, table)
 
     class Reports(Service):
         """Read by the worker loop as a service: the latest report replaces the last."""
@@ -58,9 +77,6 @@ def run_admin(config, sock: socket.socket, reports: socket.socket, table, ready_
         def stop(self) -> None:
             asyncio.get_running_loop().remove_reader(reports.fileno())
 
-    store = config.auth.store if config.auth is not None and \
-        config.auth.store != ":memory:" else ""
-    router = admin_router(state, config, store)
     router.services.append(Reports())
     # The admin's own requests are not the sites' traffic: they go to no request log,
     # and X-Forwarded-For is never believed on it.

@@ -108,13 +108,18 @@ class Tally:
 
     @contextlib.contextmanager
     def not_counted(self):
-        """Caches built inside are not this process's: the supervisor builds some to
-        hand their contents to the workers it forks, and answers nothing itself."""
-        kept = list(self.caches)
+        """Caches and routes built inside are not this process's: the supervisor builds
+        some to hand to the processes it forks (the workers' warm files, the admin
+        process's router), and answers nothing itself."""
+        caches, routes, sites = list(self.caches), dict(self.routes), dict(self.sites)
         try:
             yield
         finally:
-            self.caches[:] = kept
+            self.caches[:] = caches
+            self.routes.clear()
+            self.routes.update(routes)
+            self.sites.clear()
+            self.sites.update(sites)
 
     def banned(self, rule: str) -> None:
         self.bans[rule] = self.bans.get(rule, 0) + 1

@@ -422,6 +422,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
                     signal.SIGCHLD):
             signal.signal(sig, self._note_signal)
+        self.admin.prepare()            # shared with the workers: before their fork
         self.start_generation(self._first)
         self._fork_admin()
         for side in self.sides:
