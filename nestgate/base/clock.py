@@ -20,8 +20,18 @@ class Clock:
 
     def call_each_second(self, obj) -> None:
         """`obj.refresh()` runs whenever the second changes, for as long as `obj` lives:
-        responses that depend on the time are rebuilt here instead of on a request."""
+        responses that depend on the time are rebuilt here instead of on a request.
+        `obj.begin()` runs when a process forked to serve begins (see `begin`)."""
         self._each_second.add(obj)
+
+    def begin(self) -> None:
+        """In a worker, before it answers anything: the clock read, and each object it
+        refreshes begun for this process. A router the supervisor built before forking
+        the worker (nestgate.sites.shared) holds answers made there, with the
+        supervisor's pid and start time."""
+        self.tick()
+        for obj in list(self._each_second):
+            obj.begin()
 
     def tick(self) -> None:
         self.now = time.monotonic()

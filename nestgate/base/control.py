@@ -16,6 +16,7 @@ first tick; a purge it never saw has nothing to purge.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from nestgate.base.tally import TALLY
@@ -26,6 +27,18 @@ class Controls:
         self.pages: list = []            # SitePages of this worker (notes/pages.py)
         self.seq = 0                     # the control frame's sequence last applied
         self.done = {"purge": 0, "reread": 0}
+
+    @contextlib.contextmanager
+    def not_kept(self):
+        """Pages built inside are not this process's (as Tally.not_counted): yields the
+        list of them, complete once the block ends, for the process that serves them."""
+        kept = list(self.pages)
+        built: list = []
+        try:
+            yield built
+        finally:
+            built.extend(pages for pages in self.pages if pages not in kept)
+            self.pages[:] = kept
 
     def poll(self, table) -> None:
         """On the worker's publish tick: apply the operator's requests if they changed."""

@@ -26,6 +26,7 @@ import contextlib
 import json
 from bisect import bisect_left
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 from nestgate.base.clock import CLOCK
 
@@ -85,6 +86,17 @@ class RouteTally:
         self.times.observe(seconds)
 
 
+@dataclass
+class Counted:
+    """What registers with a Tally as it is built: caches, proxies, routes' and sites'
+    counts, rate limits' refusals."""
+    caches: list = field(default_factory=list)
+    proxies: list = field(default_factory=list)
+    routes: dict = field(default_factory=dict)
+    sites: dict = field(default_factory=dict)
+    refused: dict = field(default_factory=dict)
+
+
 class Tally:
     """Every RouteTally of this process, by (site, label)."""
 
@@ -109,17 +121,33 @@ class Tally:
     @contextlib.contextmanager
     def not_counted(self):
         """Caches and routes built inside are not this process's: the supervisor builds
-        some to hand to the processes it forks (the workers' warm files, the admin
-        process's router), and answers nothing itself."""
-        caches, routes, sites = list(self.caches), dict(self.routes), dict(self.sites)
+        some to hand to the processes it forks (the workers' warm files and router, the
+        admin process's router), and answers nothing itself. Yields a `Counted` that
+        holds them once the block ends, for the process that serves them (`count_in`)."""
+        kept = Counted(list(self.caches), list(self.proxies), dict(self.routes),
+                       dict(self.sites), dict(self.refused))
+        built = Counted()
         try:
-            yield
+            yield built
         finally:
-            self.caches[:] = caches
-            self.routes.clear()
-            self.routes.update(routes)
-            self.sites.clear()
-            self.sites.update(sites)
+            for name in ("caches", "proxies"):
+                now, before = getattr(self, name), getattr(kept, name)
+                getattr(built, name).extend(item for item in now if item not in before)
+                now[:] = before
+            for name in ("routes", "sites", "refused"):
+                now, before = getattr(self, name), getattr(kept, name)
+                getattr(built, name).update((key, value) for key, value in now.items()
+                                            if key not in before)
+                now.clear()
+                now.update(before)
+
+    def count_in(self, built: Counted) -> None:
+        """Count what `not_counted` set apart as this process's own."""
+        self.caches.extend(built.caches)
+        self.proxies.extend(built.proxies)
+        self.routes.update(built.routes)
+        self.sites.update(built.sites)
+        self.refused.update(built.refused)
 
     def banned(self, rule: str) -> None:
         self.bans[rule] = self.bans.get(rule, 0) + 1

@@ -30,6 +30,11 @@ class HealthAnswer(Prebuilt):
         self.refresh()
         CLOCK.call_each_second(self)
 
+    def begin(self) -> None:
+        """The uptime and pid are the worker's that answers, wherever this was built."""
+        self.started = CLOCK.wall
+        self.refresh()
+
     def refresh(self) -> None:
         answer = {"status": "ok", "uptime_s": int(CLOCK.wall - self.started)}
         if self.details:

@@ -92,6 +92,7 @@ class Generation:
     ready: set[int] = field(default_factory=set)
     closed: set[int] = field(default_factory=set)   # workers that stopped accepting
     was_ready: bool = False                 # every slot has reported ready once
+    shared: object = None                   # the workers' router, when built here (fork)
     stopping: bool = False
     stop_deadline: float = 0.0
 
@@ -231,10 +232,16 @@ class Supervisor:
 
     def fork(self, gen: Generation, slot: Slot) -> None:
         from nestgate.sites.build import build_shared, handler_modules
+        from nestgate.sites.shared import shared_router
         from nestgate.server.worker import run_worker
         if slot.figures < 0:
             slot.figures = self.admin.table.claim()
         build_shared(gen.config)
+        if gen.number == 1 and gen.shared is None:
+            # The first config's workers take the router built here (nestgate.sites.
+            # shared); a reloaded one's build their own: this process would otherwise
+            # keep one router for every generation it ran.
+            gen.shared = shared_router(gen.config)
         share_before_fork(handler_modules(gen.config))
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
         try:
@@ -249,7 +256,8 @@ class Supervisor:
                     sock.close()
                 self.admin.close_in_worker()
                 run_worker(gen.config, mine, gen.ssl_contexts, self.ready_w,
-                           figures=(self.admin.table, slot.figures, gen.number))
+                           figures=(self.admin.table, slot.figures, gen.number),
+                           shared=gen.shared)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         slot.pid = pid

@@ -105,10 +105,11 @@ def protocol_factory(ctx, listener, sslcontext):
 
 class Worker:
     def __init__(self, config, sockets, ssl_contexts, ready_fd: int, *,
-                 figures=None, router=None, log_requests: bool = True) -> None:
+                 figures=None, router=None, shared=None, log_requests: bool = True) -> None:
         self.config = config
         self.figures = figures           # (WorkerTable, slot, generation) or None
         self.router = router             # the admin process brings its own
+        self.shared = shared             # the sites' router the supervisor built, or None
         self.tally_shown = router is None   # sites' answers are published, the admin's not
         self.tally_too_big = False
         self.log_requests = log_requests
@@ -137,7 +138,8 @@ class Worker:
         if self.router is None:
             BANS.configure(self.config, shared_limits().rates)   # before the routes: they
                                                                   # ask what it counts
-        router = self.router or build_router(self.config)
+        router = self.router or (self.shared.take() if self.shared is not None
+                                 else build_router(self.config))
         if self.access_log is not None:
             self.access_log.geo = router.geo
         self.started = CLOCK.wall
@@ -318,7 +320,7 @@ def run_worker(config, sockets, ssl_contexts, ready_fd: int, **options) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # the supervisor decides
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
-        CLOCK.tick()
+        CLOCK.begin()
         uvloop.run(Worker(config, sockets, ssl_contexts, ready_fd, **options).serve())
     except BaseException as exc:  # noqa: BLE001 - report and leave with an error code
         print(f"nestgate: worker {os.getpid()} failed: {exc!r}", file=sys.stderr)

@@ -386,6 +386,7 @@ class _Generation:
         self._path = path
         self._mm = None
         self._fd = -1
+        self._fd_pid = os.getpid()      # the process that opened `_fd`
         self._local = 0
         try:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -412,12 +413,23 @@ class _Generation:
         if self._mm is None:
             self._local += 1
             return
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        fd = self._own_fd()
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             value = int.from_bytes(self._mm[:8], "little") + 1
             self._mm[:8] = value.to_bytes(8, "little")
         finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _own_fd(self) -> int:
+        """A descriptor of the file this process opened. One inherited through fork (a
+        store built in the supervisor, nestgate.sites.shared) shares its open file,
+        and so its flock, with every other worker: their bumps would not exclude each
+        other. The mapping needs no reopening: a shared mapping stays shared."""
+        if self._fd_pid != os.getpid():
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CLOEXEC)
+            self._fd_pid = os.getpid()
+        return self._fd
 
     def bump_local(self) -> None:
         """This process saw a change made outside nestgate (an editor, git pull)."""
