@@ -239,3 +239,37 @@ def test_the_admin_router_built_in_the_supervisor_is_in_no_workers_figures(tmp_p
     _state, router = build_admin(config, WorkerTable())
     assert "/v1/status" in router.catch_all.exact, "the admin's routes were built"
     assert (TALLY.caches, TALLY.routes, TALLY.sites) == before
+
+
+# Prints whether a second build_shared for the same config made the warm files'
+# handlers again (what it keeps for the workers is then new).
+BUILT_TWICE_PROBE = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from nestgate.config import parse_config
+    from nestgate.handlers import static
+    from nestgate.sites.build import build_shared
+    folder = Path(sys.argv[1])
+    (folder / "notes").mkdir()
+    (folder / "style.css").write_text("body { color: black; }\\n" * 100)
+    config = parse_config(json.loads(sys.argv[2].replace("{folder}", str(folder))),
+                          "t.toml", folder)
+    build_shared(config)
+    first = dict(static._WARMED)
+    build_shared(config)
+    print(json.dumps({"warmed": len(first),
+                      "made_again": any(static._WARMED[k] is not v for k, v in first.items())}))
+""")
+
+
+def test_the_second_workers_fork_builds_nothing_shared_again(tmp_path):
+    """Built again before the second worker's fork, the warm files' handlers were made
+    anew and the first ones freed: writes to pages the first worker shared."""
+    config = json.loads(json.dumps(EVERY_ROUTE_TYPE))
+    static = next(r for r in config["site"][0]["route"] if r["type"] == "static")
+    static["warm"] = True
+    out = subprocess.run([sys.executable, "-c", BUILT_TWICE_PROBE, str(tmp_path),
+                          json.dumps(config)], capture_output=True, text=True,
+                         env=_env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"warmed": 1, "made_again": False}

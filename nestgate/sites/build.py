@@ -64,10 +64,21 @@ def handler_modules(config) -> set[str]:
     return names
 
 
+# The config `build_shared` last built for: the next fork for it (the second worker, a
+# restart) has nothing to build.
+_SHARED_BUILT = [None]
+
+
 def build_shared(config) -> None:
     """What every worker of `config` would build the same way, built once in the
     supervisor before it forks them (see share_before_fork): the page renderers of the
-    sites with a home page or notes, and the files of static routes with `warm`."""
+    sites with a home page or notes, and the files of static routes with `warm`. Built
+    again for the same config, the warm files' handlers were made anew and the first
+    ones freed, between two forks: a write to pages the first worker shares (0.2 MiB
+    more anonymous PSS, measured)."""
+    if _SHARED_BUILT[0] is config:
+        return
+    _SHARED_BUILT[0] = config
     sites = config.guarded_sites
     with_pages = [site for site in sites if site.home or site.notes]
     if with_pages:
