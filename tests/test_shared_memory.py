@@ -36,7 +36,9 @@ PROBE = textwrap.dedent("""
     config = parse_config(data, "t.toml", folder)
     import importlib
     import nestgate.server.supervisor, nestgate.server.worker      # what the supervisor has loaded itself
-    import nestgate.admin.process                                # and the admin process
+    from nestgate.admin.process import build_admin               # and the admin process,
+    from nestgate.admin.stats import WorkerTable                 # built before the fork
+    build_admin(config, WorkerTable())
     from nestgate.sites.build import build_router, handler_modules
     for name in handler_modules(config):
         importlib.import_module(name)
@@ -55,9 +57,12 @@ PROBE = textwrap.dedent("""
 # the default's idle PSS. And what no config needs until something asks: the `email`
 # package and `calendar` (HTTP dates are nestgate.base.httpdate's), `difflib` (a config
 # with a mistake), the admin's OpenAPI document (its first GET /docs/json), and
-# `multiprocessing` for one lock (nestgate.bans.table).
+# `multiprocessing` for one lock (nestgate.bans.table). And `sqlite3` with the store's
+# module (nestgate.handlers.auth.store) for a config with no store: the admin's pages
+# and metrics ask it only when there is one.
 LIBRARIES = ["cryptography", "maxminddb", "urllib.request", "nestgate.wire.http2", "hpack",
-             "email", "calendar", "difflib", "nestgate.admin.openapi", "multiprocessing"]
+             "email", "calendar", "difflib", "nestgate.admin.openapi", "multiprocessing",
+             "sqlite3", "nestgate.handlers.auth.store"]
 
 
 def probe(folder, config: dict) -> tuple[list[str], list[str]]:

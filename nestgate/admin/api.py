@@ -283,7 +283,7 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     site.add_exact("/v1/health", Endpoint(state.health), sign_in=False)
     # The status page decides access itself (a browser goes to the sign-in form).
     from nestgate.admin.page import StatusPage
-    state.store_counts = lambda: store_counts(store_path)
+    state.store_counts = (lambda: store_counts(store_path)) if store_path else None
     page = StatusPage(state, admin, guesses, state.store_counts)
     site.add_exact("/", page, sign_in=False)
     site.add_exact("/login", page, sign_in=False)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 
 from nestgate import __version__
-from nestgate.handlers.auth.store import store_errors
 from nestgate.base.tally import BUCKETS, H2_PROTECTIONS, H3_PROTECTIONS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -161,10 +160,13 @@ def render(state) -> bytes:
     out.family("request_log_dropped", "counter",
                "Request-log records lost to write errors (a full disk, a closed pipe).",
                [({}, state.answers.log_dropped())])
-    try:
-        counts = state.store_counts() if state.store_counts else None
-    except store_errors():
-        counts = None                      # the store cannot be read now: left out
+    counts = None
+    if state.store_counts:
+        from nestgate.handlers.auth.store import store_errors
+        try:
+            counts = state.store_counts()
+        except store_errors():
+            counts = None                  # the store cannot be read now: left out
     if counts is not None:
         out.family("allow_entries", "gauge", "Dynamic allow-list entries in force.",
                    [({}, counts[0])])

@@ -209,11 +209,13 @@ class StatusPage:
                f"{time.strftime('%Y-%m-%d', time.gmtime(c['not_after']))} "
                f"({(c['not_after'] - now) / 86400:.0f} days)</td>") + "</tr>"
             for c in self.state.report.get("certificates", ()))
-        from nestgate.handlers.auth.store import store_errors
-        try:
-            counts = self.store_counts()
-        except store_errors() as exc:
-            counts = exc
+        counts = None
+        if self.store_counts is not None:
+            from nestgate.handlers.auth.store import store_errors
+            try:
+                counts = self.store_counts()
+            except store_errors() as exc:
+                counts = exc
         state = ("<p>No [auth] store: no allow-list or sessions.</p>" if counts is None else
                  f"<p>The store cannot be read now: {esc(str(counts))}</p>"
                  if isinstance(counts, Exception) else

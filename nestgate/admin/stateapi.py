@@ -15,7 +15,6 @@ a reload.
 from __future__ import annotations
 
 from nestgate.admin.replies import method_not_allowed, parse_json
-from nestgate.handlers.auth.store import DEFAULT_TTL
 from nestgate.base.clientip import Networks
 from nestgate.base.units import parse_duration
 
@@ -225,6 +224,7 @@ def _entry(raw: bytes) -> tuple[str, dict]:
         Networks([cidr])
     except ValueError as exc:
         return f"cidr: {exc}", {}
+    from nestgate.handlers.auth.store import DEFAULT_TTL
     ttl_text = data.get("ttl", DEFAULT_TTL)
     try:
         ttl = parse_duration(ttl_text) if isinstance(ttl_text, str) else float(ttl_text)

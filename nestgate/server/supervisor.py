@@ -23,7 +23,6 @@ import os
 import select
 import signal
 import socket
-import sqlite3
 import sys
 import time
 from dataclasses import dataclass, field
@@ -553,10 +552,13 @@ def drop_privileges(server) -> None:
 def prepare_state(config: Config) -> None:
     """One-off set-up of the state workers share, done here so that they never race
     to do it: the store file is created and migrated before any of them opens it."""
-    from nestgate.handlers.auth.store import prepare_store
     stores = {config.auth.store} if config.auth is not None else set()
     if config.bans.enabled:
         stores.add(config.bans.store)
+    if not stores:
+        return              # sqlite3 and the store's module: only for a config with a store
+    import sqlite3
+    from nestgate.handlers.auth.store import prepare_store
     for store in sorted(stores):
         try:
             prepare_store(store)
