@@ -36,7 +36,7 @@ JSON = "application/json"
 # The built-in stylesheet's look (colours, type, measure) in the few rules an error page
 # uses: inlined, since a proxied site has no /__nestgate__/ path to link to, and small:
 # a 404 or 403 is what scanners and unknown Hosts cost (over TLS every byte is encrypted
-# and sent), so the page is in HTML5's shortest form (no <head>, <body>), about 500 bytes.
+# and sent), so the page is in HTML5's short form (no <head>, <body>), about 500 bytes.
 STYLE = ('body{font:17px/1.6 system-ui,sans-serif;color:#1d2330;background:#fbfaf7;'
          'max-width:46rem;margin:1.5rem auto;padding:0 1.25rem}a{color:#2f6f4f}'
          'code{font-family:ui-monospace,monospace;background:#eef0f3}'
@@ -90,7 +90,7 @@ def error_html(status: int, detail: str = "", client: str = "", country: str = "
             f"<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
             f"<title>{title}</title><style>{STYLE}</style>\n"
             f"<h1>{title}</h1><p>{html.escape(explanation(status))}</p>{detail}{seen_as}"
-            f"<footer>{SERVER.text}</footer>\n").encode()
+            f"<footer>{SERVER.text}</footer></html>\n").encode()
 
 
 def error_json(status: int, client: str = "", country: str = "") -> bytes:

@@ -535,7 +535,7 @@ _COOKIES_KEPT_LIMIT = 4096
 def _without_cookie(value: bytes, name: bytes) -> bytes:
     """A Cookie field value without the pairs named `name` (RFC 6265 5.4: pairs
     separated by "; "). A browser repeats its Cookie value: kept, bounded."""
-    if name not in value:
+    if value.find(name) < 0:                   # not `in`: see nestgate/base/paths.py
         return value
     kept = _COOKIES_KEPT.get((value, name))
     if kept is None:
