@@ -8,6 +8,8 @@ import http.client
 import socket
 import time
 
+import pytest
+
 from conftest import BASIC_SITE
 from nestgate.base.sendwatch import SendWatch
 
@@ -66,7 +68,10 @@ def still_serves(port: int) -> None:
     assert conn.getresponse().read() == b"hello\n"
 
 
-def test_static_file_by_sendfile_to_a_client_that_stopped_reading(start_server, tmp_path):
+@pytest.mark.parametrize("kept", [False, True], ids=["opened", "kept"])
+def test_static_file_by_sendfile_to_a_client_that_stopped_reading(start_server, tmp_path, kept):
+    """`kept`: the file was just sent whole, so the stalled GET starts from the parser's
+    callback (`StaticFiles.begin`) and a task sends what the socket did not take."""
     root = tmp_path / "public"
     root.mkdir()
     (root / "big.bin").write_bytes(b"x" * BIG)              # served as /files/big.bin
@@ -75,7 +80,13 @@ def test_static_file_by_sendfile_to_a_client_that_stopped_reading(start_server, 
 prefix = "/files/"
 type = "static"
 root = "{root}"
+recheck = "60s"
 """))
+    if kept:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=10)
+        conn.request("GET", "/files/big.bin")
+        assert len(conn.getresponse().read()) == BIG
+        conn.close()
     with stalled_reader(server.port(), b"GET /files/big.bin HTTP/1.1\r\nHost: a\r\n\r\n") as sock:
         assert reset_within(sock, 10)
     still_serves(server.port())

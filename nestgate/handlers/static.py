@@ -447,61 +447,95 @@ class StaticFiles(Service):
     async def _sendfile(self, request, transport, fd: int, offset: int, length: int,
                         send_timeout: float, head: bytes) -> None:
         """Zero-copy, on the socket's own descriptor once the transport's buffer (an
-        answer before this one) is empty: the head with MSG_MORE, so it leaves in the
-        file's first segment rather than as a packet of its own that wakes the client
-        for a few hundred bytes, then `os.sendfile`. A wait for writability watches a
-        duplicate of the descriptor (the loop watches the original for the transport),
-        made only when the socket is full. The bytes bypass the transport, so the
-        connection's send watch cannot see them wait: a client that takes nothing for
-        `send_timeout` is cut off here.
+        answer before this one) is empty (`_send_now`), waiting for writability when
+        the socket is full. The wait watches a duplicate of the descriptor (the loop
+        watches the original for the transport), made only then. The bytes bypass the
+        transport, so the connection's send watch cannot see them wait: a client that
+        takes nothing for `send_timeout` is cut off here.
         A client that goes away (reset, closed, cut off) ends the answer as any
         vanished client does (`ConnectionResetError`, see `dispatch.answer`): the
         usual end of an aborted download, worth a debug line, never a traceback."""
         loop = self.loop
-        out = transport.get_extra_info("socket").fileno()
-        # Borrowed, never closed (detached below): send() with flags needs a socket
-        # object. Family and type as plain ints (the transport's socket gives enums,
-        # made per call); they do not change what send() does on the descriptor.
-        sock = socket.socket(_AF_INET, _SOCK_STREAM, 0, out)
-        waiting = _WaitFd(out)
+        waiting = _WaitFd(transport.get_extra_info("socket").fileno())
         try:
             while transport.get_write_buffer_size():
                 await waiting.writable(loop, send_timeout)
                 await asyncio.sleep(0)
-            while head:
+            while True:
                 if transport.is_closing():
                     raise ConnectionResetError("client went away")
-                try:
-                    head = head[sock.send(head, socket.MSG_MORE):]
-                except BlockingIOError:
-                    await waiting.writable(loop, send_timeout)
-            while length > 0:
-                if transport.is_closing():
-                    raise ConnectionResetError("client went away")
-                try:
-                    sent = os.sendfile(out, fd, offset, min(length, _SENDFILE_CHUNK))
-                except BlockingIOError:
-                    await waiting.writable(loop, send_timeout)
-                    continue
-                if sent == 0:
-                    break                           # the file shrank: see below
-                request.sent += sent
-                offset += sent
-                length -= sent
+                head, offset, length = _send_now(request, transport, fd, head, offset,
+                                                 length)
+                if not head and not length:
+                    return
+                await waiting.writable(loop, send_timeout)
         except (BrokenPipeError, ConnectionResetError, TimeoutError) as exc:
-            request.keep_alive = False
-            if not transport.is_closing():      # else already closed: nothing to cut
-                cut(transport)
-            log.debug("client %s went away during sendfile after %d bytes: %s",
-                      request.client, request.sent, exc or "no bytes taken for send_timeout")
+            _gone(request, transport, exc)
             raise ConnectionResetError("client went away") from None
         finally:
-            sock.detach()
             waiting.close()
-        if length:
-            # Fewer bytes than the length already promised: the response cannot be
-            # completed, and the handler fails (the connection is cut after it).
-            raise ConnectionAbortedError("file shrank while being sent")
+
+    # ------------------------------------------------------------ from the callback
+    def begin(self, request) -> bool:
+        """A kept large file asked for plainly (GET, no condition, no Range, nothing to
+        negotiate) over plain HTTP/1.1 is sent from the parser's callback, without a
+        task, when the socket takes all of it at once, as it usually does (its buffer
+        grows to a few MiB); a task sends what the socket did not take. Anything else
+        is `handle`'s, in a task (False)."""
+        if request.method != b"GET":
+            return False
+        rel = self._relative(request.path)
+        if rel is None or rel in self._cache:
+            return False
+        kept = self._open_files.get(rel)
+        if kept is None or CLOCK.now - kept.checked >= self.recheck or not kept.st.st_size:
+            return False
+        inm, ims, rng, _, accept = _conditional_headers(request.headers)
+        if inm is not None or ims is not None or rng is not None or \
+                (self.precompressed and accept is not None):
+            return False
+        transport = request.sendfile_transport()
+        if transport is None or transport.get_write_buffer_size():
+            return False
+        self.loop = request.loop
+        size = kept.st.st_size
+        head = request.head_bytes(200, kept.block, size)
+        kept.hold()
+        try:
+            head, offset, length = _send_now(request, transport, kept.fd, head, 0, size)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            kept.release()
+            _gone(request, transport, exc)
+            request.answered(500)          # bytes may be out: the connection is cut
+            return True
+        except ConnectionAbortedError:     # the file shrank
+            kept.release()
+            request.answered(500)
+            return True
+        if head or length:
+            request.task = self.loop.create_task(
+                self._send_rest(request, transport, kept, head, offset, length))
+        else:
+            kept.release()
+            request.answered()
+        return True
+
+    async def _send_rest(self, request, transport, kept: KeptFile, head: bytes,
+                         offset: int, length: int) -> None:
+        """What `begin` could not send at once, then the answer's end, as `dispatch`
+        would conclude it."""
+        status = 0
+        try:
+            await self._sendfile(request, transport, kept.fd, offset, length,
+                                 request.send_timeout, head)
+        except (asyncio.CancelledError, ConnectionResetError):
+            status = 500                   # gone: `answered` then finds nothing to do
+        except Exception:
+            log.exception("sending %s failed", kept.real)
+            status = 500
+        finally:
+            kept.release()
+        request.answered(status)
 
     # ------------------------------------------------------------ disk (executor)
     def _locate(self, rel: str, slash: bool):
@@ -721,6 +755,46 @@ def _stat(path: str):
         return os.stat(path)
     except OSError:
         return None
+
+
+def _send_now(request, transport, fd: int, head: bytes, offset: int,
+              length: int) -> tuple[bytes, int, int]:
+    """As much of `head` and then of the file as the socket takes now, on its own
+    descriptor: the head with MSG_MORE, so it leaves in the file's first segment
+    rather than as a packet of its own that wakes the client for a few hundred bytes
+    (nginx's `tcp_nopush`), then `os.sendfile`. What is left: (head, offset, length).
+    ConnectionAbortedError when the file is shorter than the length promised."""
+    out = transport.get_extra_info("socket").fileno()
+    # Borrowed, never closed (detached below): send() with flags needs a socket
+    # object. Family and type as plain ints (the transport's socket gives enums, made
+    # per call); they do not change what send() does on the descriptor.
+    sock = socket.socket(_AF_INET, _SOCK_STREAM, 0, out)
+    try:
+        while head:
+            head = head[sock.send(head, socket.MSG_MORE):]
+        while length > 0:
+            sent = os.sendfile(out, fd, offset, min(length, _SENDFILE_CHUNK))
+            if sent == 0:
+                # Fewer bytes than the length already promised: the response cannot
+                # be completed, and the handler fails (the connection is cut after it).
+                raise ConnectionAbortedError("file shrank while being sent")
+            request.sent += sent
+            offset += sent
+            length -= sent
+    except BlockingIOError:
+        pass
+    finally:
+        sock.detach()
+    return head, offset, length
+
+
+def _gone(request, transport, exc: Exception) -> None:
+    """The client went away during a sendfile: the connection ends here."""
+    request.keep_alive = False
+    if not transport.is_closing():      # else already closed: nothing to cut
+        cut(transport)
+    log.debug("client %s went away during sendfile after %d bytes: %s",
+              request.client, request.sent, exc or "no bytes taken for send_timeout")
 
 
 class _WaitFd:
