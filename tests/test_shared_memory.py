@@ -101,15 +101,12 @@ def test_a_config_without_certificates_geoip_crowdsec_or_http2_loads_none_of_the
     assert probe(tmp_path, EVERY_ROUTE_TYPE)[1] == []
 
 
-# Prints how many page renderers, warmed static files and sets of error pages building
-# a worker's router made, after the supervisor's build_shared.
-BUILT_AGAIN_PROBE = textwrap.dedent("""
+# The config of argv[2] (its "{folder}" made argv[1]) parsed, with the supervisor's
+# build_shared done: where the probes below start.
+SHARED_BUILT = textwrap.dedent("""
     import gc, json, sys
     from pathlib import Path
     from nestgate.config import parse_config
-    from nestgate.base.errorpages import ErrorPages
-    from nestgate.handlers.static import Entry
-    from nestgate.handlers.notes.render import Renderer
     from nestgate.sites.build import build_router, build_shared
     folder = Path(sys.argv[1])
     (folder / "notes").mkdir()
@@ -117,6 +114,14 @@ BUILT_AGAIN_PROBE = textwrap.dedent("""
     config = parse_config(json.loads(sys.argv[2].replace("{folder}", str(folder))),
                           "t.toml", folder)
     build_shared(config)
+""")
+
+# Prints how many page renderers, warmed static files and sets of error pages building
+# a worker's router made, after the supervisor's build_shared.
+BUILT_AGAIN_PROBE = SHARED_BUILT + textwrap.dedent("""
+    from nestgate.base.errorpages import ErrorPages
+    from nestgate.handlers.static import Entry
+    from nestgate.handlers.notes.render import Renderer
     def count():
         found = {"Renderer": 0, "Entry": 0, "ErrorPages": 0}
         for o in gc.get_objects():
@@ -248,18 +253,8 @@ def test_the_admin_router_built_in_the_supervisor_is_in_no_workers_figures(tmp_p
 
 # Prints whether a second build_shared for the same config made the warm files'
 # handlers again (what it keeps for the workers is then new).
-BUILT_TWICE_PROBE = textwrap.dedent("""
-    import json, sys
-    from pathlib import Path
-    from nestgate.config import parse_config
+BUILT_TWICE_PROBE = SHARED_BUILT + textwrap.dedent("""
     from nestgate.handlers import static
-    from nestgate.sites.build import build_shared
-    folder = Path(sys.argv[1])
-    (folder / "notes").mkdir()
-    (folder / "style.css").write_text("body { color: black; }\\n" * 100)
-    config = parse_config(json.loads(sys.argv[2].replace("{folder}", str(folder))),
-                          "t.toml", folder)
-    build_shared(config)
     first = dict(static._WARMED)
     build_shared(config)
     print(json.dumps({"warmed": len(first),
