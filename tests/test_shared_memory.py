@@ -135,18 +135,23 @@ BUILT_AGAIN_PROBE = SHARED_BUILT + textwrap.dedent("""
 """)
 
 
+def _probe_warm(tmp_path, probe: str):
+    """`probe` run on every route type with the static route's files warmed."""
+    config = json.loads(json.dumps(EVERY_ROUTE_TYPE))
+    static = next(r for r in config["site"][0]["route"] if r["type"] == "static")
+    static["warm"] = True
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path), json.dumps(config)],
+                         capture_output=True, text=True, env=_env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 def test_the_workers_take_the_renderers_warm_files_and_error_pages_built_before(tmp_path):
     """A worker building its own page renderer (Markdown parser, Jinja environment),
     reading and compressing its own warm files and building the built-in error pages
     again wrote about 4.5 MB of the supervisor's pages; it takes those built before the
     fork."""
-    config = json.loads(json.dumps(EVERY_ROUTE_TYPE))
-    static = next(r for r in config["site"][0]["route"] if r["type"] == "static")
-    static["warm"] = True
-    out = subprocess.run([sys.executable, "-c", BUILT_AGAIN_PROBE, str(tmp_path),
-                          json.dumps(config)], capture_output=True, text=True,
-                         env=_env(), timeout=60)
-    assert out.returncode == 0, out.stderr
+    out = _probe_warm(tmp_path, BUILT_AGAIN_PROBE)
     assert json.loads(out.stdout) == {"Renderer": 0, "Entry": 0, "ErrorPages": 0}
 
 
@@ -265,11 +270,5 @@ BUILT_TWICE_PROBE = SHARED_BUILT + textwrap.dedent("""
 def test_the_second_workers_fork_builds_nothing_shared_again(tmp_path):
     """Built again before the second worker's fork, the warm files' handlers were made
     anew and the first ones freed: writes to pages the first worker shared."""
-    config = json.loads(json.dumps(EVERY_ROUTE_TYPE))
-    static = next(r for r in config["site"][0]["route"] if r["type"] == "static")
-    static["warm"] = True
-    out = subprocess.run([sys.executable, "-c", BUILT_TWICE_PROBE, str(tmp_path),
-                          json.dumps(config)], capture_output=True, text=True,
-                         env=_env(), timeout=60)
-    assert out.returncode == 0, out.stderr
+    out = _probe_warm(tmp_path, BUILT_TWICE_PROBE)
     assert json.loads(out.stdout) == {"warmed": 1, "made_again": False}
