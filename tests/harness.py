@@ -60,6 +60,8 @@ class MemoryConnection:
         self.client = client
         self.decisions = None          # access decisions (nestgate.pipeline.access.Gate.admit)
         self.xff_trusted = False       # the client is not a trusted proxy
+        self.scheme = ctx.scheme       # the listener's: no proxy tells another
+        self.known_plain = False       # never sent to HTTPS here
         self.logging = False           # requests are not logged (no request log here)
         self.outcomes: list[int] = []  # each `conclude` status, in order
         self.ready_answer: Answer | None = None   # a ready answer `send_ready` was given

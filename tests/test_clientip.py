@@ -1,4 +1,5 @@
-"""Client IP: address sets, X-Forwarded-For walking, PROXY protocol v1/v2 parsing."""
+"""Client IP: address sets, X-Forwarded-For walking, the X-Forwarded-Proto a trusted
+proxy gives, PROXY protocol v1/v2 parsing."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nestgate.base.clientip import (LOCAL, V2_SIGNATURE, Networks, ProxyHeaderError,
-                                    forwarded_client, normalise, parse_networks,
+                                    forwarded_client, forwarded_scheme, normalise,
+                                    parse_networks,
                                     parse_proxy_header, starts_like_proxy,
                                     take_proxy_header)
 
@@ -76,6 +78,23 @@ def test_forwarded_for_walks_only_through_trusted_hops():
     # garbage stops the walk at the last trusted hop
     assert forwarded_client("10.0.0.1", [b"nonsense"], trusted) == "10.0.0.1"
     assert forwarded_client("10.0.0.1", [b"::ffff:192.0.2.1"], trusted) == "192.0.2.1"
+
+
+def test_forwarded_proto_is_believed_only_when_it_is_one_plain_value():
+    def scheme(*values: bytes):
+        headers = [(b"host", b"a"), *((b"x-forwarded-proto", v) for v in values),
+                   (b"x-forwarded-for", b"203.0.113.5")]
+        return forwarded_scheme(headers)
+    assert scheme(b"https") == "https" and scheme(b"http") == "http"
+    assert scheme(b"HTTPS") == "https" and scheme(b" Http\t") == "http"      # any case, OWS
+    assert scheme() is None                                                # absent
+    # Two field lines, a list in one, or anything else: the listener's scheme stands.
+    for bad in ((b"https", b"https"), (b"https", b"http"), (b"https, http",), (b"",),
+                (b"wss",), (b"https;",), (b"ftp",), (b"h t t p s",)):
+        assert scheme(*bad) is None, bad
+    # Only the header's own name counts (names reach here in lower case).
+    assert forwarded_scheme([(b"x-forwarded-protocol", b"https"),
+                             (b"forwarded", b"proto=https")]) is None
 
 
 def test_normalise():

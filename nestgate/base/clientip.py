@@ -1,4 +1,5 @@
-"""Who the client is: IP sets, X-Forwarded-For through trusted proxies, PROXY protocol.
+"""Who the client is: IP sets, X-Forwarded-For and -Proto through trusted proxies,
+PROXY protocol.
 
 Pure functions and data, no I/O. `Networks` answers "is this address in the set"
 with one set lookup per distinct prefix length, so a list of thousands of CIDRs
@@ -126,6 +127,27 @@ def forwarded_client(peer: str, header_values, trusted: Networks) -> str:
         except ValueError:
             break
     return client
+
+
+# ------------------------------------------------------------ X-Forwarded-Proto
+
+_PROTOS = {b"http": "http", b"https": "https"}
+
+
+def forwarded_scheme(headers) -> str | None:
+    """The scheme a trusted proxy says its client used: "http" or "https" when the
+    request carries exactly one X-Forwarded-Proto field line whose value is one of
+    them (any case, blanks around it allowed); None when there is none, or two, or a
+    value that is anything else ("https, http" from a chain of proxies included),
+    so the listener's own scheme stands. `Forwarded: proto=` is not read: the client
+    address comes from X-Forwarded-For, and both facts come from the same header family."""
+    found = None
+    for name, value in headers:
+        if name == b"x-forwarded-proto":
+            if found is not None:
+                return None
+            found = value
+    return None if found is None else _PROTOS.get(found.strip(b" \t").lower())
 
 
 # ------------------------------------------------------------ PROXY protocol

@@ -24,7 +24,9 @@ Then, on a protected site, who signed in: the route's (or site's) user policy
 each configured user gets: the route itself (a proxy route bound to the user's identity
 headers) or the page saying why not. A request costs one lookup on its session's user.
 A plain-HTTP request that needs sign-in, where the config has an HTTPS listener and
-Secure cookies, is sent there (308) instead of a sign-in form that could not work.
+Secure cookies, is sent there (308) instead of a sign-in form that could not work:
+one that came to a plain listener directly, or through a trusted proxy that says
+`X-Forwarded-Proto: http` (nestgate.pipeline.dispatch.take_peer, `known_plain`).
 """
 
 from __future__ import annotations
@@ -190,8 +192,7 @@ class Gate:
                                          self.geo.country(client) if self.geo else "")
         if verdict == PASS:
             return self.inner
-        if self.to_https is not None and conn.ctx.scheme == "http" and not conn.xff_trusted \
-                and not conn.ctx.proxy_protocol_from:
+        if self.to_https is not None and conn.known_plain:
             return self.to_https
         if self.auth is None:
             return self.inner

@@ -6,7 +6,8 @@ An adapter turns bytes into a request head, a body and its end (or a reset), and
 answers back into bytes; everything between is here:
 
 1. `take_peer` / `refresh_client`: who the client is (the socket peer, or for a
-   trusted proxy each request's X-Forwarded-For) and whether its requests are logged;
+   trusted proxy each request's X-Forwarded-For), the scheme it used (the listener's,
+   or a trusted proxy's X-Forwarded-Proto) and whether its requests are logged;
    on a listener keeping bans, a banned client named by the proxy is routed by the ban
    page's router (the adapter closes or pages a banned peer when it connects).
 2. Route (the router's `route`; HTTP/1.1 looks the raw target up in
@@ -43,7 +44,7 @@ import logging
 import time
 
 from nestgate.bans.watch import BANS
-from nestgate.base.clientip import forwarded_client
+from nestgate.base.clientip import forwarded_client, forwarded_scheme
 from nestgate.base.errorpages import ERRORS
 from nestgate.base.errors import HandlerError, NestgateError, RequestError
 from nestgate.base.handler import GATED, PEEK
@@ -61,18 +62,30 @@ GONE = -1          # `conclude`'s status when the client (or its stream) went aw
 def take_peer(conn, address: str) -> None:
     """The connection's client is `address` (the socket peer, or what a PROXY header
     said): whether its requests are logged, and whether it may name the client in
-    X-Forwarded-For, are decided here once per connection."""
+    X-Forwarded-For and the scheme in X-Forwarded-Proto, are decided here once per
+    connection.
+
+    `conn.scheme` is the scheme the client used, the listener's unless a trusted proxy
+    says otherwise (`refresh_client`, per request). `conn.known_plain`: the client is
+    known to have come over plain HTTP, so a protected site may send it to HTTPS
+    (nestgate.pipeline.access): a plain listener's own client, not one behind a
+    PROXY-protocol sender or a trusted proxy, which may have TLS in front of us."""
     ctx = conn.ctx
     conn.client = conn.peer = address
     conn.logging = ctx.access_log is not None and ctx.should_log(address)
     conn.xff_trusted = bool(ctx.trusted_proxies) and address in ctx.trusted_proxies
+    conn.scheme = ctx.scheme
+    conn.known_plain = ctx.scheme == "http" and not conn.xff_trusted \
+        and not ctx.proxy_protocol_from
 
 
 def refresh_client(conn, headers) -> None:
     """A request from a trusted proxy: its client is the one X-Forwarded-For names, and
     that client decides whether the request is logged (the proxy's own address, often
     loopback, would decide for all of them). Called before any check can refuse the
-    request, so a refusal is logged (or not) for that client too.
+    request, so a refusal is logged (or not) for that client too. Its scheme is the one
+    X-Forwarded-Proto names (one valid value), else the listener's; only a proxy that
+    said "http" has a client known to be on plain HTTP.
 
     Returns the ban page's router when that client is banned (nestgate.bans), for this
     request to be routed by (the proxy's connection carries others: it is never closed
@@ -81,6 +94,9 @@ def refresh_client(conn, headers) -> None:
     conn.client = forwarded_client(
         conn.peer, [v for n, v in headers if n == b"x-forwarded-for"], ctx.trusted_proxies)
     conn.logging = ctx.access_log is not None and ctx.should_log(conn.client)
+    told = forwarded_scheme(headers)
+    conn.scheme = told or ctx.scheme
+    conn.known_plain = told == "http"
     bans = ctx.bans            # None on a listener without bans: nothing more to do
     return None if bans is None else bans.forwarded(conn.client)
 

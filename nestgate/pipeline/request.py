@@ -171,7 +171,7 @@ class Request:
         # connection's own fields may describe a later request.
         self.client = conn.client
         self.logged = conn.logging    # whether the request log records it
-        self.scheme = conn.ctx.scheme
+        self.scheme = conn.scheme     # the client's: a trusted proxy's X-Forwarded-Proto
         self.keep_alive = keep_alive
         self.head_only = method == b"HEAD"
         self.body = None

@@ -34,12 +34,13 @@ class HTTP1Request(Request):
         return "HTTP/1.0" if self.version == "1.0" else "HTTP/1.1"
 
     def sendfile_transport(self):
-        # Plain TCP only: TLS bytes must pass through the TLS layer. The caller writes
+        # Plain TCP only: TLS bytes must pass through the TLS layer (the listener's
+        # scheme: the request's may be a trusted proxy's word). The caller writes
         # around the transport: a ready answer still waiting for the batch's end goes
         # into the transport first (the caller waits for its buffer to empty).
         conn = self.connection
         transport = conn.transport
-        if self.scheme == "http" and transport is not None \
+        if conn.ctx.scheme == "http" and transport is not None \
                 and transport.get_extra_info("socket") is not None:
             conn.write_later()
             return transport

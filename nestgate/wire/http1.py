@@ -101,6 +101,8 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
         self.decisions = None          # access decisions for this peer (nestgate.pipeline.access)
         self.client_tag = 0            # counted under max_connections_per_client (ratelimit)
         self.xff_trusted = False      # the peer may tell us the client in X-Forwarded-For
+        self.scheme = ctx.scheme       # the client's (take_peer, refresh_client)
+        self.known_plain = False       # the client is known to be on plain HTTP
         self._sink = None              # after an upgrade: where client bytes go (h1tunnel)
         self._upgrade_tail = None      # after an accepted upgrade: the bytes that followed
         self.logging = False

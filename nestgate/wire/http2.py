@@ -87,6 +87,8 @@ class HTTP2Connection(StreamAdapter, Sending, Ending):
         self.decisions = None
         self.client_tag = 0            # counted under max_connections_per_client (ratelimit)
         self.xff_trusted = False       # the peer may tell us the client in X-Forwarded-For
+        self.scheme = ctx.scheme       # the client's (take_peer, refresh_client)
+        self.known_plain = False       # the client is known to be on plain HTTP
         self.logging = False
         self.write_paused = False
         self._stalled = 0.0

@@ -154,6 +154,8 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         self.decisions = None
         self.client_tag = 0            # counted under max_connections_per_client (ratelimit)
         self.xff_trusted = False
+        self.scheme = ctx.scheme       # the client's (take_peer, refresh_client)
+        self.known_plain = False       # the client is known to be on plain HTTP
         self.logging = False
         self.bytes_in = self.bytes_out = 0
         self._http: H3Connection | None = None
