@@ -774,25 +774,35 @@ body = "hello"
 
 class Browser:
     """Just enough of a browser: one cookie jar, one Host. A new connection for each
-    request, or with `keep` one kept-alive connection for all (so one worker)."""
+    request, or with `keep` one kept-alive connection for all (so one worker).
+    `headers` go with every request (what a proxy in front would add); with `tls` (an
+    ssl.SSLContext) it speaks HTTPS."""
 
     def __init__(self, port: int, host: str = "private.test", keep: bool = False,
-                 source: str = "127.0.0.1") -> None:
+                 source: str = "127.0.0.1", headers: dict | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.port, self.host = port, host
         self.source = (source, 0)        # the client's address: any of 127.0.0.0/8
+        self.always = dict(headers or {})
+        self.tls = tls
         self.jar: dict[str, str] = {}
         self.conn = None
         if keep:
-            self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10,
-                                                   source_address=self.source)
+            self.conn = self._connection()
             self.conn.connect()
             self.conn.auto_open = 0              # never quietly reconnect elsewhere
 
+    def _connection(self) -> http.client.HTTPConnection:
+        if self.tls is not None:
+            return http.client.HTTPSConnection("127.0.0.1", self.port, timeout=10,
+                                               source_address=self.source, context=self.tls)
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=10,
+                                          source_address=self.source)
+
     def request(self, method: str, path: str, body: bytes | None = None, headers=None,
                 cookies: bool = True):
-        conn = self.conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=10,
-                                                       source_address=self.source)
-        hdrs = {"Host": self.host}
+        conn = self.conn or self._connection()
+        hdrs = {"Host": self.host, **self.always}
         if cookies and self.jar:
             hdrs["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.jar.items())
         hdrs.update(headers or {})

@@ -102,13 +102,14 @@ def origin_of(browser) -> str:
     return f"http://{browser.host}"
 
 
-def register(browser, authenticator: SoftAuthenticator, name: str = "laptop") -> int:
-    """Add `authenticator`'s passkey on the account page; the answer's status (303:
-    added)."""
+def register(browser, authenticator: SoftAuthenticator, name: str = "laptop",
+             origin: str | None = None) -> int:
+    """Add `authenticator`'s passkey on the account page, the browser on `origin`
+    (its Host over http:// unless said); the answer's status (303: added)."""
     csrf = browser.form_token("/__auth__/account")
     status, opts = options(browser, "register", csrf)
     assert status == 200, opts
-    answer = authenticator.register(opts, origin_of(browser))
+    answer = authenticator.register(opts, origin or origin_of(browser))
     return browser.post_form("/__auth__/account", {"csrf": csrf, "action": "add",
                                                    "credential": answer, "name": name})[0].status
 
@@ -127,7 +128,7 @@ def finish_sign_in(browser, csrf: str, answer: str, **fields):
                                                    "next": "/", **fields})
 
 
-def sign_in(browser, authenticator: SoftAuthenticator, **fields):
+def sign_in(browser, authenticator: SoftAuthenticator, origin: str | None = None, **fields):
     csrf, opts = begin_sign_in(browser)
-    return finish_sign_in(browser, csrf, authenticator.assert_(opts, origin_of(browser)),
-                          **fields)
+    return finish_sign_in(browser, csrf,
+                          authenticator.assert_(opts, origin or origin_of(browser)), **fields)
