@@ -140,7 +140,7 @@ def test_every_connection_line_names_hop_by_hop_response_headers(start_server, u
 
 
 CLIENT_CLAIMS = {"Forwarded": "for=198.51.100.7;proto=https", "X-Real-IP": "198.51.100.7",
-                 "X-Forwarded-For": "198.51.100.7"}
+                 "X-Forwarded-For": "198.51.100.7", "X-Forwarded-Proto": "https"}
 
 
 def test_client_claims_of_its_address_are_dropped(start_server, upstream):
@@ -166,7 +166,7 @@ def test_client_claims_pass_from_trusted_proxies_or_when_not_forwarding(start_se
     resp, body, _ = get(server.port(), "/echo", headers=CLIENT_CLAIMS)
     hdr = dict(json.loads(body)["headers"])
     assert resp.status == 200 and hdr["forwarded"] == CLIENT_CLAIMS["Forwarded"]
-    assert hdr["x-real-ip"] == "198.51.100.7"
+    assert hdr["x-real-ip"] == "198.51.100.7" and hdr["x-forwarded-proto"] == "https"
 
 
 def test_upstream_connections_are_kept_alive(start_server, upstream):
