@@ -162,6 +162,10 @@ def asked_request(request, original: bool) -> Asked:
             uri = b"/" + uri
     else:
         method = _one(request, b"x-forwarded-method") or b"GET"
+        # Here X-Forwarded-Proto names the request asked about, as -Host and -Uri do,
+        # from whoever asks (Traefik and Caddy set it themselves): it only picks the
+        # scheme of the sign-in address handed back to the asker, never a verdict. Its
+        # absence leaves this request's own scheme (a trusted proxy's word already).
         scheme = _one(request, b"x-forwarded-proto") or request.scheme.encode()
         host = _one(request, b"x-forwarded-host")
         uri = _one(request, b"x-forwarded-uri")
