@@ -140,7 +140,8 @@ def forwarded_scheme(headers) -> str | None:
     them (any case, blanks around it allowed); None when there is none, or two, or a
     value that is anything else ("https, http" from a chain of proxies included),
     so the listener's own scheme stands. `Forwarded: proto=` is not read: the client
-    address comes from X-Forwarded-For, and both facts come from the same header family."""
+    is taken from X-Forwarded-For, and the scheme from the same family, so a proxy
+    that sent both kinds cannot have said two things."""
     found = None
     for name, value in headers:
         if name == b"x-forwarded-proto":
