@@ -33,7 +33,10 @@ def redis_server(tmp_path):
 def two(start_server, redis_server, upstream, tmp_path):
     """Two instances of the sign-in gateway of test_auth, with their state in Redis."""
     url = redis_server.url
-    shared = (f'cookie_secure = false\nmax_failures = 4\n\n'
+    # account_delay: long enough that the fourth wrong password still finds the
+    # account's back-off running on a loaded machine (the default second can pass
+    # between two sign-in forms).
+    shared = (f'cookie_secure = false\nmax_failures = 4\naccount_delay = 30\n\n'
               f'[state]\nbackend = "redis"\nurl = "{url}"\nprefix = "gw1:"\n')
     config = protected(upstream().url, str(tmp_path / "unused.db"), extra_auth=shared)
     first = start_server(config, name="a.toml")
