@@ -230,8 +230,12 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         """Count a request stream's bytes until its head is decoded (see the module)."""
         stream_id = event.stream_id
         if stream_id >= self._next_stream:
+            # A stream opens every lower one (RFC 9000 2.1; aioquic makes them too, up
+            # to its stream limit): a lower one whose datagram was lost and is sent
+            # again, or simply came later, still has its head to come.
+            for opened in range(self._next_stream, stream_id + 4, 4):
+                self._heads[opened] = 0
             self._next_stream = stream_id + 4
-            self._heads[stream_id] = 0
         taken = self._heads.get(stream_id)
         if taken is None:
             return False
