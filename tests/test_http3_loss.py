@@ -21,6 +21,7 @@ HEALTH = "/api/v1/health"
 ANSWER_BYTES = 4096
 REQUEST_BOUND_S = 20      # one request, however many of its datagrams were lost
 RUN_BOUND_S = 90          # a whole test's requests
+SLOW_ANSWER_S = 0.4       # the upstream's answer to /app/slow/...
 
 
 def proxied_body(path: str) -> bytes:
@@ -34,6 +35,8 @@ class _Upstream(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self):
+        if self.path.startswith("/app/slow/"):
+            time.sleep(SLOW_ANSWER_S)
         body = proxied_body(self.path)
         self.send_response(200)
         self.send_header("Content-Type", "application/octet-stream")
@@ -170,3 +173,15 @@ def test_the_lost_end_of_each_answer_is_sent_again(server, certs):
     # twice before it falls quiet (its loss detection, early): the first copy passes
     # and the drop takes the second, after the answer came whole.
     assert lost_before_answer >= 12, lost_before_answer
+
+
+def test_the_bench_client_drops_an_answer_that_comes_after_it_gave_up(server, tmp_path,
+                                                                      monkeypatch, caplog):
+    # nestgate.bench.h3load gives an answer up after ANSWER_TIMEOUT_S; here every answer
+    # comes later than that, on a connection still in use: each is counted a timeout
+    # and dropped when it comes, the connection reading on.
+    from nestgate.bench import h3load
+    monkeypatch.setattr(h3load, "ANSWER_TIMEOUT_S", SLOW_ANSWER_S / 4)
+    result = h3load.run(server.port("https"), "/app/slow/x", 1, 2, 1.5, tmp_path / "raw.txt")
+    assert result.requests == 0 and result.errors["timeout"] >= 4, result.errors
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text

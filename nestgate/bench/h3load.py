@@ -19,7 +19,9 @@ from .drivers import ERROR_KEYS, RunResult
 from .pyclient import run_result
 
 # An answer not complete after this long is counted as a timeout and its stream given
-# up (a lost datagram the client never recovers from must not hold the run forever).
+# up, so that a server which never answers cannot hold the run forever. (QUIC resends
+# lost datagrams: a timeout here is an answer the server never sent, see
+# docs/benchmarks.md, "HTTP/3: the answers that never came".)
 ANSWER_TIMEOUT_S = 5.0
 
 
@@ -58,7 +60,13 @@ async def _connection(port: int, path: str, streams: int, until: float, latencie
                 (b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"localhost"),
                 (b":path", path.encode())], end_stream=True)
             self.transmit()
-            return await entry[3]
+            try:
+                return await entry[3]
+            finally:
+                # Given up (ANSWER_TIMEOUT_S) or done: an answer coming later is dropped
+                # (set on a cancelled future it would raise in the datagram's callback,
+                # and the rest of that datagram would wait for the next).
+                self.waiting.pop(stream_id, None)
 
     config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN,
                                verify_mode=ssl.CERT_NONE)        # ours, self-signed
