@@ -130,6 +130,38 @@ def test_a_head_past_the_header_limit_ends_the_connection(gateway, certs):
     assert gateway.worker_rss_kib() - before < RSS_GROWTH_KIB
 
 
+async def _big_head_behind_a_higher_stream(port: int, ca: str):
+    """A small request on stream 4, then the head past the limit on stream 0, which
+    reaches the server after stream 4 opened it (a client may send in any order; a lost
+    and resent datagram does it too). aioquic's client sends streams in order, so its
+    next stream id is moved by hand."""
+    async with await h3client.session(port, ca) as client:
+        quic = client._quic
+        quic._local_next_stream_id_bidi = 4
+        first = client.send_request("GET", "/hello", "localhost")
+        quic._local_next_stream_id_bidi = 0
+        late = client.send_request("GET", "/hello", "localhost",
+                                   [(f"x-big-{n}", _letters(2048)) for n in range(100)])
+        quic._local_next_stream_id_bidi = 8
+        try:
+            await asyncio.wait_for(asyncio.gather(first, late), 10)
+        except (ConnectionError, asyncio.TimeoutError):
+            pass
+        return client.closed_with
+
+
+def test_a_head_past_the_limit_behind_a_higher_stream_ends_the_connection(gateway, certs):
+    # The bytes of a stream that a higher one opened are counted as any other's. Without
+    # that, this head went uncounted, was held whole and never answered, and the
+    # connection stayed open.
+    before = gateway.worker_rss_kib()
+    for _round in range(5):
+        assert asyncio.run(_big_head_behind_a_higher_stream(gateway.port("https"),
+                                                            certs["ca"])) == EXCESSIVE_LOAD
+    _still_answered(gateway, certs)
+    assert gateway.worker_rss_kib() - before < RSS_GROWTH_KIB
+
+
 def test_a_decoded_head_over_the_limit_is_431_on_its_stream(gateway, certs):
     # Within the encoded bound but over max_header_bytes once decoded: the stream's
     # answer is 431, as on HTTP/2, and the connection goes on.
