@@ -1,9 +1,13 @@
 """HTTP/3 over a path that loses datagrams: aioquic's client asks a real nestgate (two
 workers sharing the UDP port) through `udprelay.LossyRelay`, which drops datagrams at
-random, the first ones of each connection (the handshake), or the last one of each
-burst the server sends (an answer's end, which only the server's own loss timer sends
-again). Every request must come back whole within a bound: a path of the server that
-left its QUIC timer unarmed would leave an answer lost for good."""
+random, the first ones of each connection (the handshake), or the last one the server
+sends for an answer (its end, which only the server's own loss timer sends again), or
+swaps two requests' datagrams. Every request must come back whole within a bound. The
+server's QUIC timer left unarmed, the three loss tests fail; so do the random loss and
+the swap when a request stream that reaches the server after a higher-numbered one is
+not taken as opened (a resent request, never answered). Last, the bench's HTTP/3 client
+(nestgate.bench.h3load) given answers later than it waits for.
+"""
 
 from __future__ import annotations
 
