@@ -14,7 +14,12 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import os
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -189,3 +194,42 @@ def test_the_bench_client_drops_an_answer_that_comes_after_it_gave_up(server, tm
     result = h3load.run(server.port("https"), "/app/slow/x", 1, 2, 1.5, tmp_path / "raw.txt")
     assert result.requests == 0 and result.errors["timeout"] >= 4, result.errors
     assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
+
+
+def _udp_receive_buffers(port: int) -> list[int]:
+    """The receive buffer (`ss`'s skmem rb, in bytes) of each UDP socket on `port`."""
+    out = subprocess.run(["ss", "-u", "-a", "-n", "-m", f"sport = :{port}"],
+                         capture_output=True, text=True, timeout=10, check=True).stdout
+    return [int(size) for size in re.findall(r"\brb(\d+)", out)]
+
+
+def test_the_quic_sockets_have_room_for_a_burst(server):
+    # One socket per worker, each asking QUIC_SOCKET_BUFFER (the kernel reports twice
+    # what it grants): all of it as root, else up to net.core.rmem_max.
+    from nestgate.server.supervisor import QUIC_SOCKET_BUFFER
+    rmem_max = int(Path("/proc/sys/net/core/rmem_max").read_text())
+    granted = QUIC_SOCKET_BUFFER if os.geteuid() == 0 else min(QUIC_SOCKET_BUFFER, rmem_max)
+    buffers = _udp_receive_buffers(server.port("https"))
+    assert len(buffers) == 2, buffers
+    assert all(size >= 2 * granted for size in buffers), (buffers, granted)
+
+
+def test_a_buffer_the_kernel_caps_is_reported_with_its_sysctl():
+    # Without CAP_NET_ADMIN the kernel's caps hold: asked past both, each way is
+    # reported short, naming the sysctl that would allow it.
+    limits = [int(Path(f"/proc/sys/net/core/{name}").read_text())
+              for name in ("rmem_max", "wmem_max")]
+    code = ("import socket\n"
+            "from nestgate.server.supervisor import widen_buffers\n"
+            "sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "sock.bind(('127.0.0.1', 0))\n"
+            f"print('\\n'.join(widen_buffers(sock, {2 * max(limits) + (1 << 20)})))\n")
+    unprivileged = (lambda: os.setuid(65534)) if os.geteuid() == 0 else None
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, preexec_fn=unprivileged,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, lines
+    assert "UDP receive buffer" in lines[0] and "net.core.rmem_max" in lines[0]
+    assert "UDP send buffer" in lines[1] and "net.core.wmem_max" in lines[1]

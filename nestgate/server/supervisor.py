@@ -600,12 +600,45 @@ def _bound(listener, kind: int = socket.SOCK_STREAM, port: int | None = None,
     return sock
 
 
+# Each way, per HTTP/3 socket: the kernel's default (net.core.rmem_default, 208 KiB on
+# Debian) holds about 150 full datagrams, and a worker busy for a few milliseconds under
+# load finds it overflowed; every datagram dropped there costs QUIC a loss timer and a
+# resend. A ceiling, not an allocation: the kernel takes memory only for what waits.
+QUIC_SOCKET_BUFFER = 4 << 20
+_BUFFER_OPTIONS = ((socket.SO_RCVBUF, getattr(socket, "SO_RCVBUFFORCE", None), "receive"),
+                   (socket.SO_SNDBUF, getattr(socket, "SO_SNDBUFFORCE", None), "send"))
+
+
 def _quic_socket(listener, port: int) -> socket.socket:
     """A UDP socket for the listener's HTTP/3, on the port its TCP socket has, shared
-    by the workers (SO_REUSEPORT)."""
+    by the workers (SO_REUSEPORT), with room for `QUIC_SOCKET_BUFFER` each way."""
     sock = _bound(listener, socket.SOCK_DGRAM, port, socket.SO_REUSEPORT)
     sock.setblocking(False)
+    for way in widen_buffers(sock, QUIC_SOCKET_BUFFER):
+        say(way)
     return sock
+
+
+def widen_buffers(sock: socket.socket, size: int) -> list[str]:
+    """Ask for `size` bytes of receive and send buffer on `sock`, as quic-go and nginx's
+    QUIC do. The kernel caps SO_RCVBUF/SO_SNDBUF at net.core.rmem_max/wmem_max; a
+    process with CAP_NET_ADMIN (root) may go past that with the FORCE options. Returns
+    a line for each way left short of `size`, naming the sysctl that would allow it."""
+    short = []
+    for option, force, way in _BUFFER_OPTIONS:
+        sock.setsockopt(socket.SOL_SOCKET, option, size)
+        # Linux reports twice what was set (its bookkeeping overhead included).
+        if sock.getsockopt(socket.SOL_SOCKET, option) < 2 * size and force is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, force, size)
+            except OSError:
+                pass                         # no CAP_NET_ADMIN: keep what the cap gave
+        got = sock.getsockopt(socket.SOL_SOCKET, option) // 2
+        if got < size:
+            limit = "net.core.rmem_max" if way == "receive" else "net.core.wmem_max"
+            short.append(f"HTTP/3 on {_address(sock)}: UDP {way} buffer {got // 1024} KiB "
+                         f"of the {size // 1024} KiB asked (raise {limit} to allow it)")
+    return short
 
 
 def _listen(listener) -> socket.socket:
