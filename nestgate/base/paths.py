@@ -42,14 +42,45 @@ def decode_path(raw: bytes) -> str:
 def remove_dot_segments(path: str) -> str:
     """RFC 3986 5.2.4 on an absolute path, also merging repeated slashes (nginx's
     merge_slashes). Climbing above "/" is refused rather than clamped."""
-    out: list[str] = []
-    segments = path.split("/")
-    for segment in segments[1:]:
-        if segment == "..":
+    return "/".join(_without_dots(path.split("/"), path.split("/")))
+
+
+def forwarded_path(raw: bytes) -> bytes:
+    """The raw request target (query included) as it goes to an upstream: its path
+    with the dot segments removed and slashes merged exactly as `decode_path` did for
+    routing, each remaining segment spelt as the client spelt it.
+
+    Routes and their access lists match the normalised path; an upstream given the
+    client's `/admin/../public/x` or `/admin/%2e%2e/public/x` where nestgate matched
+    `/public/x` may route on the raw path (Node, Express and many apps do not remove
+    dot segments) and serve `/admin/` to whoever `/public/` lets in. Called only for
+    a target `decode_path` accepted; one that needs nothing is returned as it is."""
+    if raw.find(b"/.") < 0 and raw.find(b"//") < 0 and raw.find(b"%2e") < 0 \
+            and raw.find(b"%2E") < 0:
+        return raw                          # the usual target: nothing to remove
+    qmark = raw.find(b"?")
+    path, query = (raw, b"") if qmark < 0 else (raw[:qmark], raw[qmark:])
+    segments = path.split(b"/")
+    # An encoded "/" is refused by `decode_path`, so the raw segments are the decoded
+    # path's segments; each is a dot segment when it decodes to one ("%2e", "%2E.").
+    names = [unquote_to_bytes(s).decode("latin-1") if 37 in s else s.decode("latin-1")
+             for s in segments]
+    return b"/".join(_without_dots(segments, names)) + query
+
+
+def _without_dots(segments: list, names: list[str]) -> list:
+    """The segments of an absolute path (the first one empty) less its dot segments
+    and empty ones, a trailing slash kept, as `remove_dot_segments` says; `names` are
+    the segments as compared (decoded), `segments` as returned."""
+    out: list = []
+    for segment, name in zip(segments[1:], names[1:]):
+        if name == "..":
             if not out:
                 raise RequestError(400, "path climbs above the root")
             out.pop()
-        elif segment not in (".", ""):
+        elif name not in (".", ""):
             out.append(segment)
-    trailing = segments[-1] in ("", ".", "..") and len(segments) > 1 and out
-    return "/" + "/".join(out) + ("/" if trailing else "")
+    empty = segments[0][:0]                 # "" or b"", as the segments are
+    if not out or (names[-1] in ("", ".", "..") and len(names) > 1):
+        out.append(empty)                   # "/" alone, or the trailing slash
+    return [empty, *out]

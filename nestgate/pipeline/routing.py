@@ -63,6 +63,9 @@ class SiteRoutes:
         # needs no decoding is routed without decoding it.
         self.exact_raw: dict[bytes, Route] = {}
         self.prefixes: list[tuple[str, Any, str, Any]] = []
+        # A prefix route's path without its last "/" (`/admin` for `/admin/`) -> the
+        # route that sends it there (`add_prefix`'s `slashless`), before shorter prefixes.
+        self.slashless: dict[str, Route] = {}
         # path_shape(path) -> (the handler as its owner gave it, the route's label):
         # who holds each exact and {name} path.
         self.owners: dict[str, tuple[Any, str]] = {}
@@ -99,12 +102,24 @@ class SiteRoutes:
             self.exact_raw[path.encode()] = route
 
     def add_prefix(self, prefix: str, handler, label: str | None = None, *,
-                   access=None, sign_in: bool = True, limit=None, policy=None) -> None:
+                   access=None, sign_in: bool = True, limit=None, policy=None,
+                   slashless=None) -> None:
+        """A prefix route; with `slashless`, a handler that answers the prefix without
+        its last "/" (a redirect to it), behind the same guard, so that `/admin` is not
+        left to a shorter prefix's access list when the route is `/admin/`."""
         label = label or prefix + "*"
         handler = self.guard(handler, access, sign_in, limit, label, policy)
         self.found.clear()
-        self.prefixes.append((prefix, handler, label, TALLY.route(self.name, label)))
+        tally = TALLY.route(self.name, label)
+        self.prefixes.append((prefix, handler, label, tally))
         self.prefixes.sort(key=lambda entry: len(entry[0]), reverse=True)
+        self.slashless.pop(prefix, None)         # a route of its own on that path wins
+        bare = prefix[:-1]
+        if slashless is not None and bare and prefix.endswith("/") \
+                and not any(p == bare for p, *_ in self.prefixes):
+            self.slashless[bare] = Route(self.guard(slashless, access, sign_in, limit, label,
+                                                    policy),
+                                         NO_PARAMS, label, bare, self.errors, tally)
 
     def holder(self, path: str):
         """(the handler as its owner gave it, the route's label) of the exact or
@@ -164,6 +179,9 @@ class SiteRoutes:
                 params = _match(pattern, segments)
                 if params is not None:
                     return Route(handler, params, label, path, self.errors, tally)
+        bare = self.slashless.get(path)
+        if bare is not None:
+            return bare
         for prefix, handler, label, tally in self.prefixes:
             if path.startswith(prefix):
                 return Route(handler, NO_PARAMS, label, path, self.errors, tally)

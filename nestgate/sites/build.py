@@ -11,7 +11,7 @@ import os
 from nestgate import PACKAGE_DIR
 from nestgate.base.handler import Service
 from nestgate.handlers.health import health_handler
-from nestgate.handlers.redirect import HttpsRedirect
+from nestgate.handlers.redirect import HttpsRedirect, SlashRedirect
 from nestgate.base.responses import SERVER
 from nestgate.base.errorpages import error_pages, rebuild_defaults
 from nestgate.sites.routetypes import ROUTE_TYPES, site_headers
@@ -165,8 +165,13 @@ def build_router(config) -> Router:
                 site.add_exact(route.path, handler, route.label, access=route.access,
                                limit=route.rate_limit, policy=route.policy)
             else:
+                # A proxy route on `/admin/` takes `/admin` too, as nginx's proxy_pass
+                # locations do: upstreams often serve it as `/admin/`. A static route's
+                # files are its own, so `/assets` stays another route's path there.
                 site.add_prefix(route.prefix, handler, route.label, access=route.access,
-                                limit=route.rate_limit, policy=route.policy)
+                                limit=route.rate_limit, policy=route.policy,
+                                slashless=SlashRedirect(route.prefix)
+                                if route.type == "proxy" else None)
         if site_config.home or site_config.notes:
             add_site_pages(site, site_config, config, errors[404].page, broadcast)
         guards.add_portal(site, site_config)

@@ -34,6 +34,7 @@ import httptools
 from nestgate.handlers.auth.portal import answer_with
 from nestgate.base.errors import HandlerError
 from nestgate.base.handler import TellsIdentity
+from nestgate.base.paths import forwarded_path
 from nestgate.handlers.proxy.handler import client_ssl_context
 from nestgate.handlers.proxy.options import ProxyOptions, parse_target
 from nestgate.handlers.proxy.upstream import RESPONSE_DROP, UPSTREAM_HEAD_MAX, Target
@@ -133,7 +134,7 @@ class AuthServer:
                  b"\r\nx-forwarded-method: ", req.method,
                  b"\r\nx-forwarded-proto: ", req.scheme.encode(),
                  b"\r\nx-forwarded-host: ", req.host or self.target.authority,
-                 b"\r\nx-forwarded-uri: ", req.raw_target,
+                 b"\r\nx-forwarded-uri: ", forwarded_path(req.raw_target),
                  b"\r\nx-forwarded-for: ", req.client.encode(), b"\r\n"]
         cookies = []
         for name, value in req.headers:

@@ -22,6 +22,7 @@ import asyncio
 import ssl
 
 from nestgate.base.later import LATER
+from nestgate.base.paths import forwarded_path
 from nestgate.base.clock import CLOCK
 from nestgate.base.errors import HandlerError
 from nestgate.base.flow import Reading, Signal, hold
@@ -291,7 +292,7 @@ class ProxyHandler(Service, TellsIdentity):
         request), then the header lines `_fields` makes, kept in `_fields_made` for
         a request without a body from a client that repeats its headers.
         HandlerError(400) for a Connection header `_hop_names` refuses."""
-        path = req.raw_target
+        path = forwarded_path(req.raw_target)    # the path the route was chosen by
         if self.strip and path.startswith(self.strip):
             path = path[len(self.strip):]
             if not path.startswith(b"/"):
