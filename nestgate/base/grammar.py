@@ -9,3 +9,29 @@ TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrs
 # A token in lower case: an HTTP/2 field name (RFC 9113 8.2.1).
 LOWER_TCHAR = TCHAR.translate(None, b"ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 VISIBLE = bytes(range(0x21, 0x7F))          # VCHAR: a request target's bytes
+_MIXED_DASHES_MAX = 8
+
+
+def with_underscore_spellings(names) -> frozenset[bytes]:
+    """Lower-case field `names` and every spelling of each with any of its `-` written
+    `_` (`remote_user`, `x_forwarded-for`...).
+
+    CGI, WSGI, PHP and the servers built on them read a field by a name in which `-`
+    and `_` are one character (`HTTP_REMOTE_USER`), so a client's `Remote_User: ann`
+    reaches such an app as the identity header nestgate vouches for, beside or instead
+    of nestgate's own `Remote-User`. A set of names no client may send must hold these
+    spellings too (nginx ignores every name with `_` for the same reason). A name has
+    few dashes, so the set stays small and the lookup per field stays one set test."""
+    spelt: set[bytes] = set()
+    for name in names:
+        parts = name.lower().split(b"-")
+        if len(parts) > _MIXED_DASHES_MAX + 1:
+            # Past a few dashes only the two uniform spellings (2^n mixed ones would be
+            # too many to hold); the names nestgate and proxies use have at most three.
+            spelt.update((b"-".join(parts), b"_".join(parts)))
+            continue
+        variants = [parts[0]]
+        for part in parts[1:]:
+            variants = [v + sep + part for v in variants for sep in (b"-", b"_")]
+        spelt.update(variants)
+    return frozenset(spelt)

@@ -3,6 +3,8 @@
 1. A signed-in family member pipelines thousands of requests, each carrying forged
    identity headers (every spelling, repeated, as lists, with the configured names):
    the upstream sees only nestgate's Remote-User for each, and the worker stays small.
+   Spellings with `_` for `-` count: a CGI, WSGI or PHP app reads `Remote_User` as
+   `HTTP_REMOTE_USER`, the field nestgate vouches for.
 2. The same user tries to reach the admins' route by the forged headers, by spelling
    the path otherwise (percent-encoded, dot segments) and by a session cookie of a
    user who no longer exists: refused each time, and the upstream never sees it.
@@ -55,12 +57,21 @@ prefix = "/admin/"
 type = "proxy"
 upstream = "{{up}}"
 allow_groups = ["admins"]
+
+[[site.route]]
+prefix = "/open/"
+type = "proxy"
+upstream = "{{up}}"
+policy = "bypass"
 """
 
 SPELLINGS = (b"Remote-User: admin-%d\r\n", b"REMOTE-USER: admin-%d\r\nremote-user: ann\r\n",
              b"X-WebAuth-User: admin-%d\r\n", b"x-webauth-USER: ann, admin-%d\r\n",
              b"Remote-Groups: admins,x%d\r\n", b"Remote-Email: admin-%d@evil.test\r\n",
-             b"Remote-Name: Admin %d\r\nRemote-Name: Ann\r\n")
+             b"Remote-Name: Admin %d\r\nRemote-Name: Ann\r\n",
+             # The same field to a CGI-style app (HTTP_REMOTE_USER, HTTP_X_WEBAUTH_USER).
+             b"Remote_User: admin-%d\r\n", b"X_WebAuth-User: ann\r\nx-webauth_user: a%d\r\n",
+             b"REMOTE_GROUPS: admins,x%d\r\n")
 
 
 def test_forged_identity_headers_in_bulk_reach_no_upstream(start_server, upstream):
@@ -95,7 +106,8 @@ def test_forged_identity_headers_in_bulk_reach_no_upstream(start_server, upstrea
     assert len(seen) == REQUESTS
     for request in seen:
         claimed = [(n, v) for n, v in request["headers"]
-                   if n.startswith("remote-") or n == "x-webauth-user"]
+                   if n.replace("_", "-").startswith("remote-")
+                   or n.replace("_", "-") == "x-webauth-user"]
         assert claimed == [("x-webauth-user", "bob"), ("remote-groups", "family")], claimed
 
 
@@ -122,3 +134,27 @@ def test_the_admins_route_is_not_reached_by_any_spelling(start_server, upstream,
                               headers={"Cookie": "nestgate_session=forged-token"})
         assert resp.status == 401, (path, resp.status)
     assert not any(r["target"] in ("/x", "/admin/x") for r in up.requests)
+
+
+def test_underscore_spellings_never_reach_the_upstream(start_server, upstream):
+    """`Remote_User: ann` went upstream beside nestgate's `Remote-User: bob` (a
+    CGI-style app joins or picks one of them as HTTP_REMOTE_USER), and alone on a
+    route without sign-in; `X_Forwarded_For` likewise beside nestgate's own."""
+    up = upstream()
+    server = start_server(CONFIG.replace("{up}", up.url))
+    bob = Browser(server.port(), "home.test")
+    assert bob.sign_in("bob")[0].status == 303
+    forged = {"Remote_User": "ann", "remote_groups": "admins", "X_WebAuth-User": "ann",
+              "x-webauth_user": "ann", "X_Forwarded_For": "10.0.0.1",
+              "X-Forwarded_Host": "evil.test", "x_real_ip": "10.0.0.1"}
+    for path, cookies in (("/x", True), ("/open/x", False), ("/open/y", True)):
+        resp, _ = bob.request("GET", path, headers=forged, cookies=cookies)
+        assert resp.status == 200, (path, resp.status)
+    assert [r["target"] for r in up.requests] == ["/x", "/open/x", "/open/y"]
+    for request in up.requests:
+        names = [n for n, _v in request["headers"]]
+        assert not [n for n in names if "_" in n], (request["target"], names)
+        as_cgi = [(n.replace("_", "-"), v) for n, v in request["headers"]]
+        assert ("x-forwarded-for", "127.0.0.1") in as_cgi
+        assert not [v for n, v in as_cgi if n in ("remote-user", "x-webauth-user")
+                    and v != "bob"], request

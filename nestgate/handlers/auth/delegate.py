@@ -33,6 +33,7 @@ import httptools
 
 from nestgate.handlers.auth.portal import answer_with
 from nestgate.base.errors import HandlerError
+from nestgate.base.grammar import with_underscore_spellings
 from nestgate.base.handler import TellsIdentity
 from nestgate.base.paths import forwarded_path
 from nestgate.handlers.proxy.handler import client_ssl_context
@@ -127,6 +128,9 @@ class AuthServer:
         tls = client_ssl_context(opts) if cfg.scheme == "https" else None
         self.target = Target(cfg, opts, tls)
         self.names = frozenset(name.encode() for name in options.copy_headers)
+        # A client's copies are removed under every spelling an upstream may read as
+        # the same field (`Remote_User` is `HTTP_REMOTE_USER` to a CGI-style app).
+        self.refused = with_underscore_spellings(self.names)
 
     def _head(self, req) -> bytes:
         parts = [b"GET ", self.options.target, b" HTTP/1.1\r\nhost: ",
@@ -215,9 +219,9 @@ class Delegated(TellsIdentity):
                        if name not in RESPONSE_DROP]
             await req.send(answer.status, relayed, bytes(answer.body))
             return
-        names = server.names
-        if any(name in names for name, _ in req.headers):
-            req.headers = [item for item in req.headers if item[0] not in names]
+        refused = server.refused
+        if any(name in refused for name, _ in req.headers):
+            req.headers = [item for item in req.headers if item[0] not in refused]
         copied = server.copied(answer)
         handler = self.inner
         if copied:
