@@ -99,6 +99,21 @@ def test_expect_100_continue(wire):
     assert wire.responses()[1].body == b"data"
 
 
+def test_an_http1_0_clients_expectation_is_ignored(wire):
+    # RFC 9110 10.1.1: an HTTP/1.0 client may not know 1xx answers and would take
+    # `100 Continue` for its answer (it was sent), then the real one for the next's.
+    wire.send(b"POST /echo HTTP/1.0\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+    assert bytes(wire.transport.out) == b""
+    wire.send(b"data")
+    [resp] = wire.responses()
+    assert (resp.status, resp.body) == (200, b"data")
+
+
+def test_an_http1_0_clients_unknown_expectation_is_not_417(wire):
+    wire.send(b"POST /echo HTTP/1.0\r\nContent-Length: 4\r\nExpect: x-other\r\n\r\ndata")
+    assert [(r.status, r.body) for r in wire.responses()] == [(200, b"data")]
+
+
 def test_expect_100_not_sent_when_body_too_large(wire):
     wire.send(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999\r\n"
               b"Expect: 100-continue\r\n\r\n")

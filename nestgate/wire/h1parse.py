@@ -253,7 +253,7 @@ class RequestReader:
             return
 
         if not kind:                             # a ready response
-            expect = has_body and self._expect_continue()
+            expect = has_body and self._expect_continue(version)
             if expect:
                 keep_alive = False   # the client may or may not send the body now
                 self._enter(CLOSING)
@@ -267,7 +267,7 @@ class RequestReader:
 
         req = HTTP1Request(self, handler, route, method, url, qmark, version, headers, host,
                            keep_alive, self._t0)
-        req.body = self._body = Body(self, self._expect_continue(), self._body_length) \
+        req.body = self._body = Body(self, self._expect_continue(version), self._body_length) \
             if has_body else None
         req.upgrade = parser.should_upgrade()
         self._sync = None
@@ -277,7 +277,13 @@ class RequestReader:
         else:
             self._queue.append(req)
 
-    def _expect_continue(self) -> bool:
+    def _expect_continue(self, version: str) -> bool:
+        """Whether the client waits for `100 Continue` before its body; 417 for an
+        expectation other than 100-continue. An HTTP/1.0 client's is ignored (RFC 9110
+        10.1.1): it may not know 1xx answers and would take the 100 for its answer,
+        reading the real one as the next request's."""
+        if version == "1.0":
+            return False
         for name, value in self._headers:
             if name == b"expect":
                 if value.lower() != b"100-continue":
