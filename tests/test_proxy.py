@@ -696,6 +696,34 @@ def test_proxy_over_http2(start_server, upstream, certs):
         client.close()
 
 
+def test_an_h2_cookie_in_pieces_goes_upstream_as_one_line(start_server, upstream, certs):
+    # RFC 9113 8.2.3: an HTTP/2 client may send its Cookie as several fields; on to
+    # HTTP/1.1 they are joined by "; " into one line (they went as several, and an
+    # upstream reading one line lost the rest). HTTP/1.1's repeated lines likewise.
+    from h2client import H2Client
+    up = upstream()
+    server = h2_gateway(start_server, up, certs)
+    client = H2Client(server.port("https"), certs["ca"])
+    try:
+        status, _headers, body = client.request(
+            "GET", "/echo", headers=[(b"cookie", b"a=1"), (b"x-b", b"2"),
+                                     (b"cookie", b"b=2; c=3"), (b"cookie", b"d=4")])
+        assert status == 200
+        cookies = [v for n, v in json.loads(body)["headers"] if n == "cookie"]
+        assert cookies == ["a=1; b=2; c=3; d=4"]
+    finally:
+        client.close()
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port("https"), timeout=5,
+                                       context=ssl.create_default_context(cafile=certs["ca"]))
+    conn.putrequest("GET", "/echo")
+    conn.putheader("Cookie", "a=1")
+    conn.putheader("Cookie", "b=2")
+    conn.endheaders()
+    seen = json.loads(conn.getresponse().read())
+    conn.close()
+    assert [v for n, v in seen["headers"] if n == "cookie"] == ["a=1; b=2"]
+
+
 def test_proxied_heads_over_http2_each_their_own_after_the_encoded_ones_are_kept(
         start_server, upstream, certs):
     # An upstream head is encoded for HTTP/2 once and kept, bounded: every answer still

@@ -107,8 +107,10 @@ class ProxyHandler(Service, TellsIdentity):
         drop |= claimed                         # identity headers: only ever nestgate's
         if opts.forwarded:
             drop |= FORWARDED | CLIENT_CLAIMS
-        if self.session_cookie:
-            drop.add(b"cookie")
+        # Cookie lines are gathered and sent as one (without the session cookie on a
+        # protected site): an HTTP/2 client may split its Cookie in pieces, which go to
+        # an HTTP/1.1 upstream joined by "; " (RFC 9113 8.2.3); many read only one line.
+        drop.add(b"cookie")
         # Also as `_` spellings, which CGI-style upstreams read as the same field.
         self.drop = with_underscore_spellings(drop)
         self._picked: dict = {}                 # request -> target `begin` chose for `handle`
@@ -331,7 +333,8 @@ class ProxyHandler(Service, TellsIdentity):
                     # On a protected site: forwarded without the session (the usual
                     # request of a signed-in visitor, so not a reason to leave the
                     # quick way below).
-                    kept = _without_cookie(item[1], self.session_cookie)
+                    kept = _without_cookie(item[1], self.session_cookie) \
+                        if self.session_cookie else item[1]
                     if kept:
                         cookies = [kept] if cookies is None else cookies + [kept]
                 elif name != b"host":
@@ -343,8 +346,8 @@ class ProxyHandler(Service, TellsIdentity):
             parts += (name, b": ", item[1], b"\r\n")
         if special is None and self.forwarded and host and req.body is None:
             # The usual request: no header to reconsider, no body, X-Forwarded-* set.
-            for kept in cookies or ():
-                parts += (b"cookie: ", kept, b"\r\n")
+            if cookies is not None:
+                parts += (b"cookie: ", b"; ".join(cookies), b"\r\n")
             key = (req.client, req.scheme)
             lines = self._forwarded_lines.get(key) or self._learn_forwarded(key)
             parts += (identity, lines, host, b"\r\n\r\n")
@@ -389,8 +392,8 @@ class ProxyHandler(Service, TellsIdentity):
             elif claims is not None:
                 for name, value in claims:          # a trusted proxy's word, as its X-F-F
                     parts += (name, b": ", value, b"\r\n")
-        for kept in cookies or ():
-            parts += (b"cookie: ", kept, b"\r\n")
+        if cookies is not None:
+            parts += (b"cookie: ", b"; ".join(cookies), b"\r\n")
         parts.append(identity)
         if self.forwarded:
             parts += (b"x-forwarded-for: ",
