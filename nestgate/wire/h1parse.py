@@ -156,6 +156,12 @@ class RequestReader:
         if length is not None and length > self._max_body:
             raise RequestError(413)
         if chunked or length:
+            if self.parser.should_upgrade():
+                # httptools takes everything after an upgrade request's head as the
+                # new protocol's bytes, never as its body: the body would never come,
+                # and the request (an upstream's connection with it) would wait for it
+                # until a timeout (`curl --http2 -d` in clear offers h2c so).
+                raise RequestError(400, "an upgrade request with a body")
             self._body_length = None if chunked else length
             self._body = None
             self._body_size = self._body_seen = 0

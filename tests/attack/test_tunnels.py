@@ -140,3 +140,49 @@ def test_tunnel_in_use_outlives_the_idle_timeout(start_server, upstream):
             time.sleep(0.3)
         assert not closed_within(sock, 0.1)
         assert up.tunnels_ended == []
+
+
+# ------------------------------------------------------------------ upgrade with a body
+UPGRADES_WITH_A_BODY = [
+    # curl --http2 -d in clear: an h2c offer with a form body.
+    b"POST /a HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+    b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\nContent-Length: 5\r\n\r\nhello",
+    b"POST /a HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    b"Content-Length: 5\r\n\r\nhello",
+    b"POST /a HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\nUpgrade: foo\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+]
+
+
+def test_an_upgrade_request_with_a_body_is_refused_at_once(start_server):
+    """httptools reads no body after an upgrade request's head: the proxy sent the
+    upstream `content-length: 5` and no body, and client and upstream waited (8 s and
+    more, until a timeout) for bytes the parser had taken for the new protocol; a
+    chunked body went as an empty one. Now such a request is a 400 before anything is
+    sent upstream, and the connection ends, the bytes after it unread."""
+    from rawupstream import RawUpstream
+    up = RawUpstream()
+    try:
+        server = start_server(tunnel_gateway(up.url))
+        port = server.port()
+        start = server.worker_rss_kib()
+        for round_ in range(50):
+            for request in UPGRADES_WITH_A_BODY:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                    sock.sendall(request + b"GET /admin/x HTTP/1.1\r\nHost: app.test\r\n\r\n")
+                    began = time.monotonic()
+                    answer = read_until(sock, b"</html>\n", seconds=2)
+                    assert answer.startswith(b"HTTP/1.1 400 "), answer[:80]
+                    assert closed_within(sock, 2), request
+                    assert time.monotonic() - began < 2
+        assert up.take() == []
+        grown = server.worker_rss_kib() - start
+        assert grown < RSS_GROWTH_BOUND_KIB, f"worker grew {grown} KiB"
+        # The same requests without Upgrade are served with their bodies.
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"POST /a HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5\r\n"
+                         b"Connection: close\r\n\r\nhello")
+            assert read_until(sock, b"/a").startswith(b"HTTP/1.1 200 ")
+        assert [(r["target"], r["body"]) for r in up.take()] == [("/a", b"hello")]
+    finally:
+        up.stop()
