@@ -140,7 +140,9 @@ def test_every_connection_line_names_hop_by_hop_response_headers(start_server, u
 
 
 CLIENT_CLAIMS = {"Forwarded": "for=198.51.100.7;proto=https", "X-Real-IP": "198.51.100.7",
-                 "X-Forwarded-For": "198.51.100.7", "X-Forwarded-Proto": "https"}
+                 "X-Forwarded-For": "198.51.100.7", "X-Forwarded-Proto": "https",
+                 "True-Client-IP": "198.51.100.7", "X-Forwarded-Prefix": "/elsewhere",
+                 "X-Original-URL": "/admin/"}
 
 
 def test_client_claims_of_its_address_are_dropped(start_server, upstream):
@@ -153,6 +155,7 @@ def test_client_claims_of_its_address_are_dropped(start_server, upstream):
         resp, body, conn = get(server.port(), "/echo", headers=CLIENT_CLAIMS, conn=conn)
         hdr = dict(json.loads(body)["headers"])
         assert resp.status == 200 and "forwarded" not in hdr and "x-real-ip" not in hdr
+        assert not {"true-client-ip", "x-forwarded-prefix", "x-original-url"} & set(hdr)
         assert hdr["x-forwarded-for"] == "127.0.0.1" and hdr["x-forwarded-proto"] == "http"
 
 
@@ -167,6 +170,8 @@ def test_client_claims_pass_from_trusted_proxies_or_when_not_forwarding(start_se
     hdr = dict(json.loads(body)["headers"])
     assert resp.status == 200 and hdr["forwarded"] == CLIENT_CLAIMS["Forwarded"]
     assert hdr["x-real-ip"] == "198.51.100.7" and hdr["x-forwarded-proto"] == "https"
+    assert hdr["true-client-ip"] == "198.51.100.7"
+    assert (hdr["x-forwarded-prefix"], hdr["x-original-url"]) == ("/elsewhere", "/admin/")
 
 
 def test_upstream_connections_are_kept_alive(start_server, upstream):

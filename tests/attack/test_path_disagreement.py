@@ -14,6 +14,10 @@ segments or merging slashes.
    `/` route and its policy, while an upstream that serves `/admin` as `/admin/`
    (Express's `app.use("/admin", ...)`) showed the admins' page to any user. It must
    meet the `/admin/` route's guard, and whoever passes it is sent to `/admin/`.
+3. Headers that give the app another path, prefix, port or client address than the
+   request nestgate checked (`X-Original-URL: /admin/` on a `/public/` request, which
+   IIS, Zend and older Symfony route by; `X-Forwarded-Prefix`, `True-Client-IP`...):
+   from a client (no trusted proxy) none reaches the upstream.
 """
 
 from __future__ import annotations
@@ -186,3 +190,43 @@ def test_a_prefix_without_its_slash_meets_the_prefix_routes_guard(home):
     assert bob.request("GET", "/public/")[0].status == 200
     assert bob.request("GET", "/adminx")[0].status == 200       # the "/" route's path
     assert [r["target"] for r in up.take()] == ["/public/", "/adminx"]
+
+
+OVERRIDES = {"X-Original-URL": "/admin/x", "X-Rewrite-URL": "/admin/x",
+             "X-Original-Host": "evil.test", "X-Forwarded-Prefix": "/admin",
+             "X-Forwarded-Port": "8443", "X-Forwarded-Ssl": "on",
+             "X-Forwarded-Scheme": "https", "X-Forwarded-Server": "evil.test",
+             "X-Url-Scheme": "https", "Front-End-Https": "on", "Client-IP": "10.0.0.1",
+             "X-Client-IP": "10.0.0.1", "True-Client-IP": "10.0.0.1",
+             "CF-Connecting-IP": "10.0.0.1", "X-Cluster-Client-IP": "10.0.0.1",
+             "Fastly-Client-IP": "10.0.0.1", "X_Original_URL": "/admin/x"}
+
+
+def test_path_and_address_overrides_from_a_client_never_reach_the_upstream(home):
+    server, up = home
+    port = server.port()
+    before = server.worker_rss_kib()
+    lines = b"".join(b"%s: %s\r\n" % (n.encode(), v.encode()) for n, v in OVERRIDES.items())
+    for n in range(500):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            conn.sendall(b"GET /public/%d HTTP/1.1\r\nHost: home.test\r\n%s"
+                         b"Connection: close\r\n\r\n" % (n, lines))
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:80]
+    h2 = H2Client(port, None, server_hostname="home.test")
+    try:
+        pairs = [(n.lower().encode(), v.encode()) for n, v in OVERRIDES.items()
+                 if "_" not in n]
+        assert h2.request("GET", "/public/h2", headers=pairs)[0] == 200
+    finally:
+        h2.close()
+    grown = server.worker_rss_kib() - before
+    assert grown < RSS_GROWTH_BOUND_KIB, f"worker grew {grown} KiB"
+    seen = up.take()
+    assert len(seen) == 501
+    refused = {n.lower().replace("_", "-") for n in OVERRIDES}
+    for request in seen:
+        names = {n.replace("_", "-") for n, _v in request["headers"]}
+        assert not names & refused, (request["target"], names & refused)

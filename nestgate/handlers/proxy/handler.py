@@ -42,13 +42,26 @@ HOP_BY_HOP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"te"
 FORWARDED = frozenset((b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host"))
 # Other headers that tell the upstream who the client is: believed from trusted
 # proxies only, as X-Forwarded-For is, whenever nestgate sets X-Forwarded-*.
-CLIENT_CLAIMS = frozenset((b"forwarded", b"x-real-ip"))
+ADDRESS_CLAIMS = frozenset((b"forwarded", b"x-real-ip"))
+# ... and the rest of what a front proxy tells an app that trusts it: the client's
+# address under other names (read by PHP apps and frameworks that look for a client
+# address), the port, prefix and scheme it builds its links from (Werkzeug's ProxyFix,
+# Spring's ForwardedHeaderFilter), and the path it routes by instead of the request
+# line's (`X-Original-URL`, `X-Rewrite-URL`: IIS, Zend, older Symfony). From a client,
+# each would make the app see another address, another site or another path than the
+# one nestgate's access rules were checked against.
+CLIENT_CLAIMS = ADDRESS_CLAIMS | frozenset((
+    b"client-ip", b"x-client-ip", b"true-client-ip", b"cf-connecting-ip",
+    b"x-cluster-client-ip", b"fastly-client-ip", b"x-forwarded-port",
+    b"x-forwarded-prefix", b"x-forwarded-ssl", b"x-forwarded-scheme",
+    b"x-forwarded-server", b"x-url-scheme", b"front-end-https", b"x-original-host",
+    b"x-original-url", b"x-rewrite-url"))
 # Fields a client's Connection header may not name (RFC 9110 7.6.1 lets a proxy
 # refuse such a message): the ones the upstream frames, routes or attributes the
 # request by. Obeying `Connection: content-length` while forwarding the body made
 # the body a second request on a pooled upstream connection, past every access list.
 NEVER_HOP_BY_HOP = frozenset((b"content-length", b"transfer-encoding", b"host")) \
-    | FORWARDED | CLIENT_CLAIMS
+    | FORWARDED | ADDRESS_CLAIMS
 # Connection options that name no field to drop.
 _PLAIN_OPTIONS = frozenset((b"close", b"keep-alive", b"upgrade", b""))
 _NO_NAMES: frozenset[bytes] = frozenset()
