@@ -2,8 +2,8 @@
 
 HTTP/3 takes HTTP/2's rules for a request's fields (RFC 9114 4.2-4.3 point to RFC 9113
 8.2-8.3): pseudo-fields (:method, :scheme, :path, :authority) each once and before the
-others; field names lower-case tokens; values without NUL, CR, LF or surrounding
-whitespace; no connection-specific field, no `te` but `trailers`; a Host that repeats
+others; field names lower-case tokens; values without controls (NUL, CR, LF; and,
+as in HTTP/1.1, any other but HTAB) or surrounding whitespace; no connection-specific field, no `te` but `trailers`; a Host that repeats
 :authority. The method and target are copied into an upstream's HTTP/1.1 request line,
 so a method must be a token (RFC 9110 5.6.2) and a :path visible ASCII, as llhttp
 demands of HTTP/1.1. A head that breaks a rule is malformed: a 400 on its stream, never
@@ -24,7 +24,11 @@ from nestgate.wire.h2engine import CONNECTION_SPECIFIC
 from nestgate.base.responses import SERVER
 
 STATUS_VALUES = {s: str(s).encode() for s in range(100, 600)}   # :status, as sent
-_BAD_VALUE = re.compile(rb"[\0\r\n]|\A[ \t]|[ \t]\Z").search
+# NUL, CR and LF (RFC 9113 8.2.1) and every other control but HTAB, as an HTTP/1.1
+# field value may not hold them (RFC 9110 5.5) and nestgate's own HTTP/1.1 parser
+# refuses them: forwarded to an HTTP/1.1 upstream, a DEL or VT was a 502 from a strict
+# one and reached a lenient one as it was.
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]|\A[ \t]|[ \t]\Z").search
 _PSEUDO = {b":method": 1, b":scheme": 2, b":path": 4, b":authority": 8}   # bits
 
 
@@ -34,7 +38,7 @@ def field_problem(headers, authority: bytes) -> str | None:
         if not name or name.translate(None, LOWER_TCHAR):
             return "field name is not a lower-case token"
         if _BAD_VALUE(value):
-            return "field value with NUL, CR, LF or surrounding whitespace"
+            return "field value with a control character or surrounding whitespace"
         if name in CONNECTION_SPECIFIC:
             return "connection-specific field"                       # 8.2.2
         if name == b"te" and value.lower() != b"trailers":
