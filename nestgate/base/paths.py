@@ -68,6 +68,16 @@ def forwarded_path(raw: bytes) -> bytes:
     return b"/".join(_without_dots(segments, names)) + query
 
 
+def has_dot_segments(raw: bytes) -> bool:
+    """Whether a raw request target's path holds a `.` or `..` segment, spelt plainly
+    or percent-encoded (`%2e`): a path that one server reads with them removed and
+    another as it is."""
+    path = raw.partition(b"?")[0]
+    if path.find(b"/.") < 0 and path.find(b"%2e") < 0 and path.find(b"%2E") < 0:
+        return False
+    return any(unquote_to_bytes(segment) in (b".", b"..") for segment in path.split(b"/"))
+
+
 def _without_dots(segments: list, names: list[str]) -> list:
     """The segments of an absolute path (the first one empty) less its dot segments
     and empty ones, a trailing slash kept, as `remove_dot_segments` says; `names` are

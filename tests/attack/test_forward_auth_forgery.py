@@ -10,6 +10,9 @@
    server's value, or none where it named nobody.
 3. Guessing passwords through `Authorization: Basic`: counted with the sign-in form's
    failures, so once the client is over the limit the right password is refused too.
+4. A path with dot segments asked about: answered for the path without them while the
+   proxy asking forwards it as it came, so `/x/../open/y` was let in as `/open/y` and
+   went to an upstream that routes it under `/x/`. Such a question is refused.
 """
 
 from __future__ import annotations
@@ -239,3 +242,32 @@ def test_basic_guesses_count_like_the_sign_in_forms(start_server):
                                           basic("ann", "demo-password"))])[0]
     assert status == 401 and "www-authenticate" in got
     assert time.monotonic() - t0 < 60
+
+
+DOTTED_PATHS = ("/x/../open/y", "/x/%2e%2e/open/y", "/x/%2E./open/", "/open/./y/..",
+                "/x/.%2e/open/y?a=b")
+
+
+def test_a_path_with_dot_segments_is_never_let_in(start_server):
+    server = start_server(PROVIDER)
+    port = server.port()
+    before = server.worker_rss_kib()
+    asked = []
+    for _round in range(40):
+        for path in DOTTED_PATHS:
+            asked.append(question({"X-Forwarded-Host": "home.test", "X-Forwarded-Uri": path},
+                                  "forward-auth"))
+            asked.append(question({"X-Original-URL": "https://home.test" + path},
+                                  "auth-request"))
+    for status, headers in answers(port, asked):
+        assert status == 400 and "location" not in headers, (status, headers)
+    # The same paths without dot segments are answered as before: open, or sign in.
+    plain = [question({"X-Forwarded-Host": "home.test", "X-Forwarded-Uri": "/open/y"},
+                      "forward-auth"),
+             question({"X-Original-URL": "https://home.test/open/.well-known/x"},
+                      "auth-request"),
+             question({"X-Forwarded-Host": "home.test", "X-Forwarded-Uri": "/x/y"},
+                      "forward-auth")]
+    assert [status for status, _ in answers(port, plain)] == [200, 200, 302]
+    grown = server.worker_rss_kib() - before
+    assert grown < RSS_GROWTH_BOUND_KIB, f"worker grew by {grown} KiB"

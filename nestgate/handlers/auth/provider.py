@@ -61,6 +61,7 @@ from nestgate.handlers.auth.policy import ALLOWED, PASSWORD, decide, session_key
 from nestgate.base.errors import RequestError
 from nestgate.base.grammar import TCHAR
 from nestgate.base.hosts import plain_host_name, valid_host
+from nestgate.base.paths import has_dot_segments
 from nestgate.pipeline.routing import Router, SiteRoutes
 from nestgate.base.tally import TALLY
 
@@ -183,6 +184,12 @@ def asked_request(request, original: bool) -> Asked:
     if len(uri) > MAX_URI or not uri.startswith(b"/") or not uri.isascii() \
             or any(c <= 0x20 or c == 0x7F for c in uri):
         raise RequestError(400, "the path asked about is not a request target")
+    if has_dot_segments(uri):
+        # The answer is given for the path with its dot segments removed (as routes
+        # match), while the proxy asking forwards the path as it came (nginx's
+        # proxy_pass without a URI, Caddy): `/admin/../open/x` would be let in as
+        # `/open/x` and reach an upstream that routes it under /admin/.
+        raise RequestError(400, "the path asked about holds dot segments")
     return Asked(method.upper(), scheme, host.lower(), uri)
 
 
