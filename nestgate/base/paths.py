@@ -41,7 +41,8 @@ def decode_path(raw: bytes) -> str:
 
 def remove_dot_segments(path: str) -> str:
     """RFC 3986 5.2.4 on an absolute path, also merging repeated slashes (nginx's
-    merge_slashes). Climbing above "/" is refused rather than clamped."""
+    merge_slashes). Climbing above "/" is refused rather than clamped, and so is a
+    dot segment with `;` parameters (`..;`)."""
     return "/".join(_without_dots(path.split("/"), path.split("/")))
 
 
@@ -84,6 +85,11 @@ def _without_dots(segments: list, names: list[str]) -> list:
     the segments as compared (decoded), `segments` as returned."""
     out: list = []
     for segment, name in zip(segments[1:], names[1:]):
+        if name.startswith((".;", "..;")):
+            # A dot segment to Tomcat, Jetty and Spring, which drop a segment's ";"
+            # parameters first: `/public/..;/admin/` is `/admin/` there and a path
+            # under `/public/` to every route match. Refused, never guessed at.
+            raise RequestError(400, "dot segment with parameters")
         if name == "..":
             if not out:
                 raise RequestError(400, "path climbs above the root")

@@ -14,6 +14,9 @@ segments or merging slashes.
    `/` route and its policy, while an upstream that serves `/admin` as `/admin/`
    (Express's `app.use("/admin", ...)`) showed the admins' page to any user. It must
    meet the `/admin/` route's guard, and whoever passes it is sent to `/admin/`.
+   Java servers (Tomcat, Jetty, Spring) drop a segment's `;` parameters before its
+   dot segments: `/public/..;/admin/x` is `/admin/x` there, a path under `/public/` to
+   the route match. Such a segment is refused.
 3. Headers that give the app another path, prefix, port or client address than the
    request nestgate checked (`X-Original-URL: /admin/` on a `/public/` request, which
    IIS, Zend and older Symfony route by; `X-Forwarded-Prefix`, `True-Client-IP`...):
@@ -230,3 +233,23 @@ def test_path_and_address_overrides_from_a_client_never_reach_the_upstream(home)
     for request in seen:
         names = {n.replace("_", "-") for n, _v in request["headers"]}
         assert not names & refused, (request["target"], names & refused)
+
+
+def test_dot_segments_with_parameters_are_refused(home):
+    server, up = home
+    port = server.port()
+    spellings = ("/public/..;/admin/x", "/public/%2e%2e;/admin/x", "/public/..;a=b/admin/",
+                 "/public/.;/x", "/public/..%3b/admin/x", "/public/%2E.%3Bx/admin/x")
+    for target in spellings:
+        answer = _get(port, target)
+        assert answer.startswith(b"HTTP/1.1 400 "), (target, answer[:80])
+    h2 = H2Client(port, None, server_hostname="home.test")
+    try:
+        for target in spellings:
+            assert h2.request("GET", target)[0] == 400, target
+    finally:
+        h2.close()
+    assert up.take() == []
+    # Parameters on other segments are the app's business: forwarded as they came.
+    assert _get(port, "/public/a;jsessionid=1/x").startswith(b"HTTP/1.1 200 ")
+    assert [r["target"] for r in up.take()] == ["/public/a;jsessionid=1/x"]
