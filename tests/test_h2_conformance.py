@@ -463,6 +463,21 @@ def test_generic_4_1_get(h2):
     assert answered(conn, sid) == ("200", b"hello\n")
 
 
+def test_a_proxied_answer_ends_its_stream_on_its_last_data_frame(h2):
+    # The upstream answers each GET whole in one write, framed by Content-Length.
+    # Once the proxy knows that head (from the first answer), such a body goes out
+    # as one DATA frame carrying END_STREAM, without an empty frame after it.
+    conn = h2()
+    sid = conn.request(get(b"/up/whole"))
+    assert answered(conn, sid) == ("200", b"/up/whole")
+    for _ in range(3):
+        sid = conn.request(get(b"/up/whole"))
+        assert answered(conn, sid) == ("200", b"/up/whole")
+        assert data_lengths(conn, sid) == [len(b"/up/whole")]
+        last = [f for f in conn.frames if f.type == DATA and f.stream_id == sid][-1]
+        assert "END_STREAM" in last.flags
+
+
 def test_generic_4_2_head(h2):
     conn = h2()
     sid = conn.request(get(method=b"HEAD"))

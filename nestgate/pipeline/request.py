@@ -248,9 +248,11 @@ class Request:
         none now; ask `room`)."""
         return wanted
 
-    def write_now(self, data: bytes) -> bool:
+    def write_now(self, data: bytes, last: bool = False) -> bool:
         """`write` when the protocol takes the bytes at once, for a handler answering
-        from callbacks; False (nothing taken) when they would have to wait."""
+        from callbacks; False (nothing taken) when they would have to wait. `last`:
+        they end the response, which is then finished (one frame fewer where the
+        protocol can mark its end on the data)."""
         return False
 
     def push(self, data: bytes) -> bool:

@@ -131,15 +131,16 @@ class Sending:
         self._granted += granted
         return granted
 
-    def send_now(self, stream_id: int, data: bytes) -> bool:
-        """`data` out at once as one DATA frame, when nothing of the stream is queued
-        and its window takes it; False (nothing sent) otherwise."""
+    def send_now(self, stream_id: int, data: bytes, end: bool = False) -> bool:
+        """`data` out at once as one DATA frame (ending the stream if `end`), when
+        nothing of the stream is queued and its window takes it; False (nothing sent)
+        otherwise."""
         if stream_id in self.outboxes or self.write_paused:
             return False
         h2 = self.h2
         if len(data) > min(h2.local_flow_control_window(stream_id), h2.max_outbound_frame_size):
             return False
-        h2.send_data(stream_id, data)
+        h2.send_data(stream_id, data, end)
         self._guard.data_sent += 1
         self._flush_soon(len(data))
         return True

@@ -180,14 +180,17 @@ class H2Request(Request):
         self.granted += granted
         return granted
 
-    def write_now(self, data: bytes) -> bool:
-        # One DATA frame, when nothing of the stream is queued and its window takes it.
+    def write_now(self, data: bytes, last: bool = False) -> bool:
+        # One DATA frame, when nothing of the stream is queued and its window takes it;
+        # `last` puts END_STREAM on it rather than on an empty frame after it.
         if self.head_only or not data:
-            return True
+            return not last
         conn = self.connection
-        if not conn.send_now(self.stream_id, data):
+        if not conn.send_now(self.stream_id, data, last):
             return False
         self.sent += len(data)
+        if last:
+            self.finished = True
         if self.granted:
             conn.release(self, len(data))
         return True

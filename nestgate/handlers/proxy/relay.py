@@ -156,9 +156,13 @@ class StreamRelay:
 
     def start_counted(self, status: int, block: bytes, lines: bytes, length: int,
                       first: bytes, whole: bool) -> None:
-        self.req.start_raw(status, block, length)
-        if first:
-            self.body(first)
+        req = self.req
+        req.start_raw(status, block, length)
+        if not first:
+            return
+        if whole and self.exchange.fast is not None and req.write_now(first, last=True):
+            return          # the usual answer, whole in one read, and the stream's end
+        self.body(first)
 
     def body(self, chunk: bytes) -> None:
         self.credit -= len(chunk)
