@@ -79,11 +79,12 @@ class _Client(QuicConnectionProtocol):
                 done.set_result(reply)
 
     def send_request(self, method: str, path: str, authority: str, headers=(),
-                     body: bytes | None = None, end: bool = True) -> asyncio.Future:
+                     body: bytes | None = None, end: bool = True,
+                     scheme: str = "https") -> asyncio.Future:
         stream_id = self._quic.get_next_available_stream_id()
         done = self._loop.create_future()
         self.replies[stream_id] = (Reply(), done)
-        fields = [(b":method", method.encode()), (b":scheme", b"https"),
+        fields = [(b":method", method.encode()), (b":scheme", scheme.encode()),
                   (b":authority", authority.encode()), (b":path", path.encode())]
         fields += [(n.lower().encode(), v.encode()) for n, v in headers]
         if method == "HEAD":
@@ -109,10 +110,14 @@ async def session(port: int, ca_file: str, server_name: str = "localhost"):
 
 
 async def requests(port: int, ca_file: str, wanted, server_name: str = "localhost",
-                   authority: str = "localhost", timeout: float = 20) -> list[Reply]:
-    """Send every (method, path, headers, body) of `wanted` at once on one connection."""
+                   authority: str = "localhost", timeout: float = 20,
+                   schemes=()) -> list[Reply]:
+    """Send every (method, path, headers, body) of `wanted` at once on one connection,
+    each with the :scheme `schemes` gives it in turn (https for the rest)."""
+    schemes = list(schemes) + ["https"] * (len(wanted) - len(schemes))
     async with await session(port, ca_file, server_name) as client:
-        futures = [client.send_request(m, p, authority, h, b) for m, p, h, b in wanted]
+        futures = [client.send_request(m, p, authority, h, b, scheme=s)
+                   for (m, p, h, b), s in zip(wanted, schemes)]
         return list(await asyncio.wait_for(asyncio.gather(*futures), timeout))
 
 

@@ -5,9 +5,16 @@ HTTP/3 takes HTTP/2's rules for a request's fields (RFC 9114 4.2-4.3 point to RF
 others; field names lower-case tokens; values without controls (NUL, CR, LF; and,
 as in HTTP/1.1, any other but HTAB) or surrounding whitespace; no connection-specific field, no `te` but `trailers`; a Host that repeats
 :authority. The method and target are copied into an upstream's HTTP/1.1 request line,
-so a method must be a token (RFC 9110 5.6.2) and a :path visible ASCII, as llhttp
-demands of HTTP/1.1. A head that breaks a rule is malformed: a 400 on its stream, never
-the whole connection (RFC 9113 8.1.1); past a limit, 414 or 431.
+so a :path must be visible ASCII, as llhttp demands of HTTP/1.1, and a :method one of
+the methods llhttp takes (`METHODS`): the same request is then served, or refused with
+the same 400, whichever protocol carried it (a lower-case `get` went upstream as it came,
+where a strict upstream answered 502). A :scheme must be a URI scheme (RFC 3986 3.1)
+and one nestgate serves, http or https in any case, as HTTP/1.1's absolute-form allows;
+it need not be the connection's (a proxy ending TLS in front speaks h2c and says https)
+and is read for nothing else: the scheme a request is handled and forwarded under is
+the connection's, or a trusted proxy's X-Forwarded-Proto (nestgate.pipeline.dispatch).
+A head that breaks a rule is malformed: a 400 on its stream, never the whole
+connection (RFC 9113 8.1.1); past a limit, 414 or 431.
 
 The answer's fields are made here too (`response_fields`). Only the checks and the
 fields live here: each adapter has its own way of saying how long a body is
@@ -19,7 +26,7 @@ from __future__ import annotations
 import re
 
 from nestgate.base.errors import RequestError
-from nestgate.base.grammar import LOWER_TCHAR, TCHAR, VISIBLE
+from nestgate.base.grammar import LOWER_TCHAR, VISIBLE
 from nestgate.wire.h2engine import CONNECTION_SPECIFIC
 from nestgate.base.responses import SERVER
 
@@ -30,6 +37,18 @@ STATUS_VALUES = {s: str(s).encode() for s in range(100, 600)}   # :status, as se
 # one and reached a lenient one as it was.
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]|\A[ \t]|[ \t]\Z").search
 _PSEUDO = {b":method": 1, b":scheme": 2, b":path": 4, b":authority": 8}   # bits
+# The methods llhttp takes in an HTTP/1.x request line (its METHODS_HTTP), but CONNECT,
+# which nestgate refuses on every protocol (it is no forward proxy). An HTTP/1.1 request
+# with any other method is refused by the parser with 400; HTTP/2 and HTTP/3 refuse the
+# same ones here, with one set lookup in place of a character check.
+METHODS = frozenset((
+    b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"TRACE", b"PATCH",
+    b"COPY", b"LOCK", b"MKCOL", b"MOVE", b"PROPFIND", b"PROPPATCH", b"SEARCH", b"UNLOCK",
+    b"BIND", b"REBIND", b"UNBIND", b"ACL", b"REPORT", b"MKACTIVITY", b"CHECKOUT", b"MERGE",
+    b"M-SEARCH", b"NOTIFY", b"SUBSCRIBE", b"UNSUBSCRIBE", b"PURGE", b"MKCALENDAR", b"LINK",
+    b"UNLINK", b"SOURCE", b"QUERY"))
+SCHEMES = frozenset((b"https", b"http"))
+_URI_SCHEME = re.compile(rb"[A-Za-z][A-Za-z0-9+.\-]*\Z").match       # RFC 3986 3.1
 
 
 def field_problem(headers, authority: bytes) -> str | None:
@@ -51,7 +70,7 @@ def field_problem(headers, authority: bytes) -> str | None:
 def read_head(fields, ended: bool, limits):
     """(method, target, authority, regular fields, problem): `problem` is None or the
     RequestError the stream is answered with. `ended`: no body follows the head."""
-    method = raw_target = authority = b""
+    method = raw_target = authority = scheme = b""
     host = None
     headers = []
     size = found = lengths = 0
@@ -66,6 +85,8 @@ def read_head(fields, ended: bool, limits):
             found |= bit
             if bit == 1:
                 method = value
+            elif bit == 2:
+                scheme = value
             elif bit == 4:
                 raw_target = value
             elif bit == 8:
@@ -86,15 +107,30 @@ def read_head(fields, ended: bool, limits):
     bad = bad or field_problem(headers, authority) or \
         (None if found & 7 == 7 else ":method, :scheme or :path missing")
     authority = authority or host or b""
-    return method, raw_target, authority, headers, _limit(bad, method, raw_target, size,
-                                                          len(headers), limits)
+    return method, raw_target, authority, headers, _limit(
+        bad, method, scheme, raw_target, size, len(headers), limits)
 
 
-def _limit(bad, method: bytes, raw_target: bytes, size: int, count: int, limits):
+def scheme_problem(scheme: bytes) -> str | None:
+    """Why a request's :scheme is refused, or None for http or https in another case
+    (schemes are case-insensitive, RFC 3986 3.1)."""
+    if scheme.lower() in SCHEMES:
+        return None
+    if not _URI_SCHEME(scheme):
+        return ":scheme is not a URI scheme"
+    return ":scheme is neither http nor https"
+
+
+def _limit(bad, method: bytes, scheme: bytes, raw_target: bytes, size: int, count: int,
+           limits):
     if bad is not None:
         return RequestError(400, bad)
-    if not method or method.translate(None, TCHAR):
-        return RequestError(400, ":method is not a token")
+    if method not in METHODS:
+        return RequestError(400, ":method is not one HTTP/1.1 takes here")
+    if scheme not in SCHEMES:
+        problem = scheme_problem(scheme)
+        if problem is not None:
+            return RequestError(400, problem)
     if raw_target[:1] != b"/":
         return RequestError(400, ":path must be an absolute path")     # RFC 9113 8.3.1
     if len(raw_target) > limits.max_url:

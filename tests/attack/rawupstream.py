@@ -37,9 +37,13 @@ class _Message:
         self.conn = conn
         self.number = number
         self.current: dict | None = None
+        self.parser = None                   # the connection's parser, once made
 
     def on_message_begin(self) -> None:
         self.current = {"conn": self.number, "target": "", "headers": [], "body": b""}
+
+    def on_headers_complete(self) -> None:
+        self.current["method"] = self.parser.get_method().decode("latin-1")
 
     def on_url(self, url: bytes) -> None:
         self.current["target"] += url.decode("latin-1")
@@ -61,7 +65,10 @@ class _Message:
         if target == b"/extra/now":
             self.conn.sendall(_answer(target) + _answer(b"/extra/unasked"))
             return
-        self.conn.sendall(_answer(target))
+        answer = _answer(target)
+        if record["method"] == "HEAD":       # the head alone (RFC 9110 9.3.2)
+            answer = answer[:answer.index(b"\r\n\r\n") + 4]
+        self.conn.sendall(answer)
         if target == b"/extra/later":
             time.sleep(UNASKED_AFTER_S)
             self.conn.sendall(_answer(b"/extra/unasked"))
@@ -130,7 +137,8 @@ class RawUpstream:
 
     def _serve(self, conn: socket.socket, number: int) -> None:
         conn.settimeout(0.1)
-        parser = httptools.HttpRequestParser(_Message(self, conn, number))
+        message = _Message(self, conn, number)
+        parser = message.parser = httptools.HttpRequestParser(message)
         with conn:
             while not self._stopping:
                 try:
