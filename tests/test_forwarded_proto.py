@@ -1,7 +1,9 @@
 """A nestgate behind a proxy that ends TLS and speaks plain HTTP to it: from a peer in
 `[client_ip] trusted_proxies`, one valid X-Forwarded-Proto is the request's scheme (the
 Secure-cookie page, passkey origins, the OpenID redirect_uri, the HTTPS redirect), over
-HTTP/1.1, h2c and HTTP/3; from anyone else the header is ignored. Real servers: two
+HTTP/1.1, h2c and HTTP/3; from anyone else the header is ignored. A `redirect_https`
+listener serves the sites to a trusted proxy's request that says https and redirects
+every other one. Real servers: two
 nestgates (one trusting 127.0.0.1, one trusting nobody), a small OpenID discovery
 document for the sign-in start, and Debian's HAProxy ending TLS in front, each started
 once for the module."""
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -34,8 +37,11 @@ BIG = 2 * 1024 * 1024                  # above sendfile_min: sent with sendfile 
 def config(folder, issuer: str, tls_port: int = 0, certs=None, trusted: str = "") -> str:
     """A protected site with password, passkey and OpenID sign-in, and a static site.
     With `tls_port`, an HTTPS (and HTTP/3) listener there too, which gives the
-    protected site its redirect of plain-HTTP requests."""
+    protected site its redirect of plain-HTTP requests, and a plain listener that sends
+    every visitor there (`redirect_https`)."""
     tls = (f'\n[[listen]]\naddress = "127.0.0.1:{tls_port}"\nhttp3 = true\n{tls_block(certs)}'
+           f'\n[[listen]]\naddress = "127.0.0.1:0"\nredirect_https = true\n'
+           f'https_port = {tls_port}\n'
            if tls_port else "")
     client_ip = f"\n[client_ip]\ntrusted_proxies = {trusted}\n" if trusted else ""
     (folder / "secret").write_text("the-client-secret\n")
@@ -320,24 +326,48 @@ frontend http_in
     option forwardfor
     http-request set-header X-Forwarded-Proto http
     default_backend gate
+frontend https_to_redirecting
+    bind 127.0.0.1:{tls_redirecting} ssl crt {pem}
+    option forwardfor
+    http-request set-header X-Forwarded-Proto https
+    default_backend redirecting
+frontend http_to_redirecting
+    bind 127.0.0.1:{plain_redirecting}
+    option forwardfor
+    http-request set-header X-Forwarded-Proto http
+    default_backend redirecting
 backend gate
     server nestgate 127.0.0.1:{nestgate}
+backend redirecting
+    server nestgate 127.0.0.1:{redirecting}
 """
 
 
 @pytest.fixture(scope="module")
-def haproxy(world, ca, tmp_path_factory):
+def redirecting(world) -> int:
+    """The port of the trusting nestgate's `redirect_https` listener."""
+    trusting, _bare, _tls = world
+    [port] = [p for scheme, _h, p in trusting.urls
+              if scheme == "http" and p != trusting.port()]
+    return port
+
+
+@pytest.fixture(scope="module")
+def haproxy(world, redirecting, ca, tmp_path_factory):
     """Debian's HAProxy ending TLS (trustme's certificate for 127.0.0.1) and plain HTTP
-    in front of the trusting nestgate's plain listener: (HTTPS port, HTTP port)."""
+    in front of the trusting nestgate's plain listener, and again in front of its
+    `redirect_https` one: (HTTPS port, HTTP port, HTTPS port and HTTP port to the
+    redirecting listener)."""
     binary = shutil.which("haproxy")
     assert binary, "haproxy is installed by `make test` (debian-deps)"
     trusting, _bare, _tls = world
     folder = tmp_path_factory.mktemp("haproxy")
     ca.issue_cert("127.0.0.1", HOST).private_key_and_cert_chain_pem.write_to_path(
         str(folder / "site.pem"))
-    ports = free_port(), free_port()
+    ports = free_port(), free_port(), free_port(), free_port()
     (folder / "haproxy.cfg").write_text(HAPROXY.format(
-        tls=ports[0], plain=ports[1], pem=folder / "site.pem", nestgate=trusting.port()))
+        tls=ports[0], plain=ports[1], tls_redirecting=ports[2], plain_redirecting=ports[3],
+        pem=folder / "site.pem", nestgate=trusting.port(), redirecting=redirecting))
     server = peers.ServerProcess("haproxy", [binary, "-db", "-f", str(folder / "haproxy.cfg")],
                                  folder)
     server.start(folder)
@@ -349,7 +379,7 @@ def haproxy(world, ca, tmp_path_factory):
 
 
 def test_signing_in_through_haproxy_ending_tls(haproxy, ca):
-    tls_port, plain_port = haproxy
+    tls_port, plain_port, _tls_redirecting, _plain_redirecting = haproxy
     context = ssl.create_default_context()
     ca.configure_trust(context)
     visitor = Browser(tls_port, tls=context)
@@ -371,3 +401,64 @@ def test_signing_in_through_haproxy_ending_tls(haproxy, ca):
     # Through HAProxy's plain port the client is on http://: sent to HTTPS.
     resp, _ = Browser(plain_port).request("GET", "/secret")
     assert resp.status == 308 and resp.getheader("location").startswith(f"https://{HOST}:")
+
+
+# ---------------------------------------------------------------- a redirect_https listener
+def test_a_redirecting_listener_serves_what_haproxy_says_came_over_https(haproxy, ca, world):
+    """HAProxy ends TLS and speaks plain HTTP to a `redirect_https` listener: what came
+    to it over HTTPS is served (a redirect to HTTPS would come back through it for
+    ever), what came over plain HTTP is sent to HTTPS."""
+    _trusting, _bare, tls_port = world
+    _tls, _plain, tls_redirecting, plain_redirecting = haproxy
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    visitor = Browser(tls_redirecting, tls=context)
+    resp, page = visitor.request("GET", "/secret", headers=HTML)
+    assert resp.status == 401 and b'action="/__auth__/login"' in page
+    resp, _ = visitor.sign_in(user="ann", next_url="/secret")
+    assert resp.status == 303 and "; Secure" in session_cookie(resp)
+    for _ in range(3):                   # one kept-alive connection: never sent round
+        resp, body = visitor.request("GET", "/secret")
+        assert resp.status == 200 and body == b"private\n"
+    resp, _ = Browser(plain_redirecting).request("GET", "/secret")
+    assert resp.status == 308
+    assert resp.getheader("location") == f"https://{HOST}:{tls_port}/secret"
+
+
+@pytest.mark.parametrize("lines,source,expected", [
+    (["X-Forwarded-Proto: https"], "127.0.0.1", 401),            # the proxy: served
+    (["X-Forwarded-Proto: HTTPS "], "127.0.0.1", 401),
+    (["X-Forwarded-Proto: http"], "127.0.0.1", 308),
+    ([], "127.0.0.1", 308),                                      # said nothing
+    (["X-Forwarded-Proto: https", "X-Forwarded-Proto: https"], "127.0.0.1", 308),
+    (["X-Forwarded-Proto: https, http"], "127.0.0.1", 308),
+    (["Forwarded: proto=https"], "127.0.0.1", 308),
+    (["X-Forwarded-Proto: https"], "127.0.0.2", 308),            # not the proxy
+], ids=["https", "https-any-case", "http", "absent", "twice", "list", "forwarded",
+        "untrusted-peer"])
+def test_a_redirecting_listener_serves_only_a_trusted_proxys_https(world, redirecting, lines,
+                                                                   source, expected):
+    _trusting, _bare, tls_port = world
+    status, fields = raw(redirecting, lines, "/secret", source=source)
+    assert status == expected, (lines, source)
+    if expected == 308:
+        assert fields["location"] == f"https://{HOST}:{tls_port}/secret"
+
+
+def test_a_trusted_proxys_connection_is_redirected_or_served_request_by_request(world,
+                                                                                redirecting):
+    """One kept-alive connection from the proxy carries clients on both schemes."""
+    _trusting, _bare, tls_port = world
+    said = ["https", "http", "https", None]
+    with socket.create_connection(("127.0.0.1", redirecting), timeout=10) as sock:
+        sock.sendall(b"".join(
+            f"GET /secret HTTP/1.1\r\nHost: {HOST}\r\n".encode()
+            + (f"X-Forwarded-Proto: {s}\r\n".encode() if s else b"")
+            + (b"Connection: close\r\n" if i == len(said) - 1 else b"") + b"\r\n"
+            for i, s in enumerate(said)))
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    statuses = [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", data)]
+    assert statuses == [401, 308, 401, 308]
+    assert data.count(f"location: https://{HOST}:{tls_port}/secret".encode()) == 2

@@ -9,7 +9,9 @@ answers back into bytes; everything between is here:
    trusted proxy each request's X-Forwarded-For), the scheme it used (the listener's,
    or a trusted proxy's X-Forwarded-Proto) and whether its requests are logged;
    on a listener keeping bans, a banned client named by the proxy is routed by the ban
-   page's router (the adapter closes or pages a banned peer when it connects).
+   page's router (the adapter closes or pages a banned peer when it connects), and on
+   one that sends visitors to HTTPS, a request the proxy says came over HTTPS by the
+   sites' router.
 2. Route (the router's `route`; HTTP/1.1 looks the raw target up in
    `SiteRoutes.exact_raw` first, the same table) then `resolve`: the route's handler
    settles what answers. A GATED handler (a site's access control, compiled into the
@@ -87,9 +89,12 @@ def refresh_client(conn, headers) -> None:
     X-Forwarded-Proto names (one valid value), else the listener's; only a proxy that
     said "http" has a client known to be on plain HTTP.
 
-    Returns the ban page's router when that client is banned (nestgate.bans), for this
-    request to be routed by (the proxy's connection carries others: it is never closed
-    for one); else None."""
+    Returns the router this request is routed by when it is not the connection's (the
+    proxy's connection carries many clients: it is never closed or given another router
+    for one): the ban page's when that client is banned (nestgate.bans); on a
+    `redirect_https` listener, the sites' when the proxy said "https", since it ended
+    TLS in front of us and a redirect to HTTPS would come back through it for ever (one
+    that said "http" or nothing is redirected); else None."""
     ctx = conn.ctx
     conn.client = forwarded_client(
         conn.peer, [v for n, v in headers if n == b"x-forwarded-for"], ctx.trusted_proxies)
@@ -97,8 +102,12 @@ def refresh_client(conn, headers) -> None:
     told = forwarded_scheme(headers)
     conn.scheme = told or ctx.scheme
     conn.known_plain = told == "http"
-    bans = ctx.bans            # None on a listener without bans: nothing more to do
-    return None if bans is None else bans.forwarded(conn.client)
+    bans = ctx.bans            # None on a listener without bans
+    if bans is not None:
+        banned = bans.forwarded(conn.client)
+        if banned is not None:
+            return banned
+    return ctx.https_router if told == "https" else None
 
 
 def resolve(handler, conn, path: str, method: bytes, headers):
@@ -114,17 +123,17 @@ def resolve(handler, conn, path: str, method: bytes, headers):
 
 
 def open_stream(conn, key, method: bytes, raw_target: bytes, authority: bytes, headers,
-                banned=None):
+                router=None):
     """Route and resolve a request on its own stream `key`: a ready answer (or the
     error page of a head that cannot be routed) is sent and recorded here and None
     returned; otherwise the adapter's new `Request`, for it to give a body and `start`.
     The connection's `router` routes it (a banned client's page router once the
-    connection was given one, nestgate.bans), or `banned` (`refresh_client`'s) if set."""
+    connection was given one, nestgate.bans), or `router` (`refresh_client`'s) if set."""
     qmark = raw_target.find(b"?")
     try:
         # The router checks the characters of the authority once per distinct value
         # (Router.site_for); a Host or path it cannot route is a RequestError.
-        route = (banned or conn.router).route(
+        route = (router or conn.router).route(
             authority, raw_target if qmark < 0 else raw_target[:qmark])
         handler = resolve(route.handler, conn, route.path, method, headers)
     except RequestError as exc:

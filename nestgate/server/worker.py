@@ -42,6 +42,7 @@ class ServerContext:
     trusted_proxies: frozenset = frozenset()      # peers whose X-Forwarded-For is believed
     proxy_protocol_from: frozenset = frozenset()  # peers allowed to send a PROXY header
     certificate_book = None      # managed certificates of a TLS listener (nestgate.certs)
+    https_router = None          # what routes a trusted proxy's https request, if not `router`
 
     def __init__(self, worker: Worker, listener, router) -> None:
         self.loop = worker.loop
@@ -60,6 +61,11 @@ class ServerContext:
         # Client IP: None/empty when not configured, so plain peers pay nothing.
         trusted = worker.config.trusted_proxies
         self.trusted_proxies = parse_networks(trusted) if trusted else None
+        # A listener that sends visitors to HTTPS serves the sites to a trusted proxy's
+        # request that says it came over HTTPS (dispatch.refresh_client): that proxy
+        # ended TLS in front, and a redirect would come straight back to it.
+        if listener.redirect_https and self.trusted_proxies:
+            self.https_router = router
         self.proxy_protocol_from = parse_networks(listener.proxy_protocol_from)
         self.alpn_protocols = tuple(alpn_protocols(listener))   # a TLS listener's offer
         # The bans clients are looked up in where they arrive; None: no bans to look up.

@@ -196,9 +196,9 @@ class RequestReader:
         if len(headers) > self._max_headers:
             raise RequestError(431)
         if self.xff_trusted:
-            banned = refresh_client(self, headers)   # (the ban page's router, or None)
+            routed = refresh_client(self, headers)   # (the request's own router, or None)
         else:
-            banned = None
+            routed = None
         parser = self.parser
         host = self._host
         keep_alive = parser.should_keep_alive()
@@ -219,7 +219,10 @@ class RequestReader:
         if not keep_alive:
             self._enter(LAST)                # nothing after this request is parsed
 
-        site = banned or self._known_site(host) or self.ctx.router.site_for(host)
+        if routed is None:
+            site = self._known_site(host) or self.ctx.router.site_for(host)
+        else:
+            site = routed.site_for(host)
         url = self._url
         # An exact route is looked up with the target as it came: a key never holds
         # "?" or "#" and always begins with "/", so a hit needs no splitting.

@@ -25,7 +25,7 @@ class StreamAdapter:
         (None when the head was refused or answered already) and the body's length."""
         method, raw_target, authority, headers, problem = read_head(fields, ended, self.limits)
         # Per request: streams may carry many clients (a banned one gets the page).
-        banned = refresh_client(self, headers) if self.xff_trusted else None
+        router = refresh_client(self, headers) if self.xff_trusted else None
         if problem is None:
             try:
                 if length is None and not ended:
@@ -38,7 +38,7 @@ class StreamAdapter:
             refuse(self, stream_id, problem.status, method, authority, headers)
             return None, length
         return open_stream(self, stream_id, method, raw_target, authority, headers,
-                           banned), length
+                           router), length
 
     def new_request(self, stream_id, handler, route, method, raw_target, qmark, headers,
                     authority, t0):
