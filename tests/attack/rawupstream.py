@@ -4,8 +4,9 @@
 Each connection is read by one strict parser (httptools) for its whole life, as a
 real upstream reads it: bytes the proxy sends past the request it meant are read
 as further requests, and recorded, instead of being lost with a per-request
-parser. Every request is answered `200` with its own target as the body, so a
-client that gets someone else's answer can tell.
+parser. Every request is answered `200` with its own target as the body (a HEAD with
+the head alone), so a client that gets someone else's answer can tell; each record
+holds the request's method, target, header lines and body.
 
 A target `/head/N` is answered with a response head of exactly N bytes (blank line
 included), for the proxy's response-head limit. `/extra/now` and `/extra/later` are
