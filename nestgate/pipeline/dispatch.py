@@ -81,7 +81,7 @@ def take_peer(conn, address: str) -> None:
         and not ctx.proxy_protocol_from
 
 
-def refresh_client(conn, headers) -> None:
+def refresh_client(conn, headers):
     """A request from a trusted proxy: its client is the one X-Forwarded-For names, and
     that client decides whether the request is logged (the proxy's own address, often
     loopback, would decide for all of them). Called before any check can refuse the

@@ -26,6 +26,7 @@ import pytest
 import h3client
 from conftest import Server
 from h2raw import RawH2
+from nestgate.wire.fieldhead import METHODS
 from rawupstream import RawUpstream, proxy_toml
 
 PROTOCOL_ERROR = 0x1
@@ -70,6 +71,11 @@ def http1_takes(method: str) -> bool:
 TAKEN = [m for m in LLHTTP_NAMES if http1_takes(m) and m != "CONNECT"]
 assert "GET" in TAKEN and "QUERY" in TAKEN and "DESCRIBE" not in TAKEN
 assert not any(http1_takes(m) for m in REFUSED_METHODS if m != "CONNECT")
+
+
+def test_the_methods_streams_take_are_the_ones_http1_takes():
+    # Every llhttp method name but CONNECT that HTTP/1.1 parses, and no other name.
+    assert METHODS == {m.encode() for m in TAKEN}
 
 
 @pytest.fixture(scope="module")
