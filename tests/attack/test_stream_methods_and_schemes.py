@@ -206,7 +206,7 @@ def test_the_upstream_hears_the_connections_scheme_not_the_clients(gateway, up, 
                                (b"GET", said, b"/s2"))
     assert [a[0] for a in answers] == [200, 200]
     seen = up.take()
-    assert [r["target"] for r in seen] == ["/s", "/s2"]
+    assert sorted(r["target"] for r in seen) == ["/s", "/s2"]   # (HTTP/3 sends both at once)
     for request in seen:
         protos = [v for n, v in request["headers"] if n == "x-forwarded-proto"]
         assert protos == [expected]
