@@ -110,12 +110,16 @@ class RequestReceived:
 
 
 class DataReceived:
-    """Request body bytes; `flow_length` (the frame's whole length, padding too) is
-    what `acknowledge` must be told once the bytes are consumed."""
-    __slots__ = ("stream_id", "data", "flow_length")
+    """Request body bytes; `flow_length` (the frames' whole length, padding too) is
+    what `acknowledge` must be told once the bytes are consumed. The DATA frames of
+    one stream that follow each other in one read are one event: whoever handles it
+    pays per read, not per frame (a body in 1-byte frames would cost it microseconds
+    a byte)."""
+    __slots__ = ("stream_id", "data", "flow_length", "pieces")
 
     def __init__(self, stream_id: int, data: bytes, flow_length: int) -> None:
         self.stream_id, self.data, self.flow_length = stream_id, data, flow_length
+        self.pieces: list | None = None      # the frames' data while the read is parsed
 
 
 class StreamEnded:
@@ -278,6 +282,7 @@ class H2Engine:
         self._unacked = 0                   # connection bytes consumed, not yet reopened
         self._initial_send_window = DEFAULT_WINDOW
         self._out: list[bytes] = []
+        self._joined: list[DataReceived] = []   # events of several frames, this read
         self._buffer = b""
         self._preface = True                # the client's preface is still expected
         self._settings_first = True         # then a SETTINGS frame (3.4)
@@ -456,6 +461,7 @@ class H2Engine:
             data = self._buffer + data
             self._buffer = b""
         events: list = []
+        self._joined.clear()          # (left by a read that ended in a connection error)
         pos, end = 0, len(data)
         if self._preface:
             if end < len(PREFACE):
@@ -526,6 +532,11 @@ class H2Engine:
             # Frames of unknown types are ignored (5.5).
         if pos < end:
             self._buffer = data[pos:]
+        if self._joined:
+            for event in self._joined:
+                event.data = b"".join(event.pieces)
+                event.pieces = None
+            self._joined.clear()
         return events
 
     def _fail(self, code: int, why: str):
@@ -711,7 +722,15 @@ class H2Engine:
             self._stream_error(stream_id, PROTOCOL_ERROR, events)   # 8.1.1
             return
         if data or size:
-            events.append(DataReceived(stream_id, data, size))
+            last = events[-1] if events else None
+            if type(last) is DataReceived and last.stream_id == stream_id:
+                if last.pieces is None:
+                    last.pieces = [last.data]
+                    self._joined.append(last)
+                last.pieces.append(data)
+                last.flow_length += size
+            else:
+                events.append(DataReceived(stream_id, data, size))
         if flags & END_STREAM:
             self._end_of_body(stream, events)
 
