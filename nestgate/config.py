@@ -67,6 +67,11 @@ class Limits:
     keepalive_requests: int = 1000          # nginx: keepalive_requests 1000
     max_connections: int = 1024             # per worker; nginx: worker_connections
     send_timeout: float = 60.0              # nginx: send_timeout 60s
+    # Request bodies in very many tiny pieces (HTTP/1.1 chunks, HTTP/2 DATA frames):
+    # past `body_chunk_allowance` pieces on a connection, their average size must be
+    # at least `min_body_chunk_average` bytes (0: no check), else 400 / GOAWAY.
+    body_chunk_allowance: int = 4096
+    min_body_chunk_average: int = 64
 
 
 @dataclass(frozen=True)
@@ -538,6 +543,10 @@ def _read_limits(s: _Section) -> Limits:
         keepalive_requests=s.int("keepalive_requests", d.keepalive_requests, 1, 10**9),
         max_connections=s.int("max_connections", d.max_connections, 1, 10**6),
         send_timeout=s.positive_duration("send_timeout", d.send_timeout),
+        body_chunk_allowance=s.int("body_chunk_allowance", d.body_chunk_allowance,
+                                   1, 10**9),
+        min_body_chunk_average=s.size("min_body_chunk_average", d.min_body_chunk_average,
+                                      0, 16 * 1024, "a size from 0 (no check) to 16KiB"),
     )
     s.check_unknown()
     return cfg

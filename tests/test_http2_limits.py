@@ -329,15 +329,17 @@ def test_requests_behind_a_trusted_loopback_proxy_are_logged_by_their_client(mak
 
 def test_the_frame_guard_reads_frame_headers_split_across_reads():
     import random
+    from nestgate.config import Limits
     from nestgate.wire.h2guard import CONTROL_FRAME_BURST, FrameGuard
+    limits = Limits(max_header_bytes=8192)
     preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + hyperframe.frame.SettingsFrame(0).serialize()
     ping = hyperframe.frame.PingFrame(0, opaque_data=b"12345678").serialize()
     data = preface + hyperframe.frame.DataFrame(1, b"x" * 300).serialize() \
         + ping * (CONTROL_FRAME_BURST - 1)              # with the SETTINGS: all allowed
-    assert FrameGuard(8192, 0.0).feed(data, 0.0) is None
-    assert FrameGuard(8192, 0.0).feed(data + ping, 0.0) == "control_flood"
+    assert FrameGuard(limits, 0.0).feed(data, 0.0) is None
+    assert FrameGuard(limits, 0.0).feed(data + ping, 0.0) == "control_flood"
     rng = random.Random(7)
-    guard, pos, why = FrameGuard(8192, 0.0), 0, None
+    guard, pos, why = FrameGuard(limits, 0.0), 0, None
     while pos <= len(data) and why is None:
         step_ = rng.randint(1, 40)
         why = guard.feed((data + ping)[pos:pos + step_], 0.0)

@@ -39,8 +39,8 @@ CLIENT_GONE = 499
 # The HTTP/2 protections that end a connection or reset a stream (nestgate.wire.http2
 # says what each is), counted as events "h2_<reason>".
 H2_PROTECTIONS = ("control_flood", "window_update_flood", "priority_flood", "empty_frames",
-                  "header_block", "header_timeout", "rapid_reset", "protocol_error",
-                  "send_timeout")
+                  "small_data_frames", "header_block", "header_timeout", "rapid_reset",
+                  "protocol_error", "send_timeout")
 # The HTTP/3 ones (nestgate.wire.http3), as "h3_<reason>".
 H3_PROTECTIONS = ("header_block", "rapid_reset")
 EVENTS = ("signin_success", "signin_failure", "signin_refused", "notes_written",

@@ -64,6 +64,8 @@ class RequestReader:
             if self._body_size != self._body_seen:
                 self._body_seen = self._body_size
                 self._trailer_stray = 0
+                if self._pass_body():
+                    self._fail(400)
                 return
             self._trailer_stray += size
             if self._trailer_stray > self._max_header_bytes:
@@ -165,6 +167,7 @@ class RequestReader:
             self._body_length = None if chunked else length
             self._body = None
             self._body_size = self._body_seen = 0
+            self._pieces.clear()           # any left by a body refused mid-read
             self._header_bytes = _TRAILERS
             self._trailer_bytes = self._trailer_stray = 0
             return True
@@ -317,16 +320,45 @@ class RequestReader:
         raise RequestError(400, "request target must be a path")
 
     def on_body(self, chunk: bytes) -> None:
-        self._body_size += len(chunk)
-        if self._body_size > self._max_body:
+        # Called for every chunk of a chunked body (and every piece of one that a read
+        # ends inside), so it only counts and keeps the piece: the pieces of a read go
+        # to the handler together (`_pass_body`), and a body of many tiny chunks costs
+        # one append per chunk.
+        size = self._body_size + len(chunk)
+        self._body_size = size
+        if size > self._max_body:
             raise RequestError(413)
+        self._pieces.append(chunk)
+
+    def _pass_body(self) -> bool:
+        """Hands the body pieces of this read to the handler (dropped when no handler
+        reads the body) and counts them; True when the connection's bodies have come
+        in too many pieces too small (`body_chunk_allowance`, `min_body_chunk_average`):
+        each piece costs the interpreter about a microsecond, which nginx spends on a
+        whole read, so a client could make a worker busy for little bandwidth."""
+        pieces = self._pieces
+        count = len(pieces)
+        if not count:
+            return False
+        body = self._body
+        if body is not None:
+            body.feed(pieces[0] if count == 1 else b"".join(pieces))
+        pieces.clear()
         self._body_progress = True
-        if self._body is not None:
-            self._body.feed(chunk)
+        count += self._chunks_counted
+        self._chunks_counted = count
+        return count > self._chunk_allowance and \
+            self._chunk_bytes + self._body_size < count * self._min_chunk_average
 
     def on_message_complete(self) -> None:
         # Only a request with a body has anything left to do here.
         if self.state == BODY:
+            if self._pass_body():
+                raise RequestError(400, "request bodies in too many tiny chunks")
+            # A body's last piece is not counted: a body in one piece is no more work
+            # than its request, however small, and requests have limits of their own.
+            self._chunks_counted -= 1
+            self._chunk_bytes += self._body_size
             self.state = IDLE
             if self._sync is not None:
                 self._answer_sync(*self._sync)

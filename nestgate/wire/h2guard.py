@@ -86,6 +86,7 @@ PROTECTIONS = {
     "window_update_flood": "WINDOW_UPDATE flood",
     "priority_flood": "PRIORITY flood",
     "empty_frames": "empty frame flood",
+    "small_data_frames": "DATA frames too small (min_body_chunk_average)",
     "header_block": "header block over max_header_bytes",
     "header_timeout": "preface or header block not complete within header_timeout",
     "rapid_reset": "streams reset before their answer (rapid reset)",
@@ -102,13 +103,19 @@ class FrameGuard:
     frame; the payloads are left to the engine."""
 
     __slots__ = ("skip", "partial", "born", "block_limit", "last_stream", "opened",
-                 "data_sent", "control", "priorities", "window_updates", "empty", "block")
+                 "data_sent", "control", "priorities", "window_updates", "empty", "block",
+                 "pieces", "piece_bytes", "piece_allowance", "min_piece_average")
 
-    def __init__(self, max_header_bytes: int, now: float) -> None:
+    def __init__(self, limits, now: float) -> None:
         self.skip = _PREFACE_BYTES     # payload bytes of the frame under way
         self.partial = b""             # a frame header split between reads
         self.born = now
-        self.block_limit = max_header_bytes + HEADER_BLOCK_SLACK
+        self.block_limit = limits.max_header_bytes + HEADER_BLOCK_SLACK
+        # DATA frames that do not end their stream, and their bytes (padding too: it
+        # is what the client sent per frame), held to the body chunk limits.
+        self.pieces = self.piece_bytes = 0
+        self.piece_allowance = limits.body_chunk_allowance
+        self.min_piece_average = limits.min_body_chunk_average
         self.last_stream = self.opened = 0
         self.data_sent = 0             # DATA frames we sent (the connection counts)
         self.control = self.priorities = self.window_updates = self.empty = 0
@@ -124,7 +131,8 @@ class FrameGuard:
             length, kind = head >> 8, head & 0xFF
             pos += 9 + length
             if kind == _DATA:
-                why = self._payload(length, flags & _END_STREAM)
+                why = self._payload(length, 1) if flags & _END_STREAM \
+                    else self._piece(length)
             elif kind == _HEADERS or kind == _CONTINUATION:
                 why = self._header_frame(kind, flags, stream & 0x7FFFFFFF, length)
             elif kind == _PING:
@@ -160,6 +168,19 @@ class FrameGuard:
             if self.empty > EMPTY_FRAMES_IN_A_ROW:
                 return "empty_frames"
         return None
+
+    def _piece(self, length: int) -> str | None:
+        """A DATA frame that does not end its stream: a piece of a body. Each costs
+        the engine and the handler about as much as a few hundred bytes do, so past
+        `body_chunk_allowance` of them their average must be `min_body_chunk_average`
+        bytes (a body's last frame is not counted: it comes once per request)."""
+        pieces = self.pieces + 1
+        self.pieces = pieces
+        self.piece_bytes += length
+        if pieces > self.piece_allowance and \
+                self.piece_bytes < pieces * self.min_piece_average:
+            return "small_data_frames"
+        return self._payload(length, 0)
 
     def _header_frame(self, kind: int, flags: int, stream: int, length: int) -> str | None:
         if kind == _HEADERS:

@@ -96,6 +96,8 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
         self._body_timeout = limits.body_timeout
         self._keepalive_timeout = limits.keepalive_timeout
         self._keepalive_requests = limits.keepalive_requests
+        self._chunk_allowance = limits.body_chunk_allowance
+        self._min_chunk_average = limits.min_body_chunk_average
         self.client = ""
         self.peer = ""                 # socket peer, or the address a PROXY header gave
         self.decisions = None          # access decisions for this peer (nestgate.pipeline.access)
@@ -146,6 +148,9 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
         self._unusual = False          # Transfer-Encoding, Content-Length or Connection seen
         self._body: Body | None = None
         self._body_size = 0
+        self._pieces: list = []        # body pieces of the read being parsed (h1parse)
+        self._chunks_counted = 0       # body pieces on this connection, a body's last not
+        self._chunk_bytes = 0          # bytes of the bodies finished on this connection
         self._sync = None
         self._parsing: HTTP1Request | None = None     # async request whose body is arriving
         self._t0 = 0.0

@@ -116,7 +116,7 @@ class HTTP2Connection(StreamAdapter, Sending, Ending):
         self._sent_waiters: dict[int, list[asyncio.Future]] = {}
         self._end_after: set[int] = set()
         self._writable = Writable()      # senders waiting for the transport to take more
-        self._guard = FrameGuard(self.limits.max_header_bytes, CLOCK.now)
+        self._guard = FrameGuard(self.limits, CLOCK.now)
         self._granted = 0                  # body bytes `room` let handlers hold unsent
         self._budget: asyncio.Future | None = None   # woken when some are sent
         self._unflushed = 0            # body bytes queued in the engine, not yet written
