@@ -161,6 +161,18 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time all threads of a process have used so far, from
+    /proc/PID/task/*/schedstat (nanoseconds, where /proc/PID/stat counts 10 ms ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            pass                           # a thread that ended meanwhile
+    return total / 1e9
+
+
 def _is_admin(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip() == "nestgate-admin"

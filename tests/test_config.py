@@ -64,6 +64,21 @@ def test_every_problem_is_listed_with_file_key_and_expectation():
         assert expected in text, f"missing: {expected}\n{text}"
 
 
+def test_body_chunk_limits_are_read_and_checked():
+    config = parse_config({"listen": [{"address": "127.0.0.1:0"}],
+                           "limits": {"body_chunk_allowance": 100,
+                                      "min_body_chunk_average": "1KiB"}})
+    assert (config.limits.body_chunk_allowance, config.limits.min_body_chunk_average) \
+        == (100, 1024)
+    defaults = parse_config({"listen": [{"address": "127.0.0.1:0"}]}).limits
+    assert (defaults.body_chunk_allowance, defaults.min_body_chunk_average) == (4096, 64)
+    text = "\n".join(problems_of({"listen": [{"address": "127.0.0.1:0"}], "limits": {
+        "body_chunk_allowance": 0, "min_body_chunk_average": "1MiB"}}))
+    assert "site.toml: limits.body_chunk_allowance: expected an integer 1..1000000000" in text
+    assert "site.toml: limits.min_body_chunk_average: expected a size from 0 (no check) " \
+        "to 16KiB" in text
+
+
 def test_no_listener_is_a_problem():
     assert any("at least one [[listen]]" in p for p in problems_of({}))
 
