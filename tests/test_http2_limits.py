@@ -431,3 +431,82 @@ def test_a_closed_connection_gives_its_decoded_blocks_back(make_pump):
     assert DECODED_BUDGET.used > before
     pump.server.connection_lost(None)            # the client went away
     assert DECODED_BUDGET.used == before
+
+
+class _FrameByFrame(engine.H2Engine):
+    """The engine taking every DATA frame on its own (`_data`), as it did before it
+    took a read's frames of one stream together: the reference."""
+
+    def _data_run(self, data, pos, end, stream_id, payload, events):
+        self._data(stream_id, 0, payload, events)
+        return pos
+
+
+def _data_outcome(reads: list[bytes], kind=engine.H2Engine) -> tuple[list, bytes]:
+    """What an engine makes of `reads`: its events, consecutive body bytes of one
+    stream merged (as a handler reads them), or only the connection error if one
+    came, and the bytes it would send."""
+    h2 = kind(128, 32 * 1024, 128 * 1024, engine.DecodedBudget(1 << 30))
+    outcome: list = []
+    for read in reads:
+        try:
+            events = h2.receive_data(read)
+        except engine.ConnectionError_ as exc:
+            # The events of the read that broke the connection are never handled,
+            # so where the reads were cut would show: only the error counts.
+            return [("connection error", exc.args[0])], h2.data_to_send()
+        for event in events:
+            if isinstance(event, engine.DataReceived):
+                if outcome and outcome[-1][0] == "data" and outcome[-1][1] == event.stream_id:
+                    _, sid, body, flow = outcome.pop()
+                    outcome.append(("data", sid, body + event.data, flow + event.flow_length))
+                else:
+                    outcome.append(("data", event.stream_id, event.data, event.flow_length))
+            elif isinstance(event, engine.StreamReset):
+                outcome.append(("reset", event.stream_id, event.code))
+            elif isinstance(event, engine.StreamEnded):
+                outcome.append(("ended", event.stream_id))
+            elif isinstance(event, engine.RequestReceived):
+                outcome.append(("request", event.stream_id))
+    windows = [h2.recv_window] + sorted((sid, stream.recv_window, stream.received)
+                                        for sid, stream in h2.streams.items())
+    return outcome + [("windows", windows)], h2.data_to_send()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_data_frames_in_one_read_mean_what_they_mean_one_by_one(seed):
+    """The DATA frames of a stream that follow each other in one read are settled
+    together, with the same outcome as frame by frame; whatever they hold (tiny, empty, padded, ending the stream, past its
+    content-length, on a stream ended or reset, on an idle stream), the events and
+    the frames sent back are the same as the engine's frame by frame, and as when
+    each frame comes in a read of its own, or the reads are cut anywhere. (At most 40,000 bytes: the connection's window,
+    held per read, is not what is tested.)"""
+    import random
+    rng = random.Random(seed)
+    start = engine.PREFACE + hyperframe.frame.SettingsFrame(0).serialize()
+    for sid, extra in ((1, []), (3, []), (5, [(b"content-length", b"40")])):
+        start += hyperframe.frame.HeadersFrame(
+            sid, unindexed_block(get(method=b"POST") + extra),
+            flags={"END_HEADERS"}).serialize()
+    frames_ = []
+    for _ in range(rng.randint(50, 400)):
+        sid = rng.choice((1, 1, 1, 3, 5, 7 if seed % 4 == 0 else 1))
+        size = rng.choice((0, 1, 1, 1, 2, 5, 100))
+        flags = set()
+        if rng.random() < 0.03:
+            flags.add("END_STREAM")
+        frame = hyperframe.frame.DataFrame(sid, bytes([rng.randrange(256)]) * size,
+                                           flags=flags)
+        if rng.random() < 0.05:
+            frame.flags.add("PADDED")
+            frame.pad_length = rng.randint(0, 20)
+        frames_.append(frame.serialize())
+    stream = start + b"".join(frames_)
+    whole = _data_outcome([stream])
+    assert whole == _data_outcome([stream], _FrameByFrame)
+    assert whole == _data_outcome([start] + frames_)
+    cuts = sorted(rng.sample(range(1, len(stream)), 20))
+    assert whole == _data_outcome([stream[a:b] for a, b in
+                                   zip([0] + cuts, cuts + [len(stream)])])
+    kinds = {kind for kind, *_ in whole[0]}
+    assert kinds == {"connection error"} if seed % 4 == 0 else {"data", "reset"} <= kinds

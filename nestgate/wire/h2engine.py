@@ -494,10 +494,13 @@ class H2Engine:
             if self._block is not None and (kind != CONTINUATION or
                                             stream_id != self._block_stream):
                 self._fail(PROTOCOL_ERROR, "header block interrupted")       # 6.10
-            if kind == HEADERS:
+            if kind == DATA:
+                if flags & (PADDED | END_STREAM):
+                    self._data(stream_id, flags, payload, events)
+                else:
+                    pos = self._data_run(data, pos, end, stream_id, payload, events)
+            elif kind == HEADERS:
                 self._headers(stream_id, flags, payload, events)
-            elif kind == DATA:
-                self._data(stream_id, flags, payload, events)
             elif kind == CONTINUATION:
                 self._continuation(stream_id, flags, payload, events)
             elif kind == WINDOW_UPDATE:
@@ -722,17 +725,59 @@ class H2Engine:
             self._stream_error(stream_id, PROTOCOL_ERROR, events)   # 8.1.1
             return
         if data or size:
-            last = events[-1] if events else None
-            if type(last) is DataReceived and last.stream_id == stream_id:
-                if last.pieces is None:
-                    last.pieces = [last.data]
-                    self._joined.append(last)
-                last.pieces.append(data)
-                last.flow_length += size
-            else:
-                events.append(DataReceived(stream_id, data, size))
+            self._deliver(stream_id, data, size, events)
         if flags & END_STREAM:
             self._end_of_body(stream, events)
+
+    def _data_run(self, data: bytes, pos: int, end: int, stream_id: int, payload: bytes,
+                  events: list) -> int:
+        """A DATA frame neither padded nor ending its stream (`payload`; the next frame
+        begins at `pos`), and the frames like it on the same stream that follow it in
+        this read: their windows and counts are settled once, as one event, so a body
+        in tiny frames costs little more per frame than its frame header. When any of
+        it would break a rule (a window, a declared length, a stream not open), the
+        frames go one by one through `_data`, which knows which frame broke which.
+        Returns where the run ended."""
+        pieces = [payload]
+        size = len(payload)
+        unpack = _HEAD.unpack_from
+        while end - pos >= 9:
+            head, flags, sid = unpack(data, pos)
+            length = head >> 8
+            if head & 0xFF != DATA or flags & (PADDED | END_STREAM) or sid != stream_id \
+                    or end - pos - 9 < length or length > DEFAULT_FRAME_SIZE:
+                break                  # left to the frame loop
+            pos += 9
+            pieces.append(data[pos:pos + length])
+            pos += length
+            size += length
+        stream = self.streams.get(stream_id)
+        if stream is None or not stream.reading or size > self.recv_window \
+                or size > stream.recv_window \
+                or 0 <= stream.length < stream.received + size:
+            for piece in pieces:
+                self._data(stream_id, 0, piece, events)
+            return pos
+        self.recv_window -= size
+        stream.recv_window -= size
+        stream.received += size
+        if size:
+            self._deliver(stream_id, b"".join(pieces) if len(pieces) > 1 else payload,
+                          size, events)
+        return pos
+
+    def _deliver(self, stream_id: int, data: bytes, size: int, events: list) -> None:
+        """Body bytes of a stream as an event, joined to the one before when that is
+        the same stream's (see DataReceived)."""
+        last = events[-1] if events else None
+        if type(last) is DataReceived and last.stream_id == stream_id:
+            if last.pieces is None:
+                last.pieces = [last.data]
+                self._joined.append(last)
+            last.pieces.append(data)
+            last.flow_length += size
+        else:
+            events.append(DataReceived(stream_id, data, size))
 
     def _end_of_body(self, stream: Stream, events: list) -> None:
         if stream.length >= 0 and stream.received != stream.length:

@@ -130,9 +130,24 @@ class FrameGuard:
             head, flags, stream = unpack(data, pos)
             length, kind = head >> 8, head & 0xFF
             pos += 9 + length
-            if kind == _DATA:
-                why = self._payload(length, 1) if flags & _END_STREAM \
-                    else self._piece(length)
+            if kind == _DATA:               # the most frequent: handled inline
+                if not length:
+                    why = self._payload(0, flags & _END_STREAM)
+                else:
+                    self.empty = 0
+                    if flags & _END_STREAM:
+                        continue
+                    # A piece of a body (a body's last frame is not counted: it comes
+                    # once per request). Each costs the engine and the handler about
+                    # what a few hundred bytes do, so past `body_chunk_allowance` of
+                    # them their average must be `min_body_chunk_average` bytes.
+                    pieces = self.pieces + 1
+                    self.pieces = pieces
+                    self.piece_bytes += length
+                    if pieces <= self.piece_allowance or \
+                            self.piece_bytes >= pieces * self.min_piece_average:
+                        continue
+                    why = "small_data_frames"
             elif kind == _HEADERS or kind == _CONTINUATION:
                 why = self._header_frame(kind, flags, stream & 0x7FFFFFFF, length)
             elif kind == _PING:
@@ -168,19 +183,6 @@ class FrameGuard:
             if self.empty > EMPTY_FRAMES_IN_A_ROW:
                 return "empty_frames"
         return None
-
-    def _piece(self, length: int) -> str | None:
-        """A DATA frame that does not end its stream: a piece of a body. Each costs
-        the engine and the handler about as much as a few hundred bytes do, so past
-        `body_chunk_allowance` of them their average must be `min_body_chunk_average`
-        bytes (a body's last frame is not counted: it comes once per request)."""
-        pieces = self.pieces + 1
-        self.pieces = pieces
-        self.piece_bytes += length
-        if pieces > self.piece_allowance and \
-                self.piece_bytes < pieces * self.min_piece_average:
-            return "small_data_frames"
-        return self._payload(length, 0)
 
     def _header_frame(self, kind: int, flags: int, stream: int, length: int) -> str | None:
         if kind == _HEADERS:
