@@ -31,6 +31,8 @@ RSS_GROWTH_BOUND_KIB = 16 * 1024
 # many bytes on the wire in one chunk. Measured on 2 shared cores: about 10 with the
 # pieces of a read passed on together, about 150 with a write upstream per chunk.
 FORWARDED_COST_RATIO = 50
+# HTTP/2: 60,000 one-byte DATA frames over the same body in 8,000-byte frames.
+H2_FORWARDED_COST_RATIO = 60
 # The same, when the connection is refused after body_chunk_allowance chunks: 1 to 3.
 REFUSED_COST_RATIO = 25
 
@@ -184,6 +186,29 @@ def test_tiny_data_frames_end_the_connection_with_goaway(start_server, upstream)
     assert poll(lambda: h2_protections(server),
                 lambda c: c.get("small_data_frames") == 1).get("small_data_frames") == 1
     assert spent < REFUSED_COST_RATIO * whole, (spent, whole)
+    assert rss_kib(pid) - rss_before < RSS_GROWTH_BOUND_KIB
+
+
+def test_a_body_in_tiny_data_frames_costs_a_multiple_of_its_bytes(start_server, upstream):
+    """HTTP/2 with the chunk check off: 60,000 one-byte DATA frames (within the
+    stream's first window) reach the upstream whole, for a bounded multiple of what the
+    same body costs in 8,000-byte frames: about 25 (a frame at a time cost 140-200 times it)."""
+    server, pid = gateway(start_server, upstream, "min_body_chunk_average = 0")
+    port = server.port()
+    rss_before = rss_kib(pid)
+
+    def send(path: bytes, frames_: bytes) -> None:
+        conn = RawH2(port, None)
+        stream = conn.request(put(path), end=False)
+        conn.send(frames_, raw_frame(0, 1, stream))              # then END_STREAM
+        assert conn.answers([stream])[stream].status == 200
+        conn.close()
+    whole = cost(pid, lambda: send(b"/whole", raw_frame(0, 0, 1, b"y" * 8000) * 7
+                                   + raw_frame(0, 0, 1, b"y" * 4000)))
+    many = cost(pid, lambda: send(b"/tiny", raw_frame(0, 0, 1, b"x") * 60_000))
+    got = {r["target"]: r["body"] for r in upstream.take()}
+    assert got == {"/whole": b"y" * 60_000, "/tiny": b"x" * 60_000}
+    assert many < H2_FORWARDED_COST_RATIO * whole, (many, whole)
     assert rss_kib(pid) - rss_before < RSS_GROWTH_BOUND_KIB
 
 
