@@ -345,7 +345,9 @@ class RequestReader:
             body.feed(pieces[0] if count == 1 else b"".join(pieces))
         pieces.clear()
         self._body_progress = True
-        count += self._chunks_counted
+        # The first piece is not counted: it may be the rest of a chunk that the read
+        # before cut in two, and a body in one piece is no more work than its request.
+        count += self._chunks_counted - 1
         self._chunks_counted = count
         return count > self._chunk_allowance and \
             self._chunk_bytes + self._body_size < count * self._min_chunk_average
@@ -355,9 +357,6 @@ class RequestReader:
         if self.state == BODY:
             if self._pass_body():
                 raise RequestError(400, "request bodies in too many tiny chunks")
-            # A body's last piece is not counted: a body in one piece is no more work
-            # than its request, however small, and requests have limits of their own.
-            self._chunks_counted -= 1
             self._chunk_bytes += self._body_size
             self.state = IDLE
             if self._sync is not None:

@@ -149,7 +149,7 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
         self._body: Body | None = None
         self._body_size = 0
         self._pieces: list = []        # body pieces of the read being parsed (h1parse)
-        self._chunks_counted = 0       # body pieces on this connection, a body's last not
+        self._chunks_counted = 0       # body pieces on this connection (h1parse._pass_body)
         self._chunk_bytes = 0          # bytes of the bodies finished on this connection
         self._sync = None
         self._parsing: HTTP1Request | None = None     # async request whose body is arriving
