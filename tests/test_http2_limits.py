@@ -476,11 +476,11 @@ def _data_outcome(reads: list[bytes], kind=engine.H2Engine) -> tuple[list, bytes
 @pytest.mark.parametrize("seed", range(12))
 def test_data_frames_in_one_read_mean_what_they_mean_one_by_one(seed):
     """The DATA frames of a stream that follow each other in one read are settled
-    together, with the same outcome as frame by frame; whatever they hold (tiny, empty, padded, ending the stream, past its
-    content-length, on a stream ended or reset, on an idle stream), the events and
-    the frames sent back are the same as the engine's frame by frame, and as when
-    each frame comes in a read of its own, or the reads are cut anywhere. (At most 40,000 bytes: the connection's window,
-    held per read, is not what is tested.)"""
+    together. Whatever they hold (tiny, empty, padded, ending the stream, past its
+    content-length, on a stream ended or reset, on an idle stream), the events, the
+    windows and the frames sent back are the same as the engine's frame by frame, and
+    as when each frame comes in a read of its own or the reads are cut anywhere. (At
+    most 40,000 bytes: the connection's window, held per read, is not what is tested.)"""
     import random
     rng = random.Random(seed)
     start = engine.PREFACE + hyperframe.frame.SettingsFrame(0).serialize()

@@ -6,9 +6,10 @@ clients to the same bounds where they apply (`too_many_resets`, HEADER_BLOCK_SLA
 ends the connection with GOAWAY(ENHANCE_YOUR_CALM) on a flood of frames that carry no
 request (PING, SETTINGS, WINDOW_UPDATE, PRIORITY, empty DATA), a body in DATA frames
 too small for what each costs (`body_chunk_allowance`, `min_body_chunk_average`) or a
-header block past `max_header_bytes`. A stream costs work (a task, maybe an upstream request) before the
-client can cancel it, so streams the client resets before they were answered are
-counted and too many end the connection (rapid reset, CVE-2023-44487).
+header block past `max_header_bytes`. A stream costs work (a task, maybe an upstream
+request) before the client can cancel it, so streams the client resets before they
+were answered are counted and too many end the connection (rapid reset,
+CVE-2023-44487).
 """
 
 from __future__ import annotations
