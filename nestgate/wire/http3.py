@@ -19,6 +19,8 @@ The abuse limits of HTTP/2 hold here too:
     is a 431 on its stream, as on HTTP/2;
   * resets: streams the client resets before their answer are counted as on HTTP/2
     (`too_many_resets`), and too many end the connection with H3_EXCESSIVE_LOAD;
+  * bodies in tiny DATA frames: as on HTTP/2 (`body_chunk_allowance`,
+    `min_body_chunk_average`, a body's last frame not counted), H3_EXCESSIVE_LOAD;
   * `keepalive_requests` streams per connection, then it ends once they are answered;
     `keepalive_timeout` is QUIC's idle timeout; a stream whose answer the client does
     not acknowledge for `send_timeout` is reset.
@@ -62,6 +64,7 @@ DATAGRAM = 1500                   # a request stream's bytes past its head in on
 PROTECTIONS = {
     "header_block": "request head over max_header_bytes",
     "rapid_reset": "streams reset before their answer (rapid reset)",
+    "small_data_frames": "DATA frames too small (min_body_chunk_average)",
 }
 assert tuple(PROTECTIONS) == H3_PROTECTIONS
 
@@ -164,6 +167,7 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         self._next_stream = 0                # the lowest client stream id not seen yet
         self._head_limit = self.limits.max_header_bytes + HEADER_BLOCK_SLACK + DATAGRAM
         self._opened = self._wasted = 0
+        self._pieces = self._piece_bytes = 0  # body DATA frames but a body's last, bytes
         self._waiters: dict[int, list] = {}  # stream id -> [future, seconds waited]
         self._draining = False
         self._ended = False
@@ -224,7 +228,20 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
             if h3_kind is HeadersReceived:
                 self._headers(h3_event)
             elif h3_kind is DataReceived:
+                if not h3_event.stream_ended and self._small_pieces(len(h3_event.data)):
+                    self._calm("small_data_frames")
+                    return
                 self._data(h3_event)
+
+    def _small_pieces(self, size: int) -> bool:
+        """A piece of a body (aioquic makes one event per DATA frame, or per part of
+        one that a datagram cut): past `body_chunk_allowance` of them, True when they
+        average under `min_body_chunk_average` bytes (see h2guard)."""
+        pieces = self._pieces + 1
+        self._pieces = pieces
+        self._piece_bytes += size
+        return pieces > self.limits.body_chunk_allowance and \
+            self._piece_bytes < pieces * self.limits.min_body_chunk_average
 
     def _over_head(self, event) -> bool:
         """Count a request stream's bytes until its head is decoded (see the module)."""

@@ -1,6 +1,7 @@
 """HTTP/3 clients that make the server work for nothing: streams cancelled before their
 answer (rapid reset, CVE-2023-44487 carried over to QUIC) and request heads past the
-header limit. Each ends its connection with H3_EXCESSIVE_LOAD, reaches the upstream
+header limit, bodies in one-byte DATA frames. Each ends its connection with
+H3_EXCESSIVE_LOAD, reaches the upstream
 no more than the limit allows, leaves the worker's memory where it was, and another
 client is answered meanwhile."""
 
@@ -35,6 +36,19 @@ class _SlowUpstream(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def do_PUT(self):
+        # The proxy sends a body it has no length for chunked: recorded once whole.
+        size = 0
+        while (line := self.rfile.readline()) and (n := int(line.split(b";")[0], 16)):
+            size += len(self.rfile.read(n + 2)) - 2
+        if not line or self.rfile.readline() != b"\r\n":
+            return                      # cut short: never a whole request
+        self.seen.append(("PUT", self.path, size))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
 
     def log_message(self, *args):
         pass
@@ -167,3 +181,43 @@ def test_a_decoded_head_over_the_limit_is_431_on_its_stream(gateway, certs):
     # answer is 431, as on HTTP/2, and the connection goes on.
     reply, closed = asyncio.run(_big_head(gateway.port("https"), certs["ca"], 33 * 1024))
     assert closed is None and reply.status == 431
+
+
+async def _put_in_frames(port: int, ca: str, path: str, pieces: list[bytes]):
+    """PUT `path` with a body sent as one DATA frame per piece: the answer's status (0
+    for none) and the code the server closed the connection with (None: it did not)."""
+    async with await h3client.session(port, ca) as client:
+        stream_id = client._quic.get_next_available_stream_id()
+        reply, done = h3client.Reply(), asyncio.get_running_loop().create_future()
+        client.replies[stream_id] = (reply, done)
+        client.http.send_headers(stream_id, [
+            (b":method", b"PUT"), (b":scheme", b"https"), (b":authority", b"localhost"),
+            (b":path", path.encode())], end_stream=False)
+        for piece in pieces:
+            client.http.send_data(stream_id, piece, end_stream=False)
+        client.http.send_data(stream_id, b"", end_stream=True)
+        client.transmit()
+        try:
+            await asyncio.wait_for(done, 10)
+        except (ConnectionError, asyncio.TimeoutError):
+            pass
+        return reply.status, client.closed_with
+
+
+def test_a_body_in_one_byte_data_frames_ends_the_connection(gateway, certs):
+    """6,000 DATA frames of one byte (3 bytes each on the wire): past
+    body_chunk_allowance (4,096) they average under min_body_chunk_average, so the
+    connection ends with H3_EXCESSIVE_LOAD and the upstream never gets the whole body;
+    a body in frames of a few KB, and 5,000 frames of 100 bytes, pass whole."""
+    before = gateway.worker_rss_kib()
+    _SlowUpstream.seen.clear()
+    port = gateway.port("https")
+    assert asyncio.run(_put_in_frames(port, certs["ca"], "/app/tiny", [b"x"] * 6000)) \
+        == (0, EXCESSIVE_LOAD)
+    _still_answered(gateway, certs)
+    ordinary = [b"y" * 3000] * 20
+    lines = [b"%099d\n" % n for n in range(5000)]
+    assert asyncio.run(_put_in_frames(port, certs["ca"], "/app/big", ordinary)) == (200, None)
+    assert asyncio.run(_put_in_frames(port, certs["ca"], "/app/lines", lines)) == (200, None)
+    assert _SlowUpstream.seen == [("PUT", "/app/big", 60000), ("PUT", "/app/lines", 500000)]
+    assert gateway.worker_rss_kib() - before < RSS_GROWTH_KIB
