@@ -106,7 +106,8 @@ class FrameGuard:
 
     __slots__ = ("skip", "partial", "born", "block_limit", "last_stream", "opened",
                  "data_sent", "control", "priorities", "window_updates", "empty", "block",
-                 "pieces", "piece_bytes", "piece_allowance", "min_piece_average")
+                 "pieces", "piece_bytes", "piece_stream", "piece_allowance",
+                 "min_piece_average")
 
     def __init__(self, limits, now: float) -> None:
         self.skip = _PREFACE_BYTES     # payload bytes of the frame under way
@@ -116,6 +117,7 @@ class FrameGuard:
         # DATA frames that do not end their stream, and their bytes (padding too: it
         # is what the client sent per frame), held to the body chunk limits.
         self.pieces = self.piece_bytes = 0
+        self.piece_stream = 0           # the stream of the last piece counted
         self.piece_allowance = limits.body_chunk_allowance
         self.min_piece_average = limits.min_body_chunk_average
         self.last_stream = self.opened = 0
@@ -134,10 +136,13 @@ class FrameGuard:
             pos += 9 + length
             if kind == _DATA:               # the most frequent: handled inline
                 if not length:
+                    if flags & _END_STREAM:
+                        self._body_ended(stream)
                     why = self._payload(0, flags & _END_STREAM)
                 else:
                     self.empty = 0
                     if flags & _END_STREAM:
+                        self.piece_bytes += length      # bytes of the body, not a piece
                         continue
                     # A piece of a body (a body's last frame is not counted: it comes
                     # once per request). Each costs the engine and the handler about
@@ -146,6 +151,7 @@ class FrameGuard:
                     pieces = self.pieces + 1
                     self.pieces = pieces
                     self.piece_bytes += length
+                    self.piece_stream = stream
                     if pieces <= self.piece_allowance or \
                             self.piece_bytes >= pieces * self.min_piece_average:
                         continue
@@ -186,8 +192,19 @@ class FrameGuard:
                 return "empty_frames"
         return None
 
+    def _body_ended(self, stream: int) -> None:
+        """An empty DATA frame or trailers ended `stream`'s body: when the frame before
+        on the stream was the last piece counted, that piece was the body's last (curl,
+        nghttp2 and Go send a body so, ending it with an empty frame), and is not
+        counted either, so many small bodies on one connection are not tiny pieces."""
+        if stream == self.piece_stream:
+            self.pieces -= 1
+            self.piece_stream = 0
+
     def _header_frame(self, kind: int, flags: int, stream: int, length: int) -> str | None:
         if kind == _HEADERS:
+            if flags & _END_STREAM:
+                self._body_ended(stream)
             self.block = 0
             if stream > self.last_stream:
                 self.last_stream = stream

@@ -168,6 +168,7 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         self._head_limit = self.limits.max_header_bytes + HEADER_BLOCK_SLACK + DATAGRAM
         self._opened = self._wasted = 0
         self._pieces = self._piece_bytes = 0  # body DATA frames but a body's last, bytes
+        self._piece_stream = -1              # the stream of the last piece counted
         self._waiters: dict[int, list] = {}  # stream id -> [future, seconds waited]
         self._draining = False
         self._ended = False
@@ -226,20 +227,34 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         for h3_event in self._http.handle_event(event):
             h3_kind = type(h3_event)
             if h3_kind is HeadersReceived:
+                if h3_event.stream_ended and h3_event.stream_id == self._piece_stream:
+                    self._body_ended()                  # trailers
                 self._headers(h3_event)
             elif h3_kind is DataReceived:
-                if not h3_event.stream_ended and self._small_pieces(len(h3_event.data)):
+                if h3_event.stream_ended:
+                    self._piece_bytes += len(h3_event.data)
+                    if not h3_event.data and h3_event.stream_id == self._piece_stream:
+                        self._body_ended()
+                elif self._small_pieces(len(h3_event.data), h3_event.stream_id):
                     self._calm("small_data_frames")
                     return
                 self._data(h3_event)
 
-    def _small_pieces(self, size: int) -> bool:
+    def _body_ended(self) -> None:
+        """The last piece counted was its body's last: the stream ended after it
+        with trailers or an empty frame (a FIN of its own), so it is not counted
+        either (see h2guard's `_body_ended`)."""
+        self._pieces -= 1
+        self._piece_stream = -1
+
+    def _small_pieces(self, size: int, stream_id: int) -> bool:
         """A piece of a body (aioquic makes one event per DATA frame, or per part of
         one that a datagram cut): past `body_chunk_allowance` of them, True when they
         average under `min_body_chunk_average` bytes (see h2guard)."""
         pieces = self._pieces + 1
         self._pieces = pieces
         self._piece_bytes += size
+        self._piece_stream = stream_id
         return pieces > self.limits.body_chunk_allowance and \
             self._piece_bytes < pieces * self.limits.min_body_chunk_average
 
@@ -263,7 +278,11 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
     def _headers(self, event) -> None:
         stream_id = event.stream_id
         if self._heads.pop(stream_id, None) is None:
-            return      # trailers (never passed on), or a stream answered already
+            # Trailers (never passed on), or a stream answered already. Trailers that
+            # end the stream end its body, as an empty DATA frame with a FIN would.
+            if event.stream_ended:
+                self._body_in(stream_id, b"", True)
+            return
         self._opened += 1
         if self._opened >= self.limits.keepalive_requests:
             self._draining = True
@@ -280,22 +299,25 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         start(req)
 
     def _data(self, event) -> None:
-        req = self._streams.get(event.stream_id)
+        self._body_in(event.stream_id, event.data, event.stream_ended)
+
+    def _body_in(self, stream_id: int, data: bytes, ended: bool) -> None:
+        req = self._streams.get(stream_id)
         if req is None or req.body is None:
             return
         body = req.body
-        received = body.received + len(event.data)
+        received = body.received + len(data)
         if received > self.limits.max_body:
             self._refuse_body(req, 413)
         elif body.length is not None and (received > body.length or (
-                event.stream_ended and received != body.length)):
+                ended and received != body.length)):
             # DATA that disagrees with the content-length: malformed (RFC 9114 4.1.2),
             # and never delivered short or long to a handler that announced it upstream.
             self._refuse_body(req, 400)
         else:
-            if event.data:
-                body.feed(event.data)
-            if event.stream_ended:
+            if data:
+                body.feed(data)
+            if ended:
                 body.finish()
 
     def _stream_reset(self, stream_id: int) -> bool:

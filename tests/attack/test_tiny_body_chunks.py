@@ -212,6 +212,33 @@ def test_a_body_in_tiny_data_frames_costs_a_multiple_of_its_bytes(start_server, 
     assert rss_kib(pid) - rss_before < RSS_GROWTH_BOUND_KIB
 
 
+def test_many_small_bodies_on_one_connection_are_not_tiny_pieces(start_server, upstream):
+    """HTTP/2 clients that end a body with an empty DATA frame (curl, nghttp2, Go) or
+    with trailers make each small body's one frame a piece followed by its end: those
+    pieces are not counted, so a long-lived connection of small uploads (here past an
+    allowance of 100, each body 30 bytes, under the 64-byte average) is served on."""
+    server, _pid = gateway(start_server, upstream, "body_chunk_allowance = 100")
+    conn = RawH2(server.port(), None)
+    body = b"j" * 30
+    for batch in range(6):
+        streams = []
+        for n in range(50):
+            stream = conn.request(put(b"/small"), end=False)
+            if (batch + n) % 2:
+                ending = DataFrame(stream, b"", flags={"END_STREAM"})
+            else:
+                ending = HeadersFrame(stream, conn.block([(b"x-sum", b"1")]),
+                                      flags={"END_HEADERS", "END_STREAM"})
+            conn.send(DataFrame(stream, body), ending)
+            streams.append(stream)
+        answers = conn.answers(streams)
+        assert [answers[s].status for s in streams] == [200] * 50, conn.goaway
+    assert conn.goaway is None
+    conn.close()
+    seen = upstream.take()
+    assert len(seen) == 300 and all(r["body"] == body for r in seen)
+
+
 def put(path: bytes):
     return [(b":method", b"PUT"), (b":scheme", b"http"), (b":path", path),
             (b":authority", b"app.test")]
