@@ -5,6 +5,7 @@ RFC 6749 error; the state shared by two instances through Redis."""
 
 from __future__ import annotations
 
+import base64
 import re
 import time
 from urllib.parse import parse_qs, urlsplit
@@ -419,4 +420,28 @@ def test_malformed_requests_are_rfc_6749_errors_not_failures(rp, provider):
     _error(rp.browser.get(f"{path}?response_type=code&client_id=app&client_id=other"
                           f"&redirect_uri={APP_CALLBACK}&scope=openid&state=st-123"), 400,
            "invalid_request")
+    assert not any("Traceback" in line for line in server.lines)
+
+
+def test_parameters_and_credentials_authlib_cannot_quote_are_refused_not_failures(rp, provider):
+    """A redirect URI, response type or grant type holding a control character, a quote
+    or a non-ASCII letter (Authlib quotes them in error descriptions, which must be
+    printable ASCII), and Basic credentials that are not UTF-8: each was a 500."""
+    server = provider[0]
+    rp.sign_in("ann")
+    for field, value in (("redirect_uri", APP_CALLBACK + "\n"), ("redirect_uri", APP_CALLBACK + '"'),
+                         ("redirect_uri", "https://app.test/callbäck"),
+                         ("response_type", 'code"'), ("response_type", "cöde")):
+        resp, _ = rp.authorize(**{field: value})
+        _error(resp, 400, "invalid_request")
+        assert "location" not in resp.headers
+    code, verifier = rp.code()
+    _error(rp.token({"grant_type": "authorization_code\t"}), 400, "invalid_request")
+    odd = base64.b64encode("app:\xff\xfe".encode("latin-1")).decode()
+    _error(rp.backend.post(rp.metadata["token_endpoint"], headers={"Authorization": "Basic " + odd},
+                           data={"grant_type": "authorization_code", "code": code,
+                                 "redirect_uri": APP_CALLBACK, "code_verifier": verifier}),
+           401, "invalid_client")
+    # The code was not spent by the refusals: the client redeems it.
+    assert rp.redeem(code, verifier).status_code == 200
     assert not any("Traceback" in line for line in server.lines)

@@ -19,6 +19,8 @@ it, the user and what it will receive, with Allow and Deny; the form is the port
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import html
 import json
 import math
@@ -26,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from authlib.oauth2 import OAuth2Error
+from authlib.oauth2.base import invalid_error_characters
 from authlib.oauth2.rfc6749 import scope_to_list
 
 from nestgate.handlers.auth.oidc.config import (AUTHORIZE_PATH, DISCOVERY_PATH, JWKS_PATH,
@@ -37,6 +40,10 @@ from nestgate.handlers.auth.store import StoreUnavailable, store_errors, token_h
 
 MAX_FORM = 16 * 1024
 MAX_FIELDS = 50
+# Parameters Authlib quotes in an error's description, which RFC 6749 (Appendix A) makes
+# printable ASCII; Authlib raises ValueError (a 500) when a description holds anything
+# else, so a value with such a character is refused as malformed first.
+QUOTED_IN_ERRORS = ("redirect_uri", "response_type", "grant_type")
 SECRET_THREADS = 2    # argon2 checks of client secrets at once, per worker
 OTHER_THREADS = 1     # authorize, userinfo, keys: never queued behind those checks
 
@@ -112,6 +119,10 @@ class OpenIDProvider:
     def provider_request(self, request, query: dict, form: dict) -> ProviderRequest:
         headers = Headers((n.decode("latin-1"), v.decode("latin-1"))
                           for n, v in request.headers)
+        if not _basic_credentials_readable(headers.get("authorization")):
+            # Authlib decodes them as UTF-8 and fails with a 500: such credentials are
+            # none, and the client is refused as any client without them (401).
+            del headers["authorization"]
         uri = self.server.cfg.issuer + request.raw_target.decode("latin-1")
         return ProviderRequest(request.method.decode("latin-1"), uri, headers, query, form)
 
@@ -123,10 +134,33 @@ async def _answer(request, result) -> None:
 
 
 def _parse(text: str) -> dict[str, list[str]] | None:
+    """The parameters; None when there are too many, or one that Authlib would quote in
+    an error holds what RFC 6749 does not allow there."""
     try:
-        return parse_qs(text, max_num_fields=MAX_FIELDS)
+        params = parse_qs(text, max_num_fields=MAX_FIELDS)
     except ValueError:
         return None
+    if any(invalid_error_characters(value) for name in QUOTED_IN_ERRORS
+           for value in params.get(name, ())):
+        return None
+    return params
+
+
+def _basic_credentials_readable(authorization: str | None) -> bool:
+    """False for `Basic` credentials that decode from base64 but not from UTF-8 (what
+    is not base64 Authlib itself takes for no credentials)."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "basic":
+        return True
+    try:
+        decoded = base64.b64decode(token.strip())
+    except (binascii.Error, ValueError):
+        return True
+    try:
+        decoded.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 async def _read_form(request) -> dict[str, list[str]] | None:
