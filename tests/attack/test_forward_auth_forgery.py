@@ -13,6 +13,9 @@
 4. A path with dot segments asked about: answered for the path without them while the
    proxy asking forwards it as it came, so `/x/../open/y` was let in as `/open/y` and
    went to an upstream that routes it under `/x/`. Such a question is refused.
+5. A prefix route's path without its last slash (`/closed` for `/closed/`): answered
+   by a shorter prefix's policy, while nestgate's own proxy routes take it as the
+   route's and the asking proxy's upstream may serve it as `/closed/`.
 """
 
 from __future__ import annotations
@@ -64,6 +67,12 @@ prefix = "/open/"
 type = "return"
 body = "open"
 policy = "bypass"
+
+[[site.route]]
+prefix = "/closed/"
+type = "return"
+body = "closed"
+policy = "deny"
 
 [[site]]
 hosts = ["*"]
@@ -271,3 +280,24 @@ def test_a_path_with_dot_segments_is_never_let_in(start_server):
     assert [status for status, _ in answers(port, plain)] == [200, 200, 302]
     grown = server.worker_rss_kib() - before
     assert grown < RSS_GROWTH_BOUND_KIB, f"worker grew by {grown} KiB"
+
+
+def test_a_prefix_without_its_slash_is_asked_about_as_the_prefix(start_server):
+    server = start_server(PROVIDER)
+    port = server.port()
+    browser = Browser(port, "home.test")
+    assert browser.sign_in("ann")[0].status == 303
+    cookie = "; ".join(f"{k}={v}" for k, v in browser.jar.items()).encode()
+    asked = []
+    for path in ("/closed", "/closed?x=1", "/closed/", "/closed/x", "/%63losed", "/closedx"):
+        asked.append(question({"X-Forwarded-Host": "home.test", "X-Forwarded-Uri": path},
+                              "forward-auth", b"Cookie: " + cookie + b"\r\n"))
+        asked.append(question({"X-Original-URL": "https://home.test" + path},
+                              "auth-request", b"Cookie: " + cookie + b"\r\n"))
+    statuses = [status for status, _ in answers(port, asked)]
+    # `/closedx` is not under `/closed/`: the site's own policy lets ann in.
+    assert statuses == [403] * 10 + [200, 200], statuses
+    # Without a session `/open` is the bypass route's: let in, as `/open/` is.
+    opened = answers(port, [question({"X-Forwarded-Host": "home.test", "X-Forwarded-Uri": "/open"},
+                                     "forward-auth")])
+    assert opened[0][0] == 200

@@ -111,7 +111,10 @@ class Questions:
             if route.path:
                 table.add_exact(route.path, question, route.label)
             else:
-                table.add_prefix(route.prefix, question, route.label)
+                # `/admin` is asked about as `/admin/`, as nestgate's own proxy routes
+                # take it: the asking proxy's upstream may serve it as `/admin/`, and a
+                # shorter prefix's policy would let it in there.
+                table.add_prefix(route.prefix, question, route.label, slashless=question)
         self.router.add_site([h for h in site_config.hosts if h != "*"], table)
 
     def find(self, host: bytes, raw_path: bytes) -> Question | None:
