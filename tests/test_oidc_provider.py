@@ -445,3 +445,40 @@ def test_parameters_and_credentials_authlib_cannot_quote_are_refused_not_failure
     # The code was not spent by the refusals: the client redeems it.
     assert rp.redeem(code, verifier).status_code == 200
     assert not any("Traceback" in line for line in server.lines)
+
+
+def test_prompt_login_and_an_exceeded_max_age_ask_for_a_fresh_sign_in(rp, provider):
+    """OpenID Connect Core 3.1.2.1: the user signs in again (the ID token's auth_time
+    says when), and comes back once; with prompt=none, login_required."""
+    rp.sign_in("ann")
+    time.sleep(1.1)                        # the session is older than max_age=0
+    for asked in ({"prompt": "login"}, {"max_age": "0"}, {"max_age": "x"},
+                  {"prompt": "login", "max_age": "3600"}):
+        resp, verifier = rp.authorize(**asked)
+        assert resp.status_code == 303, (asked, resp.status_code, resp.text)
+        login = resp.headers["location"]
+        assert login.startswith("/__auth__/login?next=/__auth__/oidc/authorize"), login
+        page = rp.browser.get(login, headers={"Accept": "text/html"}).text
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page).group(1)
+        back = re.search(r'name="next" value="([^"]+)"', page).group(1).replace("&amp;", "&")
+        query = parse_qs(urlsplit(back).query)
+        assert "max_age" not in query and "login" not in query.get("prompt", [""])[0]
+        assert query["state"] == ["st-123"] and query["nonce"] == ["n-456"]
+        signed_at = time.time()
+        signed = rp.browser.post("/__auth__/login", data={
+            "user": "ann", "password": "demo-password", "csrf": csrf, "next": back})
+        assert signed.status_code == 303 and signed.headers["location"] == back
+        answer = rp.browser.get(back)
+        assert answer.status_code == 302, answer.text
+        code = parse_qs(urlsplit(answer.headers["location"]).query)["code"][0]
+        tokens = rp.redeem(code, verifier).json()
+        jwks = KeySet.import_key_set(rp.backend.get(rp.metadata["jwks_uri"]).json())
+        claims = jwt.decode(tokens["id_token"], jwks).claims
+        assert claims["auth_time"] >= int(signed_at) - 1, (asked, claims)
+    # A session younger than max_age: no sign-in.
+    code, verifier = rp.code(max_age="3600")
+    # prompt=none cannot sign in again: the client is told.
+    time.sleep(1.1)
+    resp, _ = rp.authorize(prompt="none", max_age="0")
+    _redirect_error(resp, "login_required")
+    assert not any("Traceback" in line for line in provider[0].lines)

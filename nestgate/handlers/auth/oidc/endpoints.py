@@ -10,7 +10,8 @@ client that failed to authenticate) or, once the client and redirect URI are kno
 good, a redirect carrying `error` and `state`.
 
 /authorize without a session goes to the site's sign-in page and comes back
-(`next`): sign-in is the portal's, with its back-off and second factor. With a
+(`next`): sign-in is the portal's, with its back-off and second factor. So does a
+request with `prompt=login`, or whose session is older than its `max_age`. With a
 session, a client with `consent = "explicit"` (the default) gets a page that names
 it, the user and what it will receive, with Allow and Deny; the form is the portal's
 (CSRF token bound to a cookie of this site, Origin checked), posted to the same path.
@@ -24,12 +25,14 @@ import binascii
 import html
 import json
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from authlib.oauth2 import OAuth2Error
 from authlib.oauth2.base import invalid_error_characters
 from authlib.oauth2.rfc6749 import scope_to_list
+from authlib.oidc.core.errors import LoginRequiredError
 
 from nestgate.handlers.auth.oidc.config import (AUTHORIZE_PATH, DISCOVERY_PATH, JWKS_PATH,
                                                 REVOKE_PATH, TOKEN_PATH, USERINFO_PATH)
@@ -298,6 +301,8 @@ class Authorize(_Endpoint):
             await request.send(303, [(b"location", login_url(target).encode("latin-1")),
                                      (b"cache-control", b"no-store")], b"")
             return
+        if decision is None and await self.sign_in_again(request, req, query, grant):
+            return
         if decision is None and client.client.admits(user) and (
                 client.client.consent == "explicit" or getattr(grant, "prompt", "") == "consent"):
             await self.consent_page(request, client.client, user, req)
@@ -306,6 +311,34 @@ class Authorize(_Endpoint):
             else None
         await _answer(request, await provider.call(
             provider.server.create_authorization_response, req, granted, grant))
+
+    async def sign_in_again(self, request, req, query, grant) -> bool:
+        """OpenID Connect Core 3.1.2.1: `prompt=login`, or a session older than
+        `max_age` seconds, asks for a fresh sign-in. The browser goes to the sign-in page
+        and comes back to the request without them (asked again, they would send it
+        round for ever); the ID token's `auth_time` then tells the client when the user
+        signed in. With `prompt=none` that cannot be: login_required. True when
+        answered here."""
+        prompts = set(query.get("prompt", [""])[0].split())
+        max_age = query.get("max_age", [None])[0]
+        stale = max_age is not None and (
+            not max_age.isdigit() or time.time() - req.auth_time > int(max_age))
+        if "login" not in prompts and not stale:
+            return False
+        if "none" in prompts:
+            refusal = LoginRequiredError(state=req.payload.state,
+                                         redirect_uri=grant.redirect_uri)
+            await _answer(request, self.provider.server.error(req, refusal))
+            return True
+        back = {k: v for k, v in query.items() if k != "max_age"}
+        rest = " ".join(p for p in query.get("prompt", [""])[0].split() if p != "login")
+        back.pop("prompt", None)
+        if rest:
+            back["prompt"] = [rest]
+        target = AUTHORIZE_PATH + "?" + _query_text(back)
+        await request.send(303, [(b"location", login_url(target).encode("latin-1")),
+                                 (b"cache-control", b"no-store")], b"")
+        return True
 
     async def consent_page(self, request, client, user, req) -> None:
         scopes = scope_to_list(req.scope) or []
