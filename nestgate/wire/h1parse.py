@@ -281,7 +281,12 @@ class RequestReader:
                            keep_alive, self._t0)
         req.body = self._body = Body(self, self._expect_continue(version), self._body_length) \
             if has_body else None
-        req.upgrade = parser.should_upgrade()
+        # An HTTP/1.0 request's Upgrade is ignored (RFC 9110 7.8): a client or proxy in
+        # front that speaks HTTP/1.0 knows no 101 and would go on sending requests on
+        # the connection, which a tunnel would carry to the upstream unchecked. It is
+        # answered as a plain request, and the connection ends after it (httptools
+        # reads no further once it has seen an upgrade).
+        req.upgrade = parser.should_upgrade() and version != "1.0"
         self._sync = None
         self._parsing = req if has_body else None
         if self._active is None and not self._queue:

@@ -110,6 +110,35 @@ def test_upgrade_pipelined_behind_a_refused_upgrade_is_not_read(start_server, up
     assert [r["target"] for r in up.requests] == ["/status/426"]
 
 
+def test_an_http1_0_upgrade_is_a_plain_request_and_nothing_after_it_is_read(start_server,
+                                                                           upstream):
+    # RFC 9110 7.8: an HTTP/1.0 request's Upgrade is ignored. A client or proxy that
+    # speaks HTTP/1.0 knows no 101: tunnelled, its next request went to the upstream
+    # as tunnel bytes, past every check. Before: 101, and "GET /SMUGGLED" echoed back.
+    up = upstream()
+    server = start_server(tunnel_gateway(up.url))
+    old = (b"GET /ws HTTP/1.0\r\nHost: app.test\r\nConnection: Upgrade, keep-alive\r\n"
+           b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", server.port()), timeout=5) as sock:
+        sock.sendall(old + b"GET /smuggled HTTP/1.0\r\nHost: app.test\r\n\r\n")
+        data = b""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:       # until nestgate closes (or 5 s)
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                chunk = sock.recv(65536)
+            except socket.timeout:
+                break
+            if not chunk:
+                break
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200 ") and data.count(b"HTTP/1.1 ") == 1, data[:300]
+    assert b"SMUGGLED" not in data.upper(), data[-300:]
+    assert [r["target"] for r in up.requests] == ["/ws"]
+    assert "upgrade" not in dict(up.requests[0]["headers"])
+    assert up.tunnels_ended == []
+
+
 # ------------------------------------------------------------------ idle tunnels
 def test_idle_tunnel_is_closed_on_both_sides(start_server, upstream):
     up = upstream()
