@@ -549,3 +549,33 @@ def test_passwd_totp_prints_the_qr_code_and_writes_it_as_a_png(tmp_path):
                           str(png)], input="s3cret\n", capture_output=True, text=True,
                          env=_env(), cwd=REPO, timeout=30)
     assert bad.returncode == 2 and "--png needs --totp" in bad.stderr
+
+
+def test_a_form_from_another_port_of_the_same_host_is_refused(gate):
+    """Another port is another origin, one that can plant the CSRF cookie (cookies do
+    not tell ports apart) beside a token it fetched itself: its Origin is refused. Before,
+    only the host name was compared, and the planted pair signed the user out."""
+    server, _up = gate(extra_auth='\n[client_ip]\ntrusted_proxies = ["127.0.0.2"]\n')
+    attacker = Browser(server.port())
+    token = attacker.login_form()                     # a pair fetched by the attacker
+    nonce = attacker.jar["nestgate_csrf"]
+    victim = Browser(server.port())
+    assert victim.sign_in()[0].status == 303
+    victim.jar["nestgate_csrf"] = nonce               # planted from the other port
+    for origin in ("http://private.test:8443", "https://private.test:8443",
+                   "http://private.test:0", "http://[::1]:80"):
+        resp, _ = victim.post_form("/__auth__/logout", {"csrf": token}, {"Origin": origin})
+        assert resp.status == 403, origin
+    assert victim.request("GET", "/echo")[0].status == 200        # still signed in
+    # The site's own origin, with its default port spelt out or not: signed out.
+    assert victim.post_form("/__auth__/logout", {"csrf": token},
+                            {"Origin": "http://private.test:80"})[0].status == 303
+    # A request on a port of its own names it in Host and Origin alike.
+    b = Browser(server.port(), host="private.test:8080")
+    assert b.sign_in(headers={"Origin": "http://private.test:8080"})[0].status == 303
+    assert Browser(server.port(), host="private.test:8080").sign_in(
+        headers={"Origin": "http://private.test"})[0].status == 403
+    # Through a trusted proxy, which may have left the port out of Host, the host name
+    # is compared alone.
+    proxied = Browser(server.port(), source="127.0.0.2")
+    assert proxied.sign_in(headers={"Origin": "https://private.test:8443"})[0].status == 303

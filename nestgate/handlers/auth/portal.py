@@ -104,6 +104,36 @@ def safe_next(value: str | None) -> str:
     return value
 
 
+_DEFAULT_PORTS = {b"http": b"80", b"https": b"443"}
+
+
+def _origin_is_the_sites(origin: bytes, request) -> bool:
+    """A form's `Origin` names the request's own host and, for a browser's own
+    connection, its port: a page on another port of the same host is another origin
+    (RFC 6454) that can plant the CSRF cookie (cookies do not tell ports apart) and post
+    a token it fetched itself. A trusted proxy in front may have rewritten Host without
+    the port (nginx's `$host`), so through one the host name alone is compared."""
+    scheme, sep, authority = origin.partition(b"://")
+    if not sep:
+        scheme, authority = b"", origin
+    if host_name(authority) != host_name(request.host):
+        return False
+    if request.connection.xff_trusted:
+        return True
+    # A browser leaves the scheme's default port out of both; the Origin's scheme
+    # says which default a bare Host stands for.
+    default = _DEFAULT_PORTS.get(scheme.lower(), b"")
+    return _port(authority, default) == _port(request.host, default)
+
+
+def _port(authority: bytes, default: bytes) -> bytes:
+    """The port of host[:port] (an IPv6 literal's colons are not one), else `default`."""
+    _, bracket, after = authority.rpartition(b"]")
+    rest = after if bracket else authority
+    _, colon, port = rest.rpartition(b":")
+    return port.strip() if colon and port.strip() else default
+
+
 def cookies(headers) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, value in headers:
@@ -343,10 +373,8 @@ class SignIn:
 
     async def csrf_ok(self, request, form) -> bool:
         origin = request.header(b"origin")
-        if origin and origin != b"null":
-            origin_host = origin.split(b"://", 1)[-1]
-            if host_name(origin_host) != host_name(request.host):
-                return False
+        if origin and origin != b"null" and not _origin_is_the_sites(origin, request):
+            return False
         nonce = cookies(request.headers).get(CSRF_COOKIE, "")
         given = form.get("csrf", "")
         if not nonce or not given:
