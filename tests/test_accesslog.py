@@ -228,3 +228,18 @@ def test_an_h2_stream_refused_413_is_logged_for_its_own_client(start_server, ups
     assert conn.answers([first])[first].status == 413
     conn.close()
     assert logged(server, log) == [("203.0.113.5", "/echo", 413)]
+
+
+def test_the_combined_format_escapes_characters_that_reorder_or_hide_text(tmp_path):
+    # A right-to-left override in a path (decoded from UTF-8) made a terminal show the
+    # rest of the line reversed (the status, the User-Agent, the host read as something
+    # else); a zero-width space hides text. Both reached the combined log raw. Header
+    # values are read as Latin-1, so their UTF-8 bytes never form these characters.
+    wire, path = logged_wire(tmp_path, ("203.0.113.7", 5000), format="combined")
+    wire.send(b"GET /a%E2%80%AEb%E2%81%A6c%E2%80%8Bd%EF%BB%BFe HTTP/1.1\r\nHost: a\r\n"
+              b"User-Agent: x\xe2\x80\xaey\r\n\r\n")
+    wire.worker.access_log.flush()
+    line = path.read_text()
+    assert '"GET /a\\u202Eb\\u2066c\\u200Bd\\uFEFFe HTTP/1.1"' in line, line
+    assert not any(0x200B <= ord(c) <= 0x206F or c == "\ufeff" for c in line)
+    wire.close()

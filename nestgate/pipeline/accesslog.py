@@ -16,12 +16,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import time
+import unicodedata
 
 from nestgate.base.clock import CLOCK
 
 _MAX_BUFFERED = 10_000      # records; a burst above this is flushed early
 _PIPE_CHUNK = 4096          # stdout may be a pipe shared by workers: keep writes atomic
+# POSIX keeps a write of at most PIPE_BUF bytes to a pipe whole; a longer one may be
+# cut by another worker's write to the same pipe (or socket: journald's stdout), which
+# splices two records into one line and breaks both. On such an output a record longer
+# than this has its longest client-written fields shortened until it fits.
+_WHOLE_LINE = _PIPE_CHUNK
+_FIELD_START = 1024         # characters a shortened field keeps at first; halved until it fits
+_CUT = "..."
 
 log = logging.getLogger("nestgate.accesslog")
 
@@ -40,11 +49,17 @@ class AccessLog:
     def reopen(self) -> None:
         if self.path in ("-", ""):
             self.fd = 1
-            return
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-        old, self.fd = self.fd, fd
-        if old > 2:
-            os.close(old)
+        else:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            old, self.fd = self.fd, fd
+            if old > 2:
+                os.close(old)
+        # Appends to a regular file are whole whatever their size; only a pipe or a
+        # socket (stdout under systemd, Docker, a shell pipe) needs short records.
+        try:
+            self.fit_lines = not stat.S_ISREG(os.fstat(self.fd).st_mode)
+        except OSError:
+            self.fit_lines = True
 
     def record(self, client, method, host, path, status, sent, t0, headers, route,
                protocol: str = "HTTP/1.1") -> None:
@@ -61,6 +76,10 @@ class AccessLog:
         render = _json_line if self.format == "json" else _combined_line
         geo = self.geo
         lines = [render(r, geo.country(r[1]) if geo is not None else None) for r in records]
+        if self.fit_lines:
+            lines = [line if len(line) <= _WHOLE_LINE else
+                     _fitted(r, render, geo.country(r[1]) if geo is not None else None)
+                     for r, line in zip(records, lines)]
         self._write(lines)
 
     def _write(self, lines: list[bytes]) -> None:
@@ -112,6 +131,28 @@ def _write_all(fd: int, data: bytes) -> OSError | None:
     return None
 
 
+def _fitted(r: tuple, render, country) -> bytes:
+    """The record rendered within `_WHOLE_LINE` bytes: host, path, User-Agent and Referer
+    (the fields a client writes at length) cut to a shorter and shorter prefix, each
+    cut marked with "...". Escaping can make a character six bytes, hence the loop."""
+    keep = _FIELD_START
+    while True:
+        wall, client, method, host, path, status, sent, duration_us, headers, route, protocol = r
+        headers = [(name, _cut(value, keep)) for name, value in headers
+                   if name in (b"user-agent", b"referer")]
+        line = render((wall, client, method, _cut(host, keep), _cut(path, keep), status, sent,
+                       duration_us, headers, route, protocol), country)
+        if len(line) <= _WHOLE_LINE or keep <= 16:
+            return line
+        keep //= 2
+
+
+def _cut(value, keep: int):
+    if len(value) <= keep:
+        return value
+    return value[:keep] + (_CUT.encode() if isinstance(value, bytes) else _CUT)
+
+
 def should_log(log_loopback: bool, client: str) -> bool:
     return log_loopback or not (client.startswith("127.") or client == "::1")
 
@@ -146,6 +187,11 @@ def _json_line(r: tuple, country: str | None = None) -> bytes:
 # may hold "%0A" as a newline) can neither end its quotes nor start a new line.
 _ESCAPES = {c: f"\\x{c:02X}" for c in (*range(0x20), *range(0x7F, 0xA0), 0x22, 0x5C)}
 _ESCAPES.update({c: f"\\u{c:04X}" for c in (0x2028, 0x2029)})   # Unicode line separators
+# Invisible format characters (category Cf): the bidi overrides and isolates (U+202A-E,
+# U+2066-9) make a terminal or log viewer show the rest of a line reordered, so a path
+# could display as another path, status or client; zero-width ones hide text.
+_ESCAPES.update({c: f"\\u{c:04X}" for c in (*range(0x10000), *range(0xE0000, 0xE0080))
+                 if unicodedata.category(chr(c)) == "Cf"})
 
 
 def _esc(value) -> str:
