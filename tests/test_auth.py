@@ -579,3 +579,22 @@ def test_a_form_from_another_port_of_the_same_host_is_refused(gate):
     # is compared alone.
     proxied = Browser(server.port(), source="127.0.0.2")
     assert proxied.sign_in(headers={"Origin": "https://private.test:8443"})[0].status == 303
+
+
+def test_a_protected_sites_own_files_and_bodies_are_private(start_server, upstream, tmp_path):
+    # A static file on a protected site went out with Last-Modified and no
+    # Cache-Control: a shared cache may keep it by heuristic and give it to anyone.
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "report.html").write_text("<p>family only</p>")
+    site = (f'[[site.route]]\nprefix = "/files/"\ntype = "static"\nroot = "{tmp_path / "files"}"\n'
+            f'\n[[site.route]]\nprefix = "/kept/"\ntype = "static"\nroot = "{tmp_path / "files"}"\n'
+            f'cache_control = "max-age=60"\n'
+            f'\n[[site.route]]\npath = "/note"\ntype = "return"\nbody = "family note"\n')
+    server = start_server(protected(upstream().url, str(tmp_path / "s.db"), site_extra=site))
+    b = Browser(server.port())
+    assert b.sign_in()[0].status == 303
+    for path, cache_control in (("/files/report.html", "private"), ("/note", "private"),
+                                ("/kept/report.html", "max-age=60")):
+        resp, body = b.request("GET", path)
+        assert resp.status == 200 and b"family" in body
+        assert resp.msg.get_all("cache-control") == [cache_control], path

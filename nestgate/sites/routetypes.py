@@ -96,13 +96,25 @@ def site_headers(site_config, config) -> list[tuple[str, str]]:
     return site_config.security.headers(any(listener.tls for listener in config.listeners))
 
 
+# A protected site's own answers say `private` unless the route sets its own
+# Cache-Control, as its proxied answers do: a shared cache in front (a CDN, a company
+# proxy) may keep a 200 it saw for a signed-in user (with Last-Modified, as static files
+# have, by heuristic: RFC 9111 4.2.2) and hand it to anyone who asks, without a session.
+PRIVATE = ("cache-control", "private")
+
+
+def _private_headers(site_config, own_cache_control: str = "") -> list[tuple[str, str]]:
+    return [PRIVATE] if site_config.protected and not own_cache_control else []
+
+
 def _build_return(route, site_config, config):
     from nestgate.base.compress import Encoded
     from nestgate.base.responses import Prebuilt
     o = route.options
+    headers = _private_headers(site_config)
     if not o.compress:
-        return Prebuilt(o.status, o.body, o.content_type)
-    answer = Encoded(o.status, o.body, o.content_type)
+        return Prebuilt(o.status, o.body, o.content_type, headers)
+    answer = Encoded(o.status, o.body, o.content_type, headers)
     # A body not worth compressing stays a plain ready response.
     return answer if len(answer.codings) > 1 else answer.identity
 
@@ -115,8 +127,9 @@ def _build_redirect(route, site_config, config):
 def _build_static(route, site_config, config):
     from nestgate.base.errorpages import error_pages
     from nestgate.handlers.static import StaticFiles
-    return StaticFiles(route.options, route.prefix or route.path,
-                       site_headers(site_config, config), error_pages(config, site_config)[404].page,
+    headers = site_headers(site_config, config)
+    headers += _private_headers(site_config, route.options.cache_control)
+    return StaticFiles(route.options, route.prefix or route.path, headers, error_pages(config, site_config)[404].page,
                        site=site_config.name)
 
 
