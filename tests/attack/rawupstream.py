@@ -204,3 +204,18 @@ def guarded_gateway(request, tmp_path_factory, upstream, certs, refused_prefix: 
     shared = request.config.pluginmanager.get_plugin(
         str(Path(__file__).resolve().parents[1] / "conftest.py"))
     return shared.Server(path)
+
+
+def refused_corpus_stays_bounded(gateway, up: RawUpstream, corpus, rss_growth_kib: int,
+                                 seconds: float = 60) -> None:
+    """Run `corpus` (every request of it refused) once to warm up, then three times:
+    within `seconds`, nothing reaching `up`, the worker growing under `rss_growth_kib`."""
+    corpus()                            # warm-up: imports, caches, allocator arenas
+    before = gateway.worker_rss_kib()
+    start = time.monotonic()
+    for _ in range(3):
+        corpus()
+    assert time.monotonic() - start < seconds
+    grown = gateway.worker_rss_kib() - before
+    assert up.take() == []
+    assert grown < rss_growth_kib, f"worker grew {grown} KiB"
