@@ -12,8 +12,10 @@ import subprocess
 import sys
 import threading
 import time
+from urllib.parse import urlencode
 
 import pytest
+from attack.h2raw import DataFrame, RawH2
 
 from conftest import (HTML, PASSWORD_HASH, REPO, TOTP_SECRET, Browser, _env, ask, otp_code,
                       protected, settled_step, v1)
@@ -579,6 +581,35 @@ def test_a_form_from_another_port_of_the_same_host_is_refused(gate):
     # is compared alone.
     proxied = Browser(server.port(), source="127.0.0.2")
     assert proxied.sign_in(headers={"Origin": "https://private.test:8443"})[0].status == 303
+
+
+def test_a_form_from_another_port_is_refused_over_http2_too(start_server, upstream, tmp_path):
+    """The Origin's port is checked against :authority as against Host: a sign-in over
+    h2c whose Origin names another port of the host is refused; its own port passes."""
+    server = start_server(protected(upstream().url, str(tmp_path / "state.db")).replace(
+        'proxy_protocol_from = ["127.0.0.1"]', "http2_cleartext = true", 1))
+    attacker = Browser(server.port())
+    token = attacker.login_form()
+    cookie = f"nestgate_csrf={attacker.jar['nestgate_csrf']}".encode()
+    body = urlencode({"user": "demo", "password": "demo-password", "csrf": token,
+                      "next": "/"}).encode()
+
+    def sign_in(authority: bytes, origin: bytes) -> int:
+        conn = RawH2(server.port(), None)
+        try:
+            stream = conn.request([
+                (b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/__auth__/login"),
+                (b":authority", authority), (b"origin", origin), (b"cookie", cookie),
+                (b"content-type", b"application/x-www-form-urlencoded"),
+                (b"content-length", b"%d" % len(body))], end=False)
+            conn.send(DataFrame(stream, body, flags={"END_STREAM"}))
+            return conn.answers([stream])[stream].status
+        finally:
+            conn.close()
+
+    assert sign_in(b"private.test:8080", b"http://private.test") == 403
+    assert sign_in(b"private.test", b"http://private.test:8443") == 403
+    assert sign_in(b"private.test:8080", b"http://private.test:8080") == 303
 
 
 def test_a_protected_sites_own_files_and_bodies_are_private(start_server, upstream, tmp_path):
