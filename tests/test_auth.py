@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 
 import pytest
 from attack.h2raw import DataFrame, RawH2
+import softauthn
 
 from conftest import (HTML, PASSWORD_HASH, REPO, TOTP_SECRET, Browser, _env, ask, otp_code,
                       protected, settled_step, v1)
@@ -558,12 +559,11 @@ def test_a_form_from_another_port_of_the_same_host_is_refused(gate):
     not tell ports apart) beside a token it fetched itself: its Origin is refused. Before,
     only the host name was compared, and the planted pair signed the user out."""
     server, _up = gate(extra_auth='\n[client_ip]\ntrusted_proxies = ["127.0.0.2"]\n')
-    attacker = Browser(server.port())
-    token = attacker.login_form()                     # a pair fetched by the attacker
-    nonce = attacker.jar["nestgate_csrf"]
     victim = Browser(server.port())
     assert victim.sign_in()[0].status == 303
-    victim.jar["nestgate_csrf"] = nonce               # planted from the other port
+    # Even with the session's own token (a planted pair is refused whatever the Origin:
+    # test_a_planted_csrf_pair_passes_for_no_sessions_form), another port's Origin is.
+    token = victim.form_token("/__auth__/logout")
     for origin in ("http://private.test:8443", "https://private.test:8443",
                    "http://private.test:0", "http://[::1]:80"):
         resp, _ = victim.post_form("/__auth__/logout", {"csrf": token}, {"Origin": origin})
@@ -581,6 +581,52 @@ def test_a_form_from_another_port_of_the_same_host_is_refused(gate):
     # is compared alone.
     proxied = Browser(server.port(), source="127.0.0.2")
     assert proxied.sign_in(headers={"Origin": "https://private.test:8443"})[0].status == 303
+
+
+def test_a_planted_csrf_pair_passes_for_no_sessions_form(gate):
+    """A page that can set cookies for this host (its http:// origin, a sibling under
+    `cookie_domain`) can plant the CSRF cookie beside a token it fetched itself, and post
+    with no Origin or `null` (what a sandboxed frame sends). A form that acts on a session
+    takes only that session's token: the planted pair, or another session's token, is
+    403 and the session goes on. Before, the pair signed the victim out and made new
+    recovery codes. Two workers: a token made by one passes on the other."""
+    server, _up = gate(workers=2)
+    port = server.port()
+    attacker = Browser(port)
+    planted = {path: (attacker.form_token(path), attacker.jar["nestgate_csrf"])
+               for path in ("/__auth__/login", "/__auth__/logout")}
+    assert attacker.sign_in()[0].status == 303
+    theirs = attacker.form_token("/__auth__/logout")      # the attacker's own session's
+    victim = Browser(port)
+    assert victim.sign_in()[0].status == 303
+    for token, nonce in planted.values():
+        victim.jar["nestgate_csrf"] = nonce
+        for origin in ({}, {"Origin": "null"}, {"Origin": "http://private.test"}):
+            assert victim.post_form("/__auth__/logout", {"csrf": token},
+                                    origin)[0].status == 403
+            assert victim.post_form("/__auth__/account", {"csrf": token,
+                                                          "action": "recovery"},
+                                    origin)[0].status == 403
+            status, _ = softauthn.options(victim, "register", token)
+            assert status == 403
+    assert victim.post_form("/__auth__/logout", {"csrf": theirs})[0].status == 403
+    assert victim.request("GET", "/echo")[0].status == 200        # still signed in
+    # The session's own token: the forms work, on either worker.
+    for _ in range(4):
+        assert victim.post_form("/__auth__/account", {
+            "csrf": victim.form_token("/__auth__/account"), "action": "rename"})[0].status == 303
+    resp, _ = victim.sign_out()
+    assert resp.status == 303 and "nestgate_session" not in victim.jar
+    # The sign-in form (no session yet) stays a double submit: the token with the
+    # cookie it was made for passes, and a made-up or mismatched one does not.
+    stranger = Browser(port)
+    token, nonce = planted["/__auth__/login"]
+    stranger.jar["nestgate_csrf"] = nonce
+    assert stranger.sign_in(csrf="0" * 64)[0].status == 403
+    stranger.jar["nestgate_csrf"] = "made-up"
+    assert stranger.sign_in(csrf=token)[0].status == 403
+    stranger.jar["nestgate_csrf"] = nonce
+    assert stranger.sign_in(csrf=token)[0].status == 303
 
 
 def test_a_form_from_another_port_is_refused_over_http2_too(start_server, upstream, tmp_path):

@@ -13,9 +13,16 @@ A signed-in user the policy refuses gets a 403 page that names the user and says
 with "sign in as someone else": the sign-out form, going on to the sign-in page and
 back to the refused address. No redirect, so no loop.
 
-CSRF: both forms (sign in, sign out) carry HMAC(store secret, nonce) and the nonce
-travels in a cookie only this site can set; an Origin header, when sent, must name
-this Host. A GET of either path changes nothing: sign-out is a POST, so another
+CSRF: every form carries an HMAC under the store's secret (one for all workers and,
+through Redis, all instances). A browser with a session cookie gets one of that
+session's token hash, so the forms that act on a session (sign out, account, passkey
+registration, an OpenID client's consent) take no token but one its own pages were
+given: a cookie and token planted by a page that can set cookies for this host (its
+http:// origin, another port, a sibling under `cookie_domain`) are refused. Without a
+session (the sign-in form) it is a double submit: HMAC(secret, nonce), the nonce in a
+cookie, so a token is worth nothing without the cookie it was made for and no token
+can be made up. An Origin header, when sent, must name this Host. A GET of either
+path changes nothing: sign-out is a POST, so another
 site cannot end a session with an <img>. After sign-in the visitor goes back to
 `next`, which must be a path on this Host (never `//elsewhere` or a scheme): no
 open redirect.
@@ -299,14 +306,14 @@ class SignIn:
 
     async def cookie_user(self, request) -> str | None:
         """The name of the user whose live session the request's cookie carries, if any."""
-        token = cookies(request.headers).get(self.cfg.cookie_name)
+        token = self.session_token(request)
         key = await self.session_user(token_hash(token)) if token else None
         return None if key is None else session_user(key)
 
     async def cookie_session(self, request) -> tuple[bytes, str, str] | None:
         """(token hash, user, factors) of the live session the request's cookie
         carries, asked of the store (for the pages that change a user's factors)."""
-        token = cookies(request.headers).get(self.cfg.cookie_name)
+        token = self.session_token(request)
         if not token:
             return None
         hashed = token_hash(token)
@@ -363,26 +370,50 @@ class SignIn:
                 parts.append(f"Domain={domain}")
         return b"set-cookie", "; ".join(parts).encode("latin-1")
 
-    async def csrf_pair(self) -> tuple[str, str]:
+    async def csrf_for(self, request) -> tuple[str, list[tuple[bytes, bytes]]]:
+        """The CSRF token of a form shown to `request`, and the cookie to set with it.
+        Bound to the session cookie the request carries when it carries one (no cookie
+        to set), else to a fresh nonce that goes in a cookie of its own."""
+        session = self.session_token(request)
+        if session:
+            return await self._csrf_mac(b"csrf-session:" + token_hash(session)), []
         nonce = secrets.token_urlsafe(18)
-        return nonce, await self.csrf_token(nonce)
+        return (await self._csrf_mac(b"csrf:" + nonce.encode()),
+                [self._csrf_cookie(request, nonce, 3600)])
 
-    async def csrf_token(self, nonce: str) -> str:
+    async def _csrf_mac(self, bound_to: bytes) -> str:
+        # The store's secret, one for every worker and, through Redis, every instance.
         secret = await self.state.secret()
-        return hmac.new(secret, b"csrf:" + nonce.encode(), hashlib.sha256).hexdigest()
+        return hmac.new(secret, bound_to, hashlib.sha256).hexdigest()
+
+    def session_token(self, request) -> str:
+        """The session cookie's value as every form that acts on a session reads it
+        (the first of that name); "" without one."""
+        return cookies(request.headers).get(self.cfg.cookie_name, "")
 
     async def csrf_ok(self, request, form) -> bool:
+        """The form's token is the one `csrf_for` gave this browser. With a session
+        cookie it must be that session's: a nonce cookie and token planted by a page
+        that can set cookies for this host (its http:// origin, another port, a sibling
+        under `cookie_domain`) pass for no session's form. Without one, the form acts on
+        no session (sign-in) and the signed nonce of the double submit is checked."""
         origin = request.header(b"origin")
         if origin and origin != b"null" and not _origin_is_the_sites(origin, request):
             return False
-        nonce = cookies(request.headers).get(CSRF_COOKIE, "")
         given = form.get("csrf", "")
-        if not nonce or not given:
+        if not given:
             return False
+        session = self.session_token(request)
+        if session:
+            expected = await self._csrf_mac(b"csrf-session:" + token_hash(session))
+        else:
+            nonce = cookies(request.headers).get(CSRF_COOKIE, "")
+            if not nonce:
+                return False
+            expected = await self._csrf_mac(b"csrf:" + nonce.encode("latin-1"))
         # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError,
         # so a 500) and a form can carry any.
-        return hmac.compare_digest((await self.csrf_token(nonce)).encode(),
-                                   given.encode("utf-8", "surrogateescape"))
+        return hmac.compare_digest(expected.encode(), given.encode("utf-8", "surrogateescape"))
 
     def _csrf_cookie(self, request, nonce: str, max_age: int) -> tuple[bytes, bytes]:
         return self.cookie(request, CSRF_COOKIE, nonce, max_age, path="/__auth__/",
@@ -432,10 +463,9 @@ class SignIn:
     async def _form_page(self, request, status: int, action: str, heading: str,
                          fields: str, button: str, after: str = "") -> None:
         """A page of one form; `after` (HTML) follows its submit button."""
-        nonce, token = await self.csrf_pair()
+        token, cookie = await self.csrf_for(request)
         body = _render_page(self.cfg.title, heading, action, token, fields, button, after)
-        await request.send(status, [*self.page_headers, self._csrf_cookie(request, nonce, 3600)],
-                           body)
+        await request.send(status, [*self.page_headers, *cookie], body)
 
     async def notice_page(self, request, status: int, heading: str, message: str,
                           next_url: str = "/", headers=()) -> None:
@@ -674,7 +704,7 @@ class Logout(_FormPath):
 
     async def submit(self, request, form: dict[str, str]) -> None:
         signin = self.signin
-        token = cookies(request.headers).get(signin.cfg.cookie_name)
+        token = signin.session_token(request)
         next_url = form.get("next")
         after = login_url(safe_next(next_url)) if next_url else LOGIN_PATH
         if token:

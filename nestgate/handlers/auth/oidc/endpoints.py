@@ -14,7 +14,7 @@ good, a redirect carrying `error` and `state`.
 request with `prompt=login`, or whose session is older than its `max_age`. With a
 session, a client with `consent = "explicit"` (the default) gets a page that names
 it, the user and what it will receive, with Allow and Deny; the form is the portal's
-(CSRF token bound to a cookie of this site, Origin checked), posted to the same path.
+(CSRF token bound to the session, Origin checked), posted to the same path.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from authlib.oidc.core.errors import LoginRequiredError
 from nestgate.handlers.auth.oidc.config import (AUTHORIZE_PATH, DISCOVERY_PATH, JWKS_PATH,
                                                 REVOKE_PATH, TOKEN_PATH, USERINFO_PATH)
 from nestgate.handlers.auth.oidc.server import Headers, Provider, ProviderRequest, UserModel
-from nestgate.handlers.auth.portal import (cookies, login_url, origin, page_or_form,
+from nestgate.handlers.auth.portal import (login_url, origin, page_or_form,
                                            read_small_body)
 from nestgate.handlers.auth.store import StoreUnavailable, store_errors, token_hash
 
@@ -111,7 +111,7 @@ class OpenIDProvider:
     async def session(self, request) -> tuple | None:
         """(user, when they signed in) of the request's live session, for a user the
         config still has; None otherwise."""
-        token = cookies(request.headers).get(self.auth.cookie_name)
+        token = self.signin.session_token(request)
         if not token:
             return None
         found = await self.signin.state.run("session", token_hash(token))
