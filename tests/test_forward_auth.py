@@ -308,10 +308,25 @@ def test_a_two_factor_route_refuses_one_factor_as_its_gate_does(provider, sessio
     ({"X-Original-Method": "GET"}, "/api/authz/auth-request"),            # no -URL
     (fwd(proto="gopher"), "/api/authz/forward-auth"),
     (original("home.test/photos"), "/api/authz/auth-request"),
+    # A method nestgate would not take itself (before: any token, `get` upper-cased).
+    (fwd(method="BREW"), "/api/authz/forward-auth"),
+    (fwd(method="get"), "/api/authz/forward-auth"),
+    (fwd(method="CONNECT"), "/api/authz/forward-auth"),
+    (fwd(method="GET_PARAMETER"), "/api/authz/forward-auth"),
+    (original(method="FOO"), "/api/authz/auth-request"),
 ])
 def test_a_question_that_names_no_request_is_400(provider, asked, path):
     status, _, body = ask(provider.port(), asked, path=path)
     assert status == 400, body
+
+
+@pytest.mark.parametrize("method", ["PROPFIND", "M-SEARCH", "QUERY", "DELETE"])
+def test_every_method_nestgate_takes_may_be_asked_about(provider, method):
+    """The methods nestgate's own parser takes are asked about like GET: not signed in,
+    401 from a script, 303 for a browser (not GET)."""
+    assert ask(provider.port(), fwd(method=method))[0] == 401
+    status, headers, _ = ask(provider.port(), fwd(method=method), headers=HTML)
+    assert status == 303 and "/__auth__/login" in headers["location"]
 
 
 # ---------------------------------------------------------------- nestgate as the client

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 
 from nestgate.base.errors import RequestError
-from nestgate.base.grammar import LOWER_TCHAR, VISIBLE
+from nestgate.base.grammar import LOWER_TCHAR, METHODS, VISIBLE
 from nestgate.wire.h2engine import CONNECTION_SPECIFIC
 from nestgate.base.responses import SERVER
 
@@ -37,16 +37,6 @@ STATUS_VALUES = {s: str(s).encode() for s in range(100, 600)}   # :status, as se
 # one and reached a lenient one as it was.
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]|\A[ \t]|[ \t]\Z").search
 _PSEUDO = {b":method": 1, b":scheme": 2, b":path": 4, b":authority": 8}   # bits
-# The methods llhttp takes in an HTTP/1.x request line (its METHODS_HTTP), but CONNECT,
-# which nestgate refuses on every protocol (it is no forward proxy). An HTTP/1.1 request
-# with any other method is refused by the parser with 400; HTTP/2 and HTTP/3 refuse the
-# same ones here, with one set lookup in place of a character check.
-METHODS = frozenset((
-    b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"TRACE", b"PATCH",
-    b"COPY", b"LOCK", b"MKCOL", b"MOVE", b"PROPFIND", b"PROPPATCH", b"SEARCH", b"UNLOCK",
-    b"BIND", b"REBIND", b"UNBIND", b"ACL", b"REPORT", b"MKACTIVITY", b"CHECKOUT", b"MERGE",
-    b"M-SEARCH", b"NOTIFY", b"SUBSCRIBE", b"UNSUBSCRIBE", b"PURGE", b"MKCALENDAR", b"LINK",
-    b"UNLINK", b"SOURCE", b"QUERY"))
 SCHEMES = frozenset((b"https", b"http"))
 _URI_SCHEME = re.compile(rb"[A-Za-z][A-Za-z0-9+.\-]*\Z").match       # RFC 3986 3.1
 

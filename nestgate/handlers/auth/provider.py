@@ -59,7 +59,7 @@ from nestgate.handlers.auth.passwords import verify_password
 from nestgate.handlers.auth.portal import login_url, safe_next
 from nestgate.handlers.auth.policy import ALLOWED, PASSWORD, decide, session_key, session_user
 from nestgate.base.errors import RequestError
-from nestgate.base.grammar import TCHAR
+from nestgate.base.grammar import METHODS
 from nestgate.base.hosts import plain_host_name, valid_host
 from nestgate.base.paths import has_dot_segments
 from nestgate.pipeline.routing import Router, SiteRoutes
@@ -179,8 +179,10 @@ def asked_request(request, original: bool) -> Asked:
     scheme = scheme.lower()
     if scheme not in _SCHEMES:
         raise RequestError(400, "the scheme asked about is not http or https")
-    if not method or len(method) > 32 or method.translate(None, TCHAR):
-        raise RequestError(400, "the method asked about is not a method")
+    if method not in METHODS:
+        # Only a method nestgate would take itself, as it came (`get` is no method
+        # here): whatever else the asker passes on is no request nestgate answers for.
+        raise RequestError(400, "the method asked about is not one nestgate takes")
     # The host the sign-in redirect goes to: a plain host[:port], nothing else.
     if not host or not valid_host(host) or plain_host_name(host) is None or 64 in host:
         raise RequestError(400, "the host asked about is not a host name")
@@ -193,7 +195,7 @@ def asked_request(request, original: bool) -> Asked:
         # proxy_pass without a URI, Caddy): `/admin/../open/x` would be let in as
         # `/open/x` and reach an upstream that routes it under /admin/.
         raise RequestError(400, "the path asked about holds dot segments")
-    return Asked(method.upper(), scheme, host.lower(), uri)
+    return Asked(method, scheme, host.lower(), uri)
 
 
 class ForwardAuthEndpoint:
