@@ -401,3 +401,33 @@ def test_a_note_that_would_shadow_a_configured_route_is_refused(start_server, no
     status, _, body = call(port, "PUT", "/api/v1/notes/about-us", note)
     assert (status, body["slug"]) == (201, "about-us")
     assert call(port, "GET", "/notes/about-us", token=None)[0] == 200
+
+
+def test_a_note_file_that_is_skipped_is_logged_once_per_version(start_server, notes):
+    """A file with bad front matter (or not UTF-8) is left off the site, which it cannot
+    break; the log names the file and what is wrong, once per version of the file, not
+    at each list that reads it again. Before, nothing was logged."""
+    broken = notes / "broken.md"
+    broken.write_text("---\ntitle: [unclosed\n---\nx\n")
+    (notes / "latin.md").write_bytes(b"---\ntitle: Caf\xe9\n---\n")
+    server = serve(start_server, notes)
+    port = server.port()
+    for _ in range(5):                        # each list scans the folder again
+        status, _, body = call(port, "GET", "/api/v1/notes")
+        assert status == 200 and body["total"] == 1
+    first = server.wait_for("broken.md: skipped")
+    assert str(broken) in first and "front_matter: front matter is not valid YAML" in first
+    assert "line 2, column 1" in first                 # YAML's own words, on one line
+    assert "not UTF-8 text (byte" in server.wait_for("latin.md: skipped")
+    # A new version with another fault: one more line, saying what it is now.
+    broken.write_text("---\ntitle: Fine\ndraft: maybe\n---\nx\n")
+    for _ in range(3):
+        assert call(port, "GET", "/api/v1/notes")[2]["total"] == 1
+    assert "draft: true or false" in server.wait_for("draft: true or false")
+    # One worker writes its lines in order: the five lists before logged one line.
+    skipped = [line for line in server.lines if "broken.md: skipped" in line]
+    assert len(skipped) == 2, skipped
+    assert len([line for line in server.lines if "latin.md: skipped" in line]) == 1
+    # Mended: shown again.
+    broken.write_text("---\ntitle: Mended\n---\nx\n")
+    assert call(port, "GET", "/api/v1/notes")[2]["total"] == 2

@@ -192,6 +192,9 @@ class NoteStore:
         self.scanned_signature: tuple | None = None     # the directory as `scan` saw it
         self._checked: tuple | None = None              # ... and as the last check did
         self._lock = threading.Lock()
+        # slug -> (inode, mtime, size) of the file last logged as skipped: one warning
+        # per version of a bad file, however often it is read again.
+        self._skipped: dict[str, tuple] = {}
         self._generation = _Generation(os.path.join(self.dir, GENERATION_FILE))
 
     # ---- the shared generation
@@ -246,7 +249,8 @@ class NoteStore:
 
     def scan(self) -> list[Note]:
         """Every readable note, re-reading only files whose (inode, mtime, size) changed.
-        A file with broken front matter is skipped (it cannot break the site)."""
+        A file with broken front matter is skipped (it cannot break the site), with a
+        warning once per version of it (`_skip`)."""
         with self._lock:
             found: dict[str, Note] = {}
             seen = []
@@ -274,6 +278,9 @@ class NoteStore:
                     if note is not None:
                         found[slug] = note
             self._notes = found
+            present = {row[0] for row in seen}        # a bad file gone: forgotten
+            self._skipped = {slug: sig for slug, sig in self._skipped.items()
+                             if slug + _SUFFIX in present}
             seen.sort()
             self.scanned_signature = tuple(seen)
             return list(found.values())
@@ -300,6 +307,7 @@ class NoteStore:
         return self._read_file(slug, st)
 
     def _read_file(self, slug: str, st) -> Note | None:
+        signature = (st.st_ino, st.st_mtime_ns, st.st_size)
         try:
             fd = os.open(self.path(slug), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -307,16 +315,30 @@ class NoteStore:
         try:
             with os.fdopen(fd, "rb") as f:
                 text = f.read().decode("utf-8")
-        except (OSError, UnicodeDecodeError):
+        except OSError:
+            return None
+        except UnicodeDecodeError as exc:
+            self._skip(slug, signature, f"not UTF-8 text (byte {exc.start}: {exc.reason})")
             return None
         try:
             meta, body = split_front_matter(text)
             fit_tags(meta, self.path(slug))
             fallback = dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc)
-            return make_note(slug, meta, body, fallback,
-                             (st.st_ino, st.st_mtime_ns, st.st_size))
-        except BadNote:
+            note = make_note(slug, meta, body, fallback, signature)
+        except BadNote as exc:
+            self._skip(slug, signature, f"{exc.field}: {exc}")
             return None
+        self._skipped.pop(slug, None)
+        return note
+
+    def _skip(self, slug: str, signature: tuple, why: str) -> None:
+        """Say once per version of a note file why it is left off the site: it cannot
+        break the site, and nobody would know why it is missing. A bad file is read
+        again at each scan (an API list), and its warning is not repeated."""
+        if self._skipped.get(slug) != signature:
+            self._skipped[slug] = signature
+            log.warning("%s: skipped, not shown on the site: %s", self.path(slug),
+                        " ".join(why.split()))          # YAML's message spans lines
 
     # ---- writing
     def write(self, note: Note, create_only: bool = False) -> bool:
