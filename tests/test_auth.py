@@ -664,14 +664,18 @@ def test_a_protected_sites_own_files_and_bodies_are_private(start_server, upstre
     (tmp_path / "files").mkdir()
     (tmp_path / "files" / "report.html").write_text("<p>family only</p>")
     site = (f'[[site.route]]\nprefix = "/files/"\ntype = "static"\nroot = "{tmp_path / "files"}"\n'
+            f'listing = true\n'
             f'\n[[site.route]]\nprefix = "/kept/"\ntype = "static"\nroot = "{tmp_path / "files"}"\n'
-            f'cache_control = "max-age=60"\n'
+            f'cache_control = "max-age=60"\nlisting = true\n'
             f'\n[[site.route]]\npath = "/note"\ntype = "return"\nbody = "family note"\n')
     server = start_server(protected(upstream().url, str(tmp_path / "s.db"), site_extra=site))
     b = Browser(server.port())
     assert b.sign_in()[0].status == 303
+    # A listing: one field, `no-cache` joined to `private`, or the route's own alone
+    # (before: `no-cache` and the other, two fields).
     for path, cache_control in (("/files/report.html", "private"), ("/note", "private"),
-                                ("/kept/report.html", "max-age=60")):
+                                ("/kept/report.html", "max-age=60"),
+                                ("/files/", "private, no-cache"), ("/kept/", "max-age=60")):
         resp, body = b.request("GET", path)
-        assert resp.status == 200 and b"family" in body
+        assert resp.status == 200 and (b"family" in body or b"report.html" in body)
         assert resp.msg.get_all("cache-control") == [cache_control], path

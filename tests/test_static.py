@@ -145,6 +145,24 @@ def test_listing_when_enabled(start_server, root):
     assert b"&lt;b&gt;.txt" in body and b"<b>" not in body
 
 
+@pytest.mark.parametrize("extra, sent", [
+    ("", ["no-cache"]),
+    ('cache_control = "public, max-age=600"', ["public, max-age=600"]),
+])
+def test_a_listing_sends_one_cache_control(start_server, root, extra, sent):
+    """A listing is `no-cache` unless the route sets its own Cache-Control; then the
+    route's alone (before: `no-cache` and the route's, two fields that disagree)."""
+    server = serve(start_server, root, f"listing = true\n{extra}")
+    conn = http.client.HTTPConnection("127.0.0.1", server.port(), timeout=10)
+    conn.request("GET", "/empty/")
+    resp = conn.getresponse()
+    assert resp.status == 200 and b'href="a.txt"' in resp.read()
+    assert resp.msg.get_all("cache-control") == sent
+    conn.close()
+    if extra:                                   # a file of the route: the route's value
+        assert get(server.port(), "/style.css")[1]["cache-control"] == sent[0]
+
+
 def test_listing_hides_symlinks_that_lead_outside(start_server, root, tmp_path):
     (tmp_path / "private-keys").mkdir()
     (tmp_path / "secret-plans.txt").write_text("x")

@@ -178,6 +178,14 @@ class StaticFiles(Service):
         self.extra = list(headers)
         if options.cache_control:
             self.extra.append(("cache-control", options.cache_control))
+        # A listing changes with its folder and has no validator: `no-cache`, unless the
+        # route says otherwise, always in one field (two, `no-cache` beside the route's
+        # `max-age`, left caches to pick). A protected site's `private` joins it.
+        given = [value for name, value in self.extra if name.lower() == "cache-control"]
+        self.listing_headers = [
+            ("content-type", "text/html; charset=utf-8"),
+            ("cache-control", options.cache_control or ", ".join([*given, "no-cache"])),
+            *[(name, value) for name, value in self.extra if name.lower() != "cache-control"]]
         self.not_found = not_found or Prebuilt(404, html_page(404), "text/html; charset=utf-8")
         self._cache: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         self._cached_bytes = 0
@@ -299,8 +307,7 @@ class StaticFiles(Service):
             return
         if found[0] == "listing":
             body = await loop.run_in_executor(None, self._listing, found[1], request.path)
-            await request.send(200, [("content-type", "text/html; charset=utf-8"),
-                                     ("cache-control", "no-cache"), *self.extra], body)
+            await request.send(200, self.listing_headers, body)
             return
         real, st = found[1], found[2]
         if st.st_size < self.cache_file_max:
