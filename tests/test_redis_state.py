@@ -69,6 +69,26 @@ def test_a_session_made_on_one_instance_works_on_the_other_until_signed_out(two)
     assert not any(REDIS_PASSWORD in line for line in a.lines + b.lines)
 
 
+def test_a_forms_token_is_the_sessions_on_every_instance_and_a_planted_one_on_none(two):
+    """The sign-out form's token is bound to the session with the secret both instances
+    share through Redis: made on one, it passes on the other; a nonce cookie and token
+    another page planted pass on neither."""
+    a, b, _ = two
+    attacker = Browser(b.port())
+    planted = attacker.form_token("/__auth__/logout"), attacker.jar["nestgate_csrf"]
+    visitor = Browser(a.port())
+    assert visitor.sign_in()[0].status == 303
+    cookie = visitor.jar["nestgate_session"]
+    token = visitor.form_token("/__auth__/logout")                # made by a
+    on_b = Browser(b.port())
+    on_b.jar = {**visitor.jar, "nestgate_csrf": planted[1]}
+    assert on_b.post_form("/__auth__/logout", {"csrf": planted[0]})[0].status == 403
+    assert status(b.port(), "/secret", cookie=cookie) == 200      # still signed in
+    assert on_b.post_form("/__auth__/logout", {"csrf": token})[0].status == 303
+    assert poll(lambda: status(a.port(), "/secret", cookie=cookie),
+                lambda s: s == 401, timeout=3) == 401
+
+
 def test_revoking_through_one_admin_api_signs_out_everywhere(two):
     a, b, _ = two
     visitor = Browser(b.port())
