@@ -606,7 +606,11 @@ def test_admin_api_lists_adds_and_lifts_with_audit_and_metrics(start_server, tmp
 
     def metrics():
         return scrape(admin)[2]
-    samples = poll(metrics, lambda s: s.get("nestgate_ban_refused_total", [({}, 0)])[0][1] >= 2)
+    # Each worker publishes its own counters and the ban store's figures on its tick:
+    # wait until every sample this test reads has been collected.
+    samples = poll(metrics, lambda s: s.get("nestgate_ban_refused_total", [({}, 0)])[0][1] >= 2
+                   and ({"rule": "scanners"}, 1.0) in s.get("nestgate_bans_total", [])
+                   and len(s.get("nestgate_bans_active", [])) >= 2)
     assert ({"rule": "scanners"}, 1.0) in samples["nestgate_bans_total"]
     assert ({"origin": "rule"}, 1.0) in samples["nestgate_bans_active"]
     assert ({"origin": "operator"}, 1.0) in samples["nestgate_bans_active"]
