@@ -64,12 +64,18 @@ class CountedRule:
 
     __slots__ = ("rule", "exempt", "paths", "interval", "tolerance", "identity")
 
-    def __init__(self, rule) -> None:
+    def __init__(self, rule, trusted_proxies=()) -> None:
         self.rule = rule
         exempt = parse_networks(rule.exempt)
         if not rule.ban_loopback:
             for entry in LOOPBACK.entries:
                 exempt.add(entry)
+        # A trusted proxy carries every client behind it: an event counted under its own
+        # address (a request refused before X-Forwarded-For was read, or one whose
+        # X-Forwarded-For names nobody) is one client's, and banning the proxy would
+        # close the connections of all of them.
+        for entry in trusted_proxies:
+            exempt.add(entry)
         self.exempt = exempt
         self.paths = rule.path_matcher()
         self.interval = rule.window / rule.count
@@ -110,6 +116,7 @@ class BanWatch(Service):
         self._loaded: set[str] = set()  # networks of the store's bans loaded last
         self._purged = 0.0
         self._down = False
+        self._swept = -1                # the table's version `sweep` last looked at
 
     def configure(self, config, rates) -> None:
         """Take `config`'s rules (the worker does this before building its routes), and
@@ -122,7 +129,7 @@ class BanWatch(Service):
         self.kinds = {}
         statuses = set()
         for rule in bans.rules:
-            self.kinds.setdefault(rule.on, []).append(CountedRule(rule))
+            self.kinds.setdefault(rule.on, []).append(CountedRule(rule, config.trusted_proxies))
             statuses.update(rule.status)
             if rule.on == "scanner":
                 statuses.add(404)
@@ -230,6 +237,33 @@ class BanWatch(Service):
             return False
         TALLY.ban_refusal(ban.origin)
         return True
+
+    def sweep(self, connections) -> None:
+        """The worker's tick: once the table changed (a ban by another worker or
+        instance, the operator, CrowdSec), the connections already open to a client
+        banned since are treated as a new one would be: given the page, and with
+        `ban_answer = "close"` ended once the answers under way are out (at once when
+        idle). Without this a client kept its keep-alive, HTTP/2 and
+        HTTP/3 connections, and everything it sent on them, for as long as it kept them
+        busy. A trusted proxy's connection is judged per request (`forwarded`); one
+        still in its TLS handshake when its protocol takes over. One read of shared
+        memory per tick while nothing changes."""
+        table = self.table
+        version = table.version
+        if version == self._swept:
+            return
+        self._swept = version
+        if not len(table):
+            return
+        for conn in list(connections):
+            if not hasattr(conn, "serve_only") or conn.xff_trusted or not conn.client:
+                continue                    # a handshake, a proxy's, or a QUIC one unheard
+            ban = table.lookup(conn.client)
+            if ban is None:
+                continue
+            conn.serve_only(self.banned_router(ban, conn.client))
+            if ban.answer == "close":
+                conn.end_banned()
 
     def closes(self, client: str) -> bool:
         """Before a TLS handshake: True (counted) when `client` is banned and is to be

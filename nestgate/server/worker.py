@@ -250,6 +250,7 @@ class Worker:
         step = min([interval] + [service.tick_every for service in ticking])
         last_flush = last_tick = last_publish = CLOCK.now
         heap = HeapTrim()
+        bans = BANS if BANS.enabled and self.router is None else None
         while True:
             await asyncio.sleep(step)
             CLOCK.tick()
@@ -261,6 +262,8 @@ class Worker:
             elapsed, last_tick = now - last_tick, now
             for conn in list(self.connections):
                 conn.tick(elapsed)
+            if bans is not None:
+                bans.sweep(self.connections)   # clients banned since they connected
             heap.tick(now)
             if now - last_flush >= self.config.log.flush_interval \
                     and self.access_log is not None:

@@ -50,7 +50,8 @@ from nestgate.base.flow import Writable
 from nestgate.wire.h1pacing import FEED_SLICE, PIPELINE_HIGH, WRITE_HIGH_WATER, ReadPacing
 from nestgate.base.later import LATER, LaterOutput
 from nestgate.wire.h1parse import AfterLast, RequestReader
-from nestgate.wire.h1phases import BODY, CLOSED, CLOSING, HEAD, IDLE, OPEN, TUNNEL, Phases
+from nestgate.wire.h1phases import (BODY, CLOSED, CLOSING, HEAD, IDLE, OPEN, TUNNEL, UPGRADING,
+                                   Phases)
 from nestgate.wire.h1queue import AnswerQueue
 from nestgate.wire.h1request import HTTP1Request
 from nestgate.wire.h1tunnel import Tunnels
@@ -354,6 +355,19 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
             self.transport.close()
         else:
             self._fail(408)           # after any answer still ahead of it
+
+    def end_banned(self) -> None:
+        """Its client was banned while it was open (nestgate.bans.watch, `ban_answer =
+        "close"`): the answers under way go out, the last saying `connection: close`,
+        and the connection ends, at once when idle (a graceful stop's grace for one more
+        request is not given); a tunnel is cut."""
+        if self.phase in (CLOSING, CLOSED):
+            return
+        if self.phase in (UPGRADING, TUNNEL):
+            self.transport.close()
+            return
+        self._enter(CLOSING)
+        self._close_when_idle()
 
     def finish_and_close(self) -> None:
         """Graceful stop. In-flight requests finish and are answered with

@@ -158,6 +158,11 @@ class HTTP2Connection(StreamAdapter, Sending, Ending):
         """Route every stream of this connection with `router` (a banned client's page)."""
         self.router = router
 
+    def end_banned(self) -> None:
+        """Its client was banned while it was open (nestgate.bans.watch, `ban_answer =
+        "close"`): as a graceful stop, the streams open are answered, then one GOAWAY and the close."""
+        self.finish_and_close()
+
     def refuse_over_client_limit(self) -> None:
         """The client has `max_connections_per_client` open already: GOAWAY
         (ENHANCE_YOUR_CALM) before any stream, then close."""

@@ -206,6 +206,11 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         """Route every stream of this connection with `router` (a banned client's page)."""
         self.router = router
 
+    def end_banned(self) -> None:
+        """Its client was banned while it was open (nestgate.bans.watch, `ban_answer =
+        "close"`): as a graceful stop, the streams open are answered, then the connection closes."""
+        self.finish_and_close()
+
     def quic_event_received(self, event) -> None:
         kind = type(event)
         if kind is ProtocolNegotiated:
