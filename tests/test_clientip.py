@@ -100,6 +100,10 @@ def test_forwarded_proto_is_believed_only_when_it_is_one_plain_value():
 def test_normalise():
     assert normalise("::ffff:192.0.2.1") == "192.0.2.1"
     assert normalise("2001:DB8::0001") == "2001:db8::1"
+    # A zone names the sender's interface, not the client: each spelling would be a
+    # client of its own to the limits.
+    assert normalise("2001:db8::1%eth0") == normalise("2001:db8::1%7") == "2001:db8::1"
+    assert normalise("fe80::1%lo") == "fe80::1"
     with pytest.raises(ValueError):
         normalise("300.1.1.1")
 

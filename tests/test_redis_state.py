@@ -123,6 +123,21 @@ def test_the_sign_in_back_off_counts_over_both_instances(two):
         assert Browser(port).sign_in(user="otp", code="000000")[0].status == 429
 
 
+def test_the_sign_in_back_off_counts_an_ipv6_client_by_its_64(redis_server):
+    """Addresses of one /64 share one count in Redis, as in the SQLite store."""
+    from nestgate.handlers.auth.redisstore import RedisStore, redis_locator
+    store = RedisStore(redis_locator(redis_server.url, "v6:"))
+    try:
+        waits = [store.take_sign_in(f"2001:db8:5:6::{i + 1:x}", 60.0, 3) for i in range(5)]
+        assert [w > 0 for w in waits] == [False, False, False, True, True]
+        assert store.failures("2001:db8:5:6:ffff::1", 60.0) == 3
+        assert store.take_sign_in("2001:db8:5:7::1", 60.0, 3) == 0.0
+        store.signed_in("demo", "2001:db8:5:6::abc")
+        assert store.failures("2001:db8:5:6::1", 60.0) == 0
+    finally:
+        store.close()
+
+
 def test_a_totp_code_is_good_once_on_either_instance(two):
     a, b, _ = two
     step = settled_step()

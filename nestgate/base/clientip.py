@@ -17,11 +17,16 @@ _V4_BITS, _V6_BITS = 32, 128
 
 
 def normalise(text: str) -> str:
-    """The canonical text of an address; IPv4-mapped IPv6 becomes IPv4. ValueError if
-    `text` is not an address."""
+    """The canonical text of an address; IPv4-mapped IPv6 becomes IPv4, and an IPv6
+    zone (`%eth0`), which names an interface of the sender's and nothing of the client,
+    is dropped: each spelling would otherwise be a client of its own to the limits.
+    ValueError if `text` is not an address."""
     addr = ipaddress.ip_address(text.strip())
-    if addr.version == 6 and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
+    if addr.version == 6:
+        if addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        elif addr.scope_id is not None:
+            addr = ipaddress.IPv6Address(int(addr))
     return str(addr)
 
 

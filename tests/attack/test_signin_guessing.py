@@ -4,7 +4,12 @@ The per-address limit alone let 12 addresses x 5 failures = 60 guesses at one ac
 through in seconds, and then the right password from a 13th address still worked.
 The per-account delay (shared by the workers through the store) holds every address
 back after `account_failures` failures in a row; the owner's known address and the
-owner's own session still pass."""
+owner's own session still pass.
+
+An IPv6 client holds a whole /64: counted per address, it could take a new one for
+every guess, and the per-address limit was no limit at all (12 addresses of one /64,
+12 wrong passwords, never a 429). It is counted by its /64, as rate limits and bans
+count it."""
 
 from __future__ import annotations
 
@@ -64,3 +69,19 @@ def test_many_addresses_get_a_few_guesses_and_the_owner_still_signs_in(gate):
     assert guess(port, "192.0.2.101", "demo-password") == 429
     # The owner's known address passes, without a session.
     assert Browser(port).sign_in(headers=home)[0].status == 303
+
+
+def test_addresses_of_one_ipv6_64_share_one_count(gate):
+    server, _up = gate(extra_auth='max_failures = 3\nfailure_window = "60s"\n' + TRUSTED)
+    port = server.port()
+    # An unknown user: no account's delay, only the address's count.
+    statuses = [Browser(port).sign_in(user="nobody", password="guess",
+                                      headers=from_address(f"2001:db8:1:2::{i + 1:x}"))[0].status
+                for i in range(8)]
+    assert statuses == [401] * 3 + [429] * 5, statuses
+    # Another spelling, a zone, another address of that /64: the same count.
+    for spelling in ("2001:DB8:1:2:0:0:0:ffff", "2001:db8:1:2::1%eth0",
+                     "[2001:db8:1:2:abcd::9]"):
+        assert Browser(port).sign_in(headers=from_address(spelling))[0].status == 429
+    # The next /64 is another client.
+    assert Browser(port).sign_in(headers=from_address("2001:db8:1:3::1"))[0].status == 303

@@ -10,7 +10,8 @@ Keys (all under the configured prefix, `nestgate:` by default):
                             identity; expires with it
     sessions                sorted set of session hashes by expiry (listing, purging)
     user-sessions:<user>    set of a user's session hashes (revoke all of a user)
-    failures:<ip>           sorted set of failed sign-ins by time; expires after the window
+    failures:<address>      sorted set of failed sign-ins by time (an IPv6 client's /64);
+                            expires after the window
     account:<user>          hash: failures, last; expires after ACCOUNT_MEMORY
     known:<user>            sorted set of the addresses a user signed in from, by time
     totp:<user>             the last TOTP step used
@@ -46,7 +47,7 @@ from nestgate.base.clientip import Networks
 DEFAULT_PREFIX = "nestgate:"
 SOCKET_TIMEOUT_S = 2.0       # a Redis that does not answer is down: fail within this
 
-# KEYS: failures:<ip>, account:<user>, known:<user>
+# KEYS: failures:<address>, account:<user>, known:<user>
 # ARGV: now, window, limit, user ("" for none), trusted (0/1), free, base, most,
 #       account memory, known for, address key, a unique member for the failure
 _TAKE_SIGN_IN = """
@@ -224,10 +225,12 @@ class RedisStore:
 
     # ------------------------------------------------------ sign-in back-off
     def failures(self, ip: str, window: float) -> int:
-        return self.db.zcount(self.key("failures", ip), f"({time.time() - window}", "+inf")
+        """Failures of `ip` (counted by `address_key`: an IPv6 client by its /64)."""
+        return self.db.zcount(self.key("failures", address_key(ip)),
+                              f"({time.time() - window}", "+inf")
 
     def add_failure(self, ip: str) -> None:
-        name = self.key("failures", ip)
+        name = self.key("failures", address_key(ip))
         self.db.zadd(name, {secrets.token_hex(8): time.time()})
         self.db.expire(name, 3600)
 
@@ -238,7 +241,7 @@ class RedisStore:
         instances at once cannot all pass before any is counted."""
         free, base, most = delays
         wait = self._take_sign_in(
-            keys=[self.key("failures", ip), self.key("account", user),
+            keys=[self.key("failures", address_key(ip)), self.key("account", user),
                   self.key("known", user)],
             args=[time.time(), window, limit, user, int(trusted), free, base, most,
                   ACCOUNT_MEMORY, KNOWN_FOR, address_key(ip) if ip else "",
@@ -259,7 +262,7 @@ class RedisStore:
 
     def signed_in(self, user: str, ip: str) -> None:
         with self.db.pipeline() as pipe:
-            pipe.delete(self.key("failures", ip), self.key("account", user))
+            pipe.delete(self.key("failures", address_key(ip)), self.key("account", user))
             if ip:
                 known = self.key("known", user)
                 pipe.zadd(known, {address_key(ip): time.time()})
@@ -268,7 +271,7 @@ class RedisStore:
             pipe.execute()
 
     def clear_failures(self, ip: str) -> None:
-        self.db.delete(self.key("failures", ip))
+        self.db.delete(self.key("failures", address_key(ip)))
 
     # ------------------------------------------------------ TOTP replay
     def use_totp_step(self, user: str, step: int) -> bool:

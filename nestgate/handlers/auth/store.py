@@ -188,11 +188,13 @@ class Store:
 
     # ------------------------------------------------------ sign-in back-off
     def failures(self, ip: str, window: float) -> int:
+        """Failures of `ip` (counted by `address_key`: an IPv6 client by its /64)."""
         return self.db.execute("SELECT count(*) FROM failures WHERE ip = ? AND at > ?",
-                               (ip, time.time() - window)).fetchone()[0]
+                               (address_key(ip), time.time() - window)).fetchone()[0]
 
     def add_failure(self, ip: str) -> None:
-        self.db.execute("INSERT INTO failures (ip, at) VALUES (?, ?)", (ip, time.time()))
+        self.db.execute("INSERT INTO failures (ip, at) VALUES (?, ?)",
+                        (address_key(ip), time.time()))
 
     def take_sign_in(self, ip: str, window: float, limit: int, user: str = "",
                      delays: tuple[int, float, float] = (0, 0.0, 0.0),
@@ -245,7 +247,7 @@ class Store:
                                 "VALUES (?, ?, ?)", (user, address_key(ip), time.time()))
 
     def clear_failures(self, ip: str) -> None:
-        self.db.execute("DELETE FROM failures WHERE ip = ?", (ip,))
+        self.db.execute("DELETE FROM failures WHERE ip = ?", (address_key(ip),))
 
     # ------------------------------------------------------ TOTP replay
     def use_totp_step(self, user: str, step: int) -> bool:

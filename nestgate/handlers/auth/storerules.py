@@ -28,8 +28,9 @@ def account_delay(failures: int, delays: tuple[int, float, float]) -> float:
 
 
 def address_key(ip: str) -> str:
-    """What a known address is remembered as: an IPv4 address, or the /64 of an IPv6
-    one (privacy addresses change within it every day)."""
+    """What a known address is remembered, and failed sign-ins are counted, as: an IPv4
+    address, or the /64 of an IPv6 one (privacy addresses change within it every day,
+    and one host often holds all of it: a limit per address would be none)."""
     try:
         parsed = ipaddress.ip_address(ip)
     except ValueError:

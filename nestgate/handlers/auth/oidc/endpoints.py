@@ -40,6 +40,7 @@ from nestgate.handlers.auth.oidc.server import Headers, Provider, ProviderReques
 from nestgate.handlers.auth.portal import (login_url, origin, page_or_form,
                                            read_small_body)
 from nestgate.handlers.auth.store import StoreUnavailable, store_errors, token_hash
+from nestgate.handlers.auth.storerules import address_key
 
 MAX_FORM = 16 * 1024
 MAX_FIELDS = 50
@@ -95,7 +96,7 @@ class OpenIDProvider:
         gets `[auth] max_failures` failed authentications per `failure_window` (the
         sign-in's numbers, counted apart from sign-in failures), then 429: each guess
         at a secret costs an argon2 check."""
-        key, auth = "oidc-client:" + request.client, self.auth
+        key, auth = "oidc-client:" + address_key(request.client), self.auth
         state = self.signin.state
         if await state.run("failures", key, auth.failure_window) >= auth.max_failures:
             return _too_many(auth.failure_window)
