@@ -640,6 +640,52 @@ def test_bans_are_shared_by_instances_through_redis(start_server, tmp_path):
         redis.stop()
 
 
+def test_unreadable_bans_in_redis_are_left_out_and_the_rest_kept_in_step(start_server,
+                                                                       tmp_path):
+    """A ban row nestgate did not write (a hand edit, another program under the prefix,
+    a field it does not know) raised in every worker's load, every half second: no
+    change after it was taken, not even a lift. It is left out, and said once."""
+    import redis as redislib
+
+    from redisserver import RedisServer
+    server_redis = RedisServer(tmp_path)
+    try:
+        toml = site_with("", "unused.db", workers=1).replace(
+            '[bans]\nstore = "unused.db"\n',
+            f'[state]\nbackend = "redis"\nurl = "{server_redis.url}"\nprefix = "gw:"\n'
+            '\n[bans]\n')
+        server = start_server(toml)
+        port = server.port()
+        bans = open_bans(redis_locator_of(server_redis.url, "gw:"))
+        bans.ban("127.0.0.81", (3600.0,), 0.0, "operator", "", "first", "close")
+        assert poll(lambda: refused(port, "127.0.0.81"), bool, timeout=3)
+        raw = redislib.Redis.from_url(server_redis.url)
+        until = time.time() + 3600
+        fields = {"until": until, "origin": "rule", "rule": "x", "reason": "x",
+                  "answer": "close", "strikes": 1}
+        for network, extra in (("junk", {}), ("127.0.0.82/32", {"answer": "tarpit"}),
+                               ("127.0.0.83/32", {"until": "soon"})):
+            raw.hset(f"gw:ban:{network}", mapping={**fields, **extra})
+            raw.zadd("gw:bans", {network: until})
+        bans.ban("127.0.0.84", (3600.0,), 0.0, "operator", "", "after", "close")
+        # The ban made after them is in force; the lift of one made before them too.
+        assert poll(lambda: refused(port, "127.0.0.84"), bool, timeout=3)
+        assert bans.unban("127.0.0.81/32")
+        assert poll(lambda: refused(port, "127.0.0.81"), lambda r: not r, timeout=3) is False
+        line = server.wait_for("cannot be read and are left out")
+        assert "3 ban(s)" in line and "'junk'" in line
+        assert get_from(port, "/hello", source="127.0.0.82")[0] == 200
+        assert {row.network for row in bans.live()} == {"127.0.0.84/32"}
+        bans.close()
+    finally:
+        server_redis.stop()
+
+
+def redis_locator_of(url: str, prefix: str) -> str:
+    from nestgate.handlers.auth.redisstore import redis_locator
+    return redis_locator(url, prefix)
+
+
 def test_rate_limit_refusals_and_watched_statuses_ban(start_server, tmp_path):
     rules = """
 [[ban]]

@@ -14,10 +14,11 @@ Redis keys (under the prefix): `ban:<network>` (a hash, expiring when forgotten)
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import NamedTuple
 
-from nestgate.bans.table import network_key
+from nestgate.bans.table import ANSWERS, ORIGINS, network_key
 
 
 class BanRow(NamedTuple):
@@ -165,13 +166,43 @@ class RedisBans:
                 pipe.hmget(self.key("ban", network.decode()), "until", "origin", "rule",
                            "reason", "answer", "strikes")
             rows = pipe.execute()
-        found = [BanRow(network.decode(), float(row[0]), row[1].decode(), row[2].decode(),
-                        row[3].decode(), row[4].decode(), int(row[5]))
-                 for network, row in zip(networks, rows) if row[0] is not None]
+        found, unreadable = [], []
+        for network, row in zip(networks, rows):
+            if row[0] is None:
+                continue                                   # expired meanwhile
+            ban = _redis_row(network, row)
+            if ban is None:
+                unreadable.append(network.decode("utf-8", "replace"))
+            else:
+                found.append(ban)
+        if unreadable:
+            said_unreadable(unreadable)
         return sorted(found, key=lambda row: -row.until)
 
     def purge(self) -> None:
         self.db.zremrangebyscore(self.key("bans"), "-inf", time.time())
+
+
+def _redis_row(network: bytes, row: list) -> BanRow | None:
+    """A ban read from Redis; None when its fields are missing or not what nestgate
+    writes (a hand edit, another program's key under the prefix)."""
+    try:
+        text = network.decode()
+        canonical(text)                                  # ValueError: not a network
+        ban = BanRow(text, float(row[0]), row[1].decode(), row[2].decode(),
+                     row[3].decode(), row[4].decode(), int(row[5]))
+    except (AttributeError, TypeError, ValueError):     # a field missing, or not a number
+        return None
+    return ban if ban.origin in ORIGINS and ban.answer in ANSWERS else None
+
+
+def said_unreadable(networks: list[str]) -> None:
+    """One line for the bans a read left out. They are skipped rather than stop the
+    read: one bad row would keep every worker from taking any change, lifts included."""
+    shown = ", ".join(repr(n[:60]) for n in networks[:3])
+    more = f" and {len(networks) - 3} more" if len(networks) > 3 else ""
+    print(f"nestgate: bans: {len(networks)} ban(s) in the store cannot be read and are "
+          f"left out ({shown}{more}); the others are in force", file=sys.stderr, flush=True)
 
 
 def lift(bans, text: str) -> str | None:

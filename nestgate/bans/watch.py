@@ -45,6 +45,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from nestgate.bans.store import said_unreadable
 from nestgate.bans.table import ban_table, client_network
 from nestgate.base.clientip import Networks, parse_networks
 from nestgate.base.errorpages import DEFAULT_PAGES, HTML, error_html
@@ -354,10 +355,16 @@ class BanWatch(Service):
 
     def _load(self, version: int, rows) -> None:
         table = self.table
-        now = set()
+        now, unreadable = set(), []
         for row in rows:
+            try:
+                table.add(row.network, row.until, row.origin, row.reason, row.answer)
+            except ValueError:               # not a network, origin or answer: a hand edit
+                unreadable.append(row.network)
+                continue
             now.add(row.network)
-            table.add(row.network, row.until, row.origin, row.reason, row.answer)
+        if unreadable:
+            said_unreadable(unreadable)
         for network in self._loaded - now:
             table.remove(network)            # lifted through the store
         self._loaded = now
