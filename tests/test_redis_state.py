@@ -197,6 +197,38 @@ def test_while_redis_does_not_answer_private_sites_say_503_and_recover(two):
     assert not any(REDIS_PASSWORD in line for line in a.lines + b.lines)
 
 
+def test_while_redis_hangs_every_waiting_visitor_gets_its_503(two):
+    """A Redis that hangs costs its 2 s timeout per call, and a worker's store calls
+    wait their turn on one thread: sixteen visitors arriving together were answered one
+    per 2 s, the last after half a minute (most gave up at their 10 s). After a call
+    times out, the calls behind it are answered 503 at once for a second."""
+    import threading
+    a, _b, redis_server = two
+    visitors = [Browser(a.port()) for _ in range(16)]
+    for visitor in visitors:
+        assert visitor.sign_in()[0].status == 303
+    os.kill(redis_server.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.2)                                       # past the 1 s session cache
+        answers = [None] * len(visitors)
+
+        def visit(i: int) -> None:
+            try:                                              # the Browser waits 10 s
+                answers[i] = visitors[i].request("GET", "/secret")[0].status
+            except OSError as exc:
+                answers[i] = type(exc).__name__
+        threads = [threading.Thread(target=visit, args=(i,)) for i in range(len(visitors))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert answers == [503] * len(visitors), answers
+    finally:
+        os.kill(redis_server.proc.pid, signal.SIGCONT)
+    assert poll(lambda: visitors[0].request("GET", "/secret")[0].status,
+                lambda s: s == 200, timeout=5) == 200
+
+
 def test_a_rate_limit_holds_over_both_instances(start_server, redis_server):
     """10/s with a burst of 20 on each of two instances sharing Redis, 25 connections
     to each for 8 s: what both let through together is the limit's, not twice it (the
