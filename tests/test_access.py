@@ -141,6 +141,25 @@ upstream = "{up.url}"
     assert status == 403
 
 
+def test_a_proxy_that_writes_ports_names_its_clients_not_itself(start_server):
+    """`X-Forwarded-For: 203.0.113.7:4711` (Azure's Application Gateway writes ports)
+    was garbage to the walk: the client was the proxy, inside the site's `allow`."""
+    server = start_server(config("""
+[[site]]
+hosts = ["*"]
+allow = ["127.0.0.0/8"]
+
+[[site.route]]
+path = "/hello"
+type = "return"
+body = "hello"
+""", top='[client_ip]\ntrusted_proxies = ["127.0.0.1"]'))
+    for named in (b"203.0.113.7:4711", b"[2001:db8::7]:4711"):
+        status, _ = ask(server.port(), host="a", headers=b"X-Forwarded-For: %s\r\n" % named)
+        assert status == 403, named
+    assert ask(server.port(), host="a", headers=b"X-Forwarded-For: 127.0.0.9:1\r\n")[0] == 200
+
+
 def test_decision_is_made_once_per_connection(monkeypatch):
     calls = []
     original = Policy.verdict

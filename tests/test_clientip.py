@@ -78,6 +78,17 @@ def test_forwarded_for_walks_only_through_trusted_hops():
     # garbage stops the walk at the last trusted hop
     assert forwarded_client("10.0.0.1", [b"nonsense"], trusted) == "10.0.0.1"
     assert forwarded_client("10.0.0.1", [b"::ffff:192.0.2.1"], trusted) == "192.0.2.1"
+    # The port some proxies write after the address is not garbage: without it read,
+    # every client of such a proxy was the proxy (its place in allow lists).
+    for hop, client in ((b"203.0.113.5:4711", "203.0.113.5"), (b"[2001:db8::5]:443",
+                        "2001:db8::5"), (b"[2001:db8::5]", "2001:db8::5"),
+                        (b" 203.0.113.5:1 ", "203.0.113.5"),
+                        (b"[::ffff:192.0.2.1]:80", "192.0.2.1")):
+        assert forwarded_client("10.0.0.1", [hop], trusted) == client, hop
+    assert forwarded_client("10.0.0.1", [b"10.0.0.2:80, 10.0.0.3:80"], trusted) == "10.0.0.2"
+    for bad in (b"203.0.113.5:", b"203.0.113.5:x", b"[2001:db8::5", b"[2001:db8::5]x",
+                b"[2001:db8::5]:", b"2001:db8::5]:80", b"203.0.113.5:80:80"):
+        assert forwarded_client("10.0.0.1", [bad], trusted) == "10.0.0.1", bad
 
 
 def test_forwarded_proto_is_believed_only_when_it_is_one_plain_value():

@@ -128,10 +128,29 @@ def forwarded_client(peer: str, header_values, trusted: Networks) -> str:
         if client not in trusted:
             break
         try:
-            client = normalise(raw.decode("latin-1").strip().strip("[]"))
+            client = normalise(without_port(raw.decode("latin-1").strip()))
         except ValueError:
             break
     return client
+
+
+def without_port(hop: str) -> str:
+    """The address of an X-Forwarded-For entry that may carry the client's port, as
+    some proxies write it (`192.0.2.1:4711`, `[2001:db8::1]:4711`; Azure's Application
+    Gateway does): read as garbage, it stopped the walk, and every client of such a
+    proxy was taken for the proxy itself (its place in `allow`, `exempt_local`, one
+    rate limit for all). ValueError for brackets not closed or a port that is not one."""
+    if hop.startswith("["):
+        address, closed, rest = hop[1:].partition("]")
+        if not closed or rest and not (rest[0] == ":" and rest[1:].isdigit()):
+            raise ValueError(hop)
+        return address
+    if hop.count(":") == 1:                          # IPv4 and a port; IPv6 has two or more
+        address, _, port = hop.partition(":")
+        if not port.isdigit():
+            raise ValueError(hop)
+        return address
+    return hop
 
 
 # ------------------------------------------------------------ X-Forwarded-Proto
