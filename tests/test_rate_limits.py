@@ -248,6 +248,38 @@ def test_connections_per_client_are_limited_across_workers(start_server):
             sock.close()
 
 
+def test_connections_per_client_count_an_ipv6_client_by_its_64(start_server):
+    """Counted per address, a client holding a /64 opened as many connections as it
+    had addresses: each IPv6 client is counted by its /64, as rate limits count it.
+    Clients are named by PROXY headers (loopback has one IPv6 address)."""
+    from conftest import v1
+    server = start_server(config(listen='max_connections_per_client = 2\n'
+                                        'proxy_protocol_from = ["127.0.0.1"]'))
+    port = server.port()
+
+    def connect(client: str) -> tuple[socket.socket, bytes]:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.sendall(v1(client) + b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        return sock, _answer(sock)
+
+    held = []
+    try:
+        for i in range(2):
+            sock, answer = connect(f"2001:db8:1:2::{i + 1}")
+            held.append(sock)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+        for i in range(2, 5):                    # the same /64: over the limit
+            sock, answer = connect(f"2001:db8:1:2:{i}::9")
+            sock.close()
+            assert answer.startswith(b"HTTP/1.1 503"), answer
+        sock, answer = connect("2001:db8:1:3::1")         # the next /64: another client
+        held.append(sock)
+        assert answer.startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def test_connections_per_client_over_http2_get_goaway(start_server, certs):
     import ssl
 

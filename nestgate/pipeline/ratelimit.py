@@ -293,13 +293,15 @@ def shared_limits(slots: int = 1) -> SharedLimits:
 # ---------------------------------------------------------------- connections
 def count_connection(conn) -> bool:
     """Count `conn` against its listener's `max_connections_per_client` under its
-    client's address (again, under the new address, when a PROXY header changed it);
-    False when the client already has that many open."""
+    client's address (an IPv6 one's /64; again, under the new address, when a PROXY
+    header changed it); False when the client already has that many open."""
     counts = shared_limits().connections
     if conn.client_tag:
         counts.closed(conn.client_tag)
         conn.client_tag = 0
-    tag = (hash(("connections", conn.client)) & _TAG_MASK) | 1
+    # An IPv6 client by its /64, as rate limits count it: one host often holds all of
+    # it, and a limit per address would let it open as many connections as it likes.
+    tag = (hash(("connections", client_key(conn.client, 64))) & _TAG_MASK) | 1
     if counts.total(tag) >= conn.ctx.max_per_client:
         return False
     if counts.opened(tag):
