@@ -85,6 +85,10 @@ def network_key(network: str) -> tuple[int, int, int, str]:
         raise ValueError(f"not an IP address or CIDR: {network!r}") from None
     if net.version == 6 and net.prefixlen >= 96 and net.network_address.ipv4_mapped:
         net = ipaddress.ip_network(f"{net.network_address.ipv4_mapped}/{net.prefixlen - 96}")
+    elif net.version == 6 and net.network_address.scope_id is not None:
+        # A zone (`%eth0`) names nothing of the client: the same network without it, so
+        # that `ban list` shows, and `ban remove` finds, what the lookups use.
+        net = ipaddress.IPv6Network((int(net.network_address), net.prefixlen))
     bits = 32 if net.version == 4 else 128
     return (net.version == 6, net.prefixlen, int(net.network_address) >> (bits - net.prefixlen),
             str(net))
