@@ -160,7 +160,8 @@ class HTTP2Connection(StreamAdapter, Sending, Ending):
 
     def end_banned(self) -> None:
         """Its client was banned while it was open (nestgate.bans.watch, `ban_answer =
-        "close"`): as a graceful stop, the streams open are answered, then one GOAWAY and the close."""
+        "close"`): as a graceful stop, the streams open are answered, then one GOAWAY
+        and the close."""
         self.finish_and_close()
 
     def refuse_over_client_limit(self) -> None:

@@ -208,7 +208,8 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
 
     def end_banned(self) -> None:
         """Its client was banned while it was open (nestgate.bans.watch, `ban_answer =
-        "close"`): as a graceful stop, the streams open are answered, then the connection closes."""
+        "close"`): as a graceful stop, the streams open are answered, then the
+        connection closes."""
         self.finish_and_close()
 
     def quic_event_received(self, event) -> None:
