@@ -13,14 +13,16 @@ import os
 import re
 import socket
 import sys
-import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from nestgate import PACKAGE_DIR
 from nestgate.base import shorthands
+from nestgate.base.configpath import path_text, resolved
+from nestgate.base.hosts import configured_host_problem
 from nestgate.base.private import make_private_folders
+from nestgate.base.tomltext import read_toml
 from nestgate.certs.config import AcmeConfig, acme_warnings, read_acme
 from nestgate.wire.tls import certificate_problem
 from nestgate.pipeline.access import _cidr_list, read_access
@@ -326,6 +328,11 @@ class _Section:
     def bool(self, name: str, default: bool) -> bool:
         return self.get(name, default, _typed(bool, "true or false"), "true or false")
 
+    def path(self, name: str, default: str = "") -> str:
+        """A file or folder name as written (resolve it with `resolved`): a string
+        without NUL, which no file name holds (the OS refuses it with a ValueError)."""
+        return self.get(name, default, path_text, "a path")
+
     def int(self, name: str, default: int, low: int = 0, high: int = 2**31) -> int:
         return self.get(name, default, _int_in(low, high), f"an integer {low}..{high}")
 
@@ -360,12 +367,12 @@ class _Section:
         return self.get(name, default, convert, "")
 
     def readable_file(self, name: str, required: bool = False) -> str:
-        value = self.str(name)
+        value = self.path(name)
         if not value:
             if required:
                 self.fail(name, "a path to a readable file")
             return ""
-        path = (self.base / value).resolve()
+        path = resolved(self.base, value)
         # os.path's tests, not Path's: a path under a folder this user may not search
         # is one it cannot read (Path.is_file raises there: a traceback from `check`,
         # a 500 from the admin API's validate that told such paths apart).
@@ -391,12 +398,12 @@ class _Section:
             return b""
 
     def directory(self, name: str, required: bool = False) -> str:
-        value = self.str(name)
+        value = self.path(name)
         if not value:
             if required:
                 self.fail(name, "a path to a directory")
             return ""
-        path = (self.base / value).resolve()
+        path = resolved(self.base, value)
         if not os.path.isdir(path) or not os.access(path, os.R_OK | os.X_OK):
             self.fail(name, "a path to a readable directory", value)
         return str(path)
@@ -490,10 +497,10 @@ def _read_server(s: _Section) -> ServerConfig:
         server_tokens=s.bool("server_tokens", d.server_tokens),
         user=s.str("user"),
         group=s.str("group"),
-        state_dir=s.str("state_dir"),
+        state_dir=s.path("state_dir"),
     )
     if cfg.state_dir:
-        folder = (s.base / os.path.expanduser(cfg.state_dir)).resolve()
+        folder = resolved(s.base, os.path.expanduser(cfg.state_dir))
         if not folder.is_dir() and not folder.parent.is_dir():
             s.fail("state_dir", "a folder (or one whose parent exists)", cfg.state_dir)
         cfg = replace(cfg, state_dir=str(folder))
@@ -556,12 +563,12 @@ def _read_log(s: _Section) -> LogConfig:
     d = LogConfig()
     cfg = LogConfig(
         format=s.choice("format", d.format, ("json", "combined")),
-        path=s.str("path", d.path),
+        path=s.path("path", d.path),
         flush_interval=s.duration("flush_interval", d.flush_interval),
         log_loopback=s.bool("log_loopback", d.log_loopback),
     )
     if cfg.path not in ("-", ""):
-        cfg = LogConfig(cfg.format, str((s.base / cfg.path).resolve()), cfg.flush_interval,
+        cfg = LogConfig(cfg.format, str(resolved(s.base, cfg.path)), cfg.flush_interval,
                         cfg.log_loopback)
         target = Path(cfg.path)
         if os.path.isdir(target):
@@ -678,8 +685,7 @@ def _proxies_root(routes) -> bool:
 
 def _host_pattern(h: str) -> bool:
     """A host name, a "*.example.com" wildcard or "*"."""
-    return h == "*" or bool(h) and " " not in h and "/" not in h and h.count("*") <= 1 \
-        and ("*" not in h or h.startswith("*."))
+    return not configured_host_problem(h)
 
 
 def site_labels(raw: list) -> list[str]:
@@ -706,8 +712,9 @@ def _read_site(s: _Section, index: int) -> Site:
         # An empty list would make a site no request can reach, silently.
         s.fail("hosts", "at least one host name (\"*\" for every Host)", [])
     for h in hosts:
-        if not _host_pattern(h):
-            s.fail("hosts", "host names, \"*.example.com\" wildcards or \"*\"", h)
+        problem = configured_host_problem(h)
+        if problem:
+            s.fail("hosts", f"host names, \"*.example.com\" wildcards or \"*\": {problem}", h)
     routes = tuple(r for r in (_read_route(t) for t in s.tables("route")) if r)
     site = Site(name=s.str("name", f"site{index}"), hosts=tuple(h.lower() for h in hosts),
                 routes=routes, health=s.bool("health", not _proxies_root(routes)),
@@ -828,16 +835,11 @@ def read_config(path: str | os.PathLike | None = None) -> Config:
         path = DEFAULT_CONFIG_NAME if os.path.exists(DEFAULT_CONFIG_NAME) else EMBEDDED_DEFAULT
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_toml(path.read_bytes())
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError([f"{path}: expected UTF-8 text ({exc.reason} "
-                           f"at byte {exc.start})"]) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+    except ValueError as exc:
+        raise ConfigError([f"{path}: {exc}"]) from None
     return parse_config(data, str(path), path.resolve().parent)
 
 
@@ -939,9 +941,15 @@ def _places_without_database(sites, geoip, file: str) -> list[str]:
 
 
 def _certificate_name(name: str) -> bool:
-    bare = name[2:] if name.startswith("*.") else name
-    return bool(bare) and all(c.isalnum() or c in "-." for c in bare) \
-        and not bare.startswith(".") and ".." not in bare
+    return name != "*" and not configured_host_problem(name)
+
+
+def _address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return False
 
 
 def _managed_names(listeners, sites, acme, file: str, problems: list[str]):
@@ -958,8 +966,9 @@ def _managed_names(listeners, sites, acme, file: str, problems: list[str]):
                 names = tuple(h for h in hosts if cert.managed != "acme"
                               or acme.dns is not None or not h.startswith("*."))
                 if cert.managed == "acme":
+                    # No CA certifies these; an address is never sent as SNI either.
                     names = tuple(h for h in names if h != "localhost"
-                                  and not h.endswith(".localhost"))
+                                  and not h.endswith(".localhost") and not _address(h))
                 unprovable = [h for h in hosts if h.startswith("*.")] \
                     if cert.managed == "acme" and acme.dns is None else []
                 if not names and not unprovable:

@@ -557,6 +557,45 @@ def test_reload_through_the_api_waits_for_the_new_workers_and_names_the_changes(
     assert host_get(server.port(), "blog.localhost") == (200, b"blog")   # still serving
 
 
+def test_a_reload_of_a_file_the_reader_chokes_on_names_the_file_and_key(start_server):
+    """A body_file that is a symbolic link to itself, or a NUL in its name, or arrays
+    nested 5,000 deep: the reload was refused, but its problem read "cannot load the
+    config: RuntimeError(...)" under the file name "refused, the running config stays".
+    Now each names the file and key like any other problem; the old config serves on
+    in both workers."""
+    server = start_server(RELOAD_CONFIG.format(token=TOKEN, extra=""))
+    admin = server.admin_port()
+    (server.config_path.parent / "loop").symlink_to("loop")
+    good = RELOAD_CONFIG.format(token=TOKEN, extra="")
+    file = str(server.config_path)
+    for changed, key, message in [
+            (good.replace('body = "main"', 'body_file = "loop"'), "site[*].route[0].body_file",
+             "expected a path to a readable file, got 'loop'"),
+            (good.replace('body = "main"', 'body_file = "a\\u0000b"'),
+             "site[*].route[0].body_file",
+             "expected a path without a NUL character, got 'a\\x00b'"),
+            ("x = " + "[" * 5000 + "]" * 5000 + "\n" + good, "",
+             "not valid TOML: nested too deeply")]:
+        server.config_path.write_text(changed)
+        status, answer = post_raw(admin, "/v1/config/reload")
+        assert status == 422 and answer["error"]["code"] == "reload_refused"
+        assert {"file": file, "key": key, "message": message} in \
+            answer["error"]["details"]["problems"], answer
+        assert {host_get(server.port(), "x.localhost") for _ in range(6)} == {(200, b"main")}
+    # A listener that cannot be bound: one line from the supervisor, split the same way.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        server.config_path.write_text(good + f'\n[[listen]]\naddress = "127.0.0.1:{port}"\n')
+        status, answer = post_raw(admin, "/v1/config/reload")
+    assert status == 422
+    [problem] = answer["error"]["details"]["problems"]
+    assert (problem["file"], problem["key"]) == (file, "listen[1].address")
+    assert problem["message"].startswith(f"cannot bind 127.0.0.1:{port} (Address already in use)")
+    assert not any("Traceback" in line for line in server.lines)
+
+
 def test_sessions_are_listed_and_revoked_on_every_worker(start_server, upstream, tmp_path):
     from conftest import Browser, protected
     up = upstream()

@@ -332,3 +332,77 @@ def test_the_common_home_setup_takes_under_25_lines():
     text = (REPO / "examples" / "home.toml").read_text()
     assert len(text.splitlines()) < 25
     assert text.count('https = "acme"') == 3 and text.count("protected = true") == 2
+
+
+# ---------------------------------------------------------------- files and text check cannot read
+
+
+def test_files_that_loop_hold_nul_or_nest_too_deep_are_problems_of_their_key(tmp_path):
+    """A symbolic link to itself, a NUL in a file name, arrays nested 5,000 deep and an
+    integer of 100,000 digits each made `check` print a traceback (RuntimeError,
+    ValueError, RecursionError from the standard library) instead of a problem."""
+    (tmp_path / "loop").symlink_to("loop")
+    site = '[[listen]]\naddress = "127.0.0.1:0"\n[[site]]\nhosts = ["*"]\n' \
+           '[[site.route]]\npath = "/"\ntype = "return"\n'
+    cases = {
+        'body_file = "loop"\n':
+            "site[*].route[0].body_file: expected a path to a readable file, got 'loop'",
+        'body_file = "a\\u0000b"\n':
+            "site[*].route[0].body_file: expected a path without a NUL character",
+        'body = "x"\n[auth]\nstore = "a\\u0000b"\n':
+            "auth.store: expected a path without a NUL character",
+        'body = "x"\n[admin]\naudit_log = "loop/x"\n':
+            "admin.audit_log: expected a file in a writable directory",
+        'body = "x"\nx = ' + "[" * 5000 + "]" * 5000 + "\n": ": not valid TOML: nested too deeply",
+        'body = "x"\nx = ' + "9" * 100_000 + "\n":
+            ": not valid TOML: an integer of more than 4300 digits",
+    }
+    for tail, said in cases.items():
+        config = tmp_path / "nestgate.toml"
+        config.write_text(site + tail)
+        out = run_check(config)
+        assert out.returncode == 2 and f"{config}{'' if said[0] == ':' else ': '}{said}" \
+            in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+    # A byte-order mark (some editors write one) is no problem.
+    config.write_text("\ufeff" + site + 'body = "x"\n')
+    assert run_check(config).returncode == 0
+
+
+@pytest.mark.parametrize(("host", "said"), [
+    ("bücher.test", "an ASCII name (a Unicode name in its IDNA form: xn--bcher-kva.test)"),
+    ("*.bücher.test", "IDNA form: *.xn--bcher-kva.test"),
+    ("example.com.", "a name without the trailing dot (example.com)"),
+    ("example.com:8443", "a name without a port"),
+    ("a..test", "labels of 1 to 63 characters"),
+    ("a" * 64 + ".test", "labels of 1 to 63 characters"),
+    ("-a.test", "none starting or ending with -"),
+    ("*.*.test", "none starting or ending with -"),
+    ("[::g]", "an IPv6 address in brackets"),
+])
+def test_host_names_no_request_could_match_are_refused_with_the_reason(host, said):
+    """Such names were taken, and then no request ever reached the site (a Host header
+    is ASCII, and is compared without its port and trailing dot), nor could a CA
+    certify them."""
+    [problem] = problems_of({"site": [{"hosts": [host], "route": [ret(path="/")]}]})
+    assert problem.startswith("site.toml: site[0].hosts: expected host names") \
+        and said in problem and repr(host) in problem, problem
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "[::1]", "my_host.lan", "Example.COM",
+                                  "*.example.com", "localhost"])
+def test_host_names_requests_carry_are_taken(host):
+    config = parse_config({**LISTEN, "site": [{"hosts": [host], "route": [ret(path="/")]}]},
+                          "site.toml")
+    assert config.sites[0].hosts == (host.lower(),)
+
+
+def test_an_address_among_the_hosts_is_not_ordered_from_the_ca(tmp_path):
+    """A client sends no SNI for an address, and a CA certifies DNS names: an address
+    in a site's hosts is left out of the ACME certificate's names, like localhost."""
+    config = parse_config({
+        "listen": [{"address": "127.0.0.1:0", "certificate": [{"acme": True}]}],
+        "acme": {"email": "ops@example.com", "storage": str(tmp_path / "certs")},
+        "site": [{"hosts": ["a.example.com", "192.0.2.7", "[2001:db8::1]"],
+                  "route": [ret(path="/")]}]}, "site.toml")
+    assert config.listeners[0].certificates[0].names == ("a.example.com",)

@@ -135,8 +135,8 @@ def _ban_entry(raw: bytes) -> tuple[str, dict]:
     from nestgate.bans.store import canonical
     try:
         data = parse_json(raw)
-    except ValueError:
-        data = None
+    except ValueError as exc:
+        return f'expected a JSON object {{"network": ..., "for": ..., "reason": ...}}: {exc}', {}
     if not isinstance(data, dict):
         return 'expected a JSON object {"network": ..., "for": ..., "reason": ...}', {}
     unknown = set(data) - {"network", "for", "reason", "answer"}

@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from nestgate.base.configpath import resolved
+
 ADDRESS_ENV = "NESTGATE_ADMIN"        # like Caddy's CADDY_ADMIN: an address, or "off"
 TOKEN_ENV = "NESTGATE_ADMIN_TOKEN"
 DEFAULT_ADDRESS = ("127.0.0.1", 7998)
@@ -80,9 +82,9 @@ def read_admin(s, parse_address, read_certificate) -> AdminConfig:
                "(`openssl rand -hex 32` makes one)", "a shorter one")
     if token and any(c.isspace() for c in token):
         s.fail("token", "a token without spaces", "one with spaces")
-    audit_log = s.str("audit_log", d.audit_log)
+    audit_log = s.path("audit_log", d.audit_log)
     if audit_log not in ("-", ""):
-        audit_log = str((s.base / audit_log).resolve())
+        audit_log = str(resolved(s.base, audit_log))
         parent = Path(audit_log).parent
         if os.path.isdir(audit_log) or not os.path.isdir(parent) or \
                 not os.access(parent, os.W_OK):

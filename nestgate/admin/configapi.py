@@ -1,7 +1,8 @@
 """The config through the admin API.
 
     GET  /v1/config            the effective config of the serving generation, secrets
-                               redacted (tokens, password hashes, TOTP secrets)
+                               redacted (tokens, password hashes, TOTP secrets, client
+                               secrets and their hashes, keys)
     POST /v1/config/validate   a TOML body: the problems `nestgate check` would list, as
                                {"file", "key", "message"} objects (422), or 200 with
                                the warnings it would print
@@ -18,16 +19,23 @@ import dataclasses
 import os
 import signal
 import time
-import tomllib
 from pathlib import Path
 
 from nestgate.admin.replies import method_not_allowed
+from nestgate.base.tomltext import read_toml
 from nestgate.config import (ConfigError, config_warnings, parse_config, read_config,
                              with_overrides)
 
 REDACTED = "<redacted>"
-SECRET_KEYS = {"token", "password", "totp", "secret", "tsig_secret", "eab_hmac_key",
-               "api_key", "machine_password"}
+SECRET_KEYS = {"token", "password", "totp", "api_key", "eab_hmac_key", "machine_password"}
+# Any field whose name ends so holds a secret or a hash of one: `[[auth.oidc]]
+# client_secret`, `[[auth.client]] client_secret_hash`, `tsig_secret`. By suffix, so
+# that a secret a later table adds under such a name is not shown by default.
+SECRET_SUFFIXES = ("secret", "secret_hash", "password")
+
+
+def is_secret(name: str) -> bool:
+    return name in SECRET_KEYS or name.endswith(SECRET_SUFFIXES)
 RELOAD_WAIT = 60.0           # seconds a reload may take before the answer says so
 MAX_VALIDATE_BYTES = 1 << 20
 
@@ -36,11 +44,11 @@ def redacted(value):
     """The config as plain JSON values, every secret replaced (never the empty ones:
     that a token is unset is worth seeing)."""
     if dataclasses.is_dataclass(value):
-        return {f.name: (REDACTED if f.name in SECRET_KEYS and getattr(value, f.name)
+        return {f.name: (REDACTED if is_secret(f.name) and getattr(value, f.name)
                          else redacted(getattr(value, f.name)))
                 for f in dataclasses.fields(value)}
     if isinstance(value, dict):
-        return {str(k): REDACTED if k in SECRET_KEYS and v else redacted(v)
+        return {str(k): REDACTED if is_secret(str(k)) and v else redacted(v)
                 for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [redacted(v) for v in value]
@@ -130,15 +138,9 @@ class ConfigAPI:
     async def _validate(self, request) -> None:
         raw = await request.body.read_all() if request.body is not None else b""
         try:
-            data = tomllib.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            await self._invalid(request, ["<body>: expected UTF-8 text"])
-            return
-        except tomllib.TOMLDecodeError as exc:
-            await self._invalid(request, [f"<body>: not valid TOML: {exc}"])
-            return
-        except RecursionError:                    # "a = [[[[...": deeper than the reader
-            await self._invalid(request, ["<body>: not valid TOML: nested too deeply"])
+            data = read_toml(raw)
+        except ValueError as exc:
+            await self._invalid(request, [f"<body>: {exc}"])
             return
         base = Path(self.current().source).resolve().parent
         try:
@@ -188,11 +190,19 @@ class ConfigAPI:
             # reaches the new config.
             await asyncio.sleep(0.02)
         if not result["ok"]:
-            reasons = [r.strip() for r in result["message"].split("\n")[1:] if r.strip()] \
-                or [result["message"]]
+            reasons = [r.strip() for r in result["message"].split("\n")[1:] if r.strip()]
+            if not reasons:
+                # One line after "refused, the running config stays: ": a listener
+                # that cannot be bound names the file and key; "cannot start: ..."
+                # names neither, and is not to be split as "file: key: message".
+                reason = result["message"].partition(": ")[2] or result["message"]
+                named = reason.startswith(self.state.report.get("config", {}).get("file", "")
+                                          + ": ")
+                reasons = [reason if named else f": {reason}"]
+            problems = problems_as_json(reasons)
             await request.send_prebuilt(self.error(
                 422, "reload_refused", "reload refused, the running config stays",
-                {"problems": problems_as_json(reasons)}))
+                {"problems": problems}))
             return
         after = self.current()
         await self.reply(request, 200, {"ok": True, "generation": self.state.report.get(

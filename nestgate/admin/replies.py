@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from nestgate.base.jsonbody import read_json
 from nestgate.base.responses import Prebuilt
 
 
@@ -21,13 +22,9 @@ def method_not_allowed(allowed: str) -> Prebuilt:
 
 
 def parse_json(raw: bytes):
-    """The JSON value of a request body. Anything that is not one raises ValueError,
-    nesting too deep for the reader included (its RecursionError would be a 500 with
-    a traceback in the log)."""
-    try:
-        return json.loads(raw)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
+    """The JSON value of a request body. Anything that is not strictly one raises
+    ValueError saying why (nestgate.base.jsonbody)."""
+    return read_json(raw)
 
 
 def as_json(value) -> bytes:

@@ -210,8 +210,8 @@ def _entry(raw: bytes) -> tuple[str, dict]:
     """The entry a POST body asks for, or what is wrong with it."""
     try:
         data = parse_json(raw)
-    except ValueError:
-        return 'expected a JSON object {"cidr": ..., "ttl": ..., "comment": ...}', {}
+    except ValueError as exc:
+        return f'expected a JSON object {{"cidr": ..., "ttl": ..., "comment": ...}}: {exc}', {}
     if not isinstance(data, dict):
         return "expected a JSON object", {}
     unknown = set(data) - {"cidr", "ttl", "comment"}
@@ -227,8 +227,8 @@ def _entry(raw: bytes) -> tuple[str, dict]:
     from nestgate.handlers.auth.store import DEFAULT_TTL
     ttl_text = data.get("ttl", DEFAULT_TTL)
     try:
-        ttl = parse_duration(ttl_text) if isinstance(ttl_text, str) else float(ttl_text)
-    except (ValueError, TypeError) as exc:
+        ttl = parse_duration(ttl_text)          # a string, or a number of seconds
+    except ValueError as exc:
         return f"ttl: expected a duration such as \"2h\" ({exc})", {}
     if not 0 < ttl <= 366 * 86400:
         return "ttl: expected a duration above zero and at most a year", {}

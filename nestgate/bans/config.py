@@ -62,7 +62,7 @@ def read_bans(top, auth, state) -> BansConfig:
     """`[[ban]]` rules and `[bans]` from the top-level section `top` (config._Section)."""
     present = "bans" in top.data
     table = top.table("bans")
-    store_name = table.str("store", "")
+    store_name = table.path("store", "")
     table.check_unknown()
     rules, names = [], set()
     for i, section in enumerate(top.tables("ban")):
@@ -89,7 +89,8 @@ def _store(table, name: str, auth, state) -> str:
     if name == ":memory:":
         table.fail("store", "a file the workers share", name)
         return name
-    return str((table.state_base / os.path.expanduser(name)).resolve())
+    from nestgate.base.configpath import resolved
+    return str(resolved(table.state_base, os.path.expanduser(name)))
 
 
 def _read_rule(s, index: int) -> BanRule:

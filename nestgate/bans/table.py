@@ -83,6 +83,10 @@ def network_key(network: str) -> tuple[int, int, int, str]:
         net = ipaddress.ip_network(network.strip(), strict=False)
     except (ValueError, TypeError, AttributeError):
         raise ValueError(f"not an IP address or CIDR: {network!r}") from None
+    if "%" in network:
+        # "fe80::1%eth0" was kept under that text while the table held "fe80::1/128".
+        raise ValueError(f"not an IP address or CIDR (a zone such as %eth0 is not one): "
+                         f"{network!r}")
     if net.version == 6 and net.prefixlen >= 96 and net.network_address.ipv4_mapped:
         net = ipaddress.ip_network(f"{net.network_address.ipv4_mapped}/{net.prefixlen - 96}")
     elif net.version == 6 and net.network_address.scope_id is not None:

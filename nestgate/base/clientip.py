@@ -62,6 +62,11 @@ class Networks:
             net = ipaddress.ip_network(entry.strip(), strict=False)
         except (ValueError, TypeError, AttributeError):
             raise ValueError(f"not an IP address or CIDR: {entry!r}") from None
+        if "%" in entry:
+            # A client address never carries a zone: "fe80::1%eth0" would be kept as
+            # written and shown so, yet match as fe80::1 on every interface.
+            raise ValueError(f"not an IP address or CIDR (a zone such as %eth0 is not "
+                             f"one): {entry!r}")
         if net.version == 6 and net.prefixlen >= 96 and \
                 net.network_address.ipv4_mapped is not None:
             net = ipaddress.ip_network(f"{net.network_address.ipv4_mapped}/{net.prefixlen - 96}")

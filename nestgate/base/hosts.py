@@ -39,3 +39,41 @@ def host_name(raw: bytes) -> bytes:
     if raw.count(b":") == 1:
         raw = raw.split(b":", 1)[0]
     return raw.rstrip(b".")
+
+
+def configured_host_problem(name: str) -> str:
+    """What is wrong with `name` as a config names a host (a site's `hosts`, a
+    certificate's `names`): "" for a name a request's Host can match once lower-cased,
+    as `host_name` leaves it ("*" and one leading "*." allowed). A name written with
+    Unicode, a trailing dot or a port was taken, and then no request ever reached the
+    site nor a CA certified it."""
+    if name == "*":
+        return ""
+    bare = name[2:] if name.startswith("*.") else name
+    if not bare.isascii():
+        try:
+            spelt = bare.encode("idna").decode("ascii")
+        except UnicodeError:
+            return "an ASCII name (a Unicode name in its IDNA form)"
+        return f"an ASCII name (a Unicode name in its IDNA form: {name[:-len(bare)]}{spelt})"
+    if bare.startswith("["):
+        import ipaddress
+        try:
+            ipaddress.IPv6Address(bare[1:-1] if bare.endswith("]") else "-")
+            return ""
+        except ValueError:
+            return "an IPv6 address in brackets"
+    if bare.endswith("."):
+        return f"a name without the trailing dot ({name.rstrip('.')})"
+    if ":" in bare:
+        return "a name without a port (a Host's port is not compared)"
+    labels = bare.split(".")
+    if len(bare) > 253 or not all(0 < len(label) <= 63 for label in labels):
+        return "a name of dot-separated labels of 1 to 63 characters, 253 in all"
+    if any(label.strip(_LABEL_CHARS) or label[0] == "-" or label[-1] == "-"
+           for label in labels):
+        return "labels of letters, digits, - and _, none starting or ending with -"
+    return ""
+
+
+_LABEL_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"

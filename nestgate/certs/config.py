@@ -13,6 +13,7 @@ import base64
 import os
 from dataclasses import dataclass
 
+from nestgate.base.configpath import resolved
 from nestgate.base.private import open_to_others
 
 LETS_ENCRYPT = "https://acme-v02.api.letsencrypt.org/directory"
@@ -95,8 +96,8 @@ def read_acme(s) -> AcmeConfig:
             base64.urlsafe_b64decode(eab_hmac_key + "=" * (-len(eab_hmac_key) % 4))
         except ValueError:
             s.fail("eab_hmac_key", "the base64url HMAC key the CA gave")   # not shown
-    storage = s.str("storage", DEFAULT_STORAGE)
-    storage = str((s.state_base / os.path.expanduser(storage)).resolve())
+    storage = s.path("storage", DEFAULT_STORAGE)
+    storage = str(resolved(s.state_base, os.path.expanduser(storage)))
     parent = os.path.dirname(storage)
     if not (os.path.isdir(storage) and os.access(storage, os.W_OK)) and not (
             os.path.isdir(parent) and os.access(parent, os.W_OK)):

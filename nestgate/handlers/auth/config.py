@@ -4,9 +4,10 @@ the shared store, the identity headers, the hosts guarded for another proxy."""
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass
 
+from nestgate.base.configpath import resolved
+from nestgate.base.tomltext import read_toml
 from nestgate.handlers.auth.forwardconfig import read_forward_entry
 from nestgate.handlers.auth.identity import IdentityHeaders, read_identity_headers
 from nestgate.handlers.auth.oidc.config import ProviderConfig, read_provider
@@ -112,16 +113,16 @@ def read_auth(s) -> AuthConfig | None:
         return None
     d = AuthConfig()
     users = [read_user(u) for u in s.tables("user")]
-    users_file = s.str("users_file")
+    users_file = s.path("users_file")
     if users_file:
         users += read_users_file(s, users_file)
     names = [u.name for u in users]
     for name in sorted({n for n in names if names.count(n) > 1}):
         s.fail("user", "each user name once (inline and in users_file)", name)
-    store = s.str("store", d.store)
+    store = s.path("store", d.store)
     cfg = AuthConfig(
         store=store if store == ":memory:" else
-        str((s.state_base / os.path.expanduser(store)).resolve()),
+        str(resolved(s.state_base, os.path.expanduser(store))),
         users=tuple(users),
         session_ttl=s.duration("session_ttl", d.session_ttl),
         cookie_name=s.str("cookie_name", d.cookie_name),
@@ -135,7 +136,7 @@ def read_auth(s) -> AuthConfig | None:
         account_delay=s.positive_duration("account_delay", d.account_delay),
         account_delay_max=s.positive_duration("account_delay_max", d.account_delay_max),
         title=s.str("title", d.title),
-        users_file=str((s.base / users_file).resolve()) if users_file else "",
+        users_file=str(resolved(s.base, users_file)) if users_file else "",
         identity_headers=read_identity_headers(s),
         provider=read_provider(s),
         forward=tuple(read_forward_entry(t, i) for i, t in enumerate(s.tables("forward"))),
@@ -184,13 +185,13 @@ def read_user(u) -> User:
 def read_users_file(s, value: str) -> list[User]:
     """The [[user]] tables of `users_file` (relative to the config's folder); its
     problems are named with that file."""
-    path = (s.base / os.path.expanduser(value)).resolve()
+    path = resolved(s.base, os.path.expanduser(value))
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = read_toml(path.read_bytes())
     except OSError as exc:
         s.fail("users_file", f"a readable TOML file of [[user]] tables ({exc.strerror})", value)
         return []
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except ValueError as exc:
         s.fail("users_file", f"a TOML file of [[user]] tables ({exc})", value)
         return []
     top = s.child(data, "")

@@ -26,6 +26,7 @@ import os
 from urllib.parse import parse_qs
 
 from nestgate.base.errors import HandlerError
+from nestgate.base.jsonbody import read_json
 from nestgate.handlers.notes.render import PageTooLarge
 from nestgate.handlers.notes.store import SLUG, BadNote, StoreError, make_note, split_front_matter
 from nestgate.base.tally import TALLY
@@ -251,9 +252,9 @@ class NotesApi:
                 raise ApiError(422, "front matter needs a title", "title")
             return {k: v for k, v in meta.items() if k in _FIELDS - {"body"}}, body
         try:
-            data = json.loads(text)
-        except (ValueError, RecursionError):         # RecursionError: "[[[[..." nested deep
-            raise ApiError(422, "the body is not valid JSON (or send text/markdown)",
+            data = read_json(raw)
+        except ValueError as exc:
+            raise ApiError(422, f"the body is not valid JSON (or send text/markdown): {exc}",
                            "body") from None
         if not isinstance(data, dict):
             raise ApiError(422, "the body must be a JSON object", "body")
