@@ -26,6 +26,8 @@ from nestgate.base.tomltext import read_toml
 from nestgate.config import (ConfigError, config_warnings, parse_config, read_config,
                              with_overrides)
 
+RELOAD_WAIT = 60.0           # seconds a reload may take before the answer says so
+MAX_VALIDATE_BYTES = 1 << 20
 REDACTED = "<redacted>"
 SECRET_KEYS = {"token", "password", "totp", "api_key", "eab_hmac_key", "machine_password"}
 # Any field whose name ends so holds a secret or a hash of one: `[[auth.oidc]]
@@ -36,8 +38,6 @@ SECRET_SUFFIXES = ("secret", "secret_hash", "password")
 
 def is_secret(name: str) -> bool:
     return name in SECRET_KEYS or name.endswith(SECRET_SUFFIXES)
-RELOAD_WAIT = 60.0           # seconds a reload may take before the answer says so
-MAX_VALIDATE_BYTES = 1 << 20
 
 
 def redacted(value):

@@ -42,11 +42,14 @@ def _real(text: str) -> float:
 
 
 def _object(pairs: list) -> dict:
-    keys = [key for key, _value in pairs]
-    if len(set(keys)) != len(keys):
-        twice = next(key for key in keys if keys.count(key) > 1)
-        raise ValueError(f"the key {twice!r} is given twice")
-    return dict(pairs)
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen = set()
+        for key, _value in pairs:
+            if key in seen:
+                raise ValueError(f"the key {key!r} is given twice")
+            seen.add(key)
+    return value
 
 
 def read_json(raw: bytes):
