@@ -553,6 +553,34 @@ def test_failed_renewal_keeps_the_certificate_and_reports_why(start_server, pebb
         .stdout.splitlines()[1].split()[-1]
 
 
+def test_a_renewal_that_cannot_write_the_storage_keeps_the_certificate_and_says_why(
+        start_server, pebble, ports, tmp_path):
+    """A full or read-only storage disk: the order's bookkeeping could not be written
+    and `cert renew` (and the certificate process, the same code) died of the OSError
+    with a traceback. Now it is a failed renewal like any other: the reason said, the
+    back-off kept in memory when it cannot be written, the old certificate served. A
+    file size limit stands in for the full disk (Python ignores SIGXFSZ, so a write
+    past it fails with EFBIG)."""
+    import resource
+    server = start_server(acme_config(pebble, ports, tmp_path / "certs", names=["a.test"]))
+    first = wait_served(ports.https, "a.test")
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+    failed = subprocess.run([sys.executable, "-m", "nestgate", "cert", "renew", "a.test",
+                             "--config", str(server.config_path)], capture_output=True,
+                            text=True, env=_env(), cwd=REPO, timeout=180,
+                            preexec_fn=small_files)
+    assert failed.returncode == 1, failed.stderr
+    assert f"a.test: not renewed: the certificate storage {tmp_path / 'certs'} cannot be " \
+           "written: File too large\n" in failed.stderr, failed.stderr
+    assert "Traceback" not in failed.stderr
+    assert peer_certificate(ports.https, "a.test").serial_number == first.serial_number
+    assert nestgate("cert", "renew", "a.test", config=server.config_path).returncode == 0
+    wait_served(ports.https, "a.test", timeout=10, not_serial=first.serial_number)
+
+
 def test_two_processes_sharing_storage_order_once(start_server, pebble, ports, tmp_path):
     storage = tmp_path / "certs"
     one = start_server(acme_config(pebble, ports, storage, names=["a.test"]), name="one.toml")

@@ -74,6 +74,10 @@ def storage_of(config) -> CertStorage:
     return CertStorage(config.acme.storage, share)
 
 
+class StorageUnwritable(Exception):
+    """A failed order whose cause is the storage folder, not the CA."""
+
+
 class CertManager:
     def __init__(self, config, log=None) -> None:
         self.config = config
@@ -83,6 +87,9 @@ class CertManager:
         self._issuer = None
         self._local_ca = None
         self._share_down = False
+        # Failures that could not be written to storage (a full or read-only disk):
+        # (kind, name) -> the meta fields `_failed` would have written.
+        self.unrecorded: dict[tuple[str, str], dict] = {}
 
     # ------------------------------------------------------------ issuers
     def issuer(self):
@@ -145,7 +152,13 @@ class CertManager:
                     at = min(at, meta[ari])
         else:
             at = now
-        return max(at, meta.get("next_attempt", 0.0))
+        return max(at, self.next_attempt(item, meta))
+
+    def next_attempt(self, item: Managed, meta: dict) -> float:
+        """When a failed order may be tried again: as stored, or as kept here when the
+        storage could not be written."""
+        held = self.unrecorded.get((item.kind, item.name), {})
+        return max(meta.get("next_attempt", 0.0), held.get("next_attempt", 0.0))
 
     # ------------------------------------------------------------ work
     def obtain(self, item: Managed, force: bool = False, wait: float = 0.0) -> str:
@@ -160,6 +173,14 @@ class CertManager:
             return self._obtain(item, force, wait)
         except share_errors as exc:           # Redis away: try again later
             return self._failed(item, exc)
+        except OSError as exc:
+            # The storage cannot be written (a full or read-only disk): the current
+            # certificate keeps serving, and this process must not die of it (the
+            # supervisor would start it again, and the next pass would fail the same
+            # way, with a traceback in the log each time).
+            return self._failed(item, StorageUnwritable(
+                f"the certificate storage {self.storage.root} cannot be written: "
+                f"{exc.strerror or exc}"))
 
     def _obtain(self, item: Managed, force: bool, wait: float) -> str:
         now = time.time()
@@ -192,13 +213,20 @@ class CertManager:
 
     def _failed(self, item: Managed, exc: Exception) -> str:
         meta = self.storage.meta(item.kind, item.name)
-        failures = meta.get("failures", 0) + 1
+        key = (item.kind, item.name)
+        failures = max(meta.get("failures", 0),
+                       self.unrecorded.get(key, {}).get("failures", 0)) + 1
         wait = min(RETRY_FIRST * 2 ** (failures - 1), RETRY_MAX)
         wait = max(wait * random.uniform(0.8, 1.2), getattr(exc, "retry_after", 0.0))
         reason = str(exc) or type(exc).__name__
-        self.storage.set_meta(item.kind, item.name, last_error=reason, failures=failures,
-                              next_attempt=time.time() + wait)
-        self.storage.changed()                # the admin API shows the reason
+        record = {"last_error": reason, "failures": failures,
+                  "next_attempt": time.time() + wait}
+        try:
+            self.storage.set_meta(item.kind, item.name, **record)
+            self.storage.changed()            # the admin API shows the reason
+            self.unrecorded.pop(key, None)
+        except OSError:
+            self.unrecorded[key] = record     # the back-off holds all the same
         kept = self.storage.load(item.kind, item.name)
         still = " (the current certificate keeps serving)" if kept is not None else ""
         self.log(f"{item.name}: could not obtain a certificate: {reason}; next try in "
@@ -213,7 +241,7 @@ class CertManager:
             if item.kind == "installed":
                 continue
             meta = self.storage.meta(item.kind, item.name)
-            if now >= meta.get("next_attempt", 0.0):
+            if now >= self.next_attempt(item, meta):
                 self.obtain(item)
             soonest = min(soonest, self.next_look(item, time.time()))
         return max(1.0, soonest - time.time())
