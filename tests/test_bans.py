@@ -93,13 +93,15 @@ def test_table_holds_addresses_ranges_and_ipv6_prefixes():
         table.add("10.0.0.300", now + 60)
 
 
-def test_a_zone_is_no_part_of_a_banned_network():
+def test_a_network_with_a_zone_is_refused_with_the_reason():
     from nestgate.bans.table import network_key
-    assert network_key("2001:db8::1%eth0")[3] == "2001:db8::1/128"
-    assert network_key("2001:db8::%3/64") == network_key("2001:db8::/64")
+    for spelled in ("2001:db8::1%eth0", "2001:db8::%3/64", "fe80::1%25eth0"):
+        with pytest.raises(ValueError, match="zone"):
+            network_key(spelled)
     table = BanTable(4096)
-    table.add("fe80::1%eth0", time.time() + 60)
-    assert table.lookup("fe80::1") is not None and table.entries()[0].network == "fe80::1/128"
+    with pytest.raises(ValueError, match="zone"):
+        table.add("fe80::1%eth0", time.time() + 60)
+    assert table.entries() == [] and table.lookup("fe80::1") is None
 
 
 def test_table_is_shared_with_forked_processes():

@@ -84,15 +84,13 @@ def network_key(network: str) -> tuple[int, int, int, str]:
     except (ValueError, TypeError, AttributeError):
         raise ValueError(f"not an IP address or CIDR: {network!r}") from None
     if "%" in network:
-        # "fe80::1%eth0" was kept under that text while the table held "fe80::1/128".
+        # A zone (`%eth0`) names nothing of a client (forwarded addresses lose theirs),
+        # and "fe80::1%eth0" would be listed as a network no lookup ever meets: a ban,
+        # a lift or a decision that names one is refused with the reason.
         raise ValueError(f"not an IP address or CIDR (a zone such as %eth0 is not one): "
                          f"{network!r}")
     if net.version == 6 and net.prefixlen >= 96 and net.network_address.ipv4_mapped:
         net = ipaddress.ip_network(f"{net.network_address.ipv4_mapped}/{net.prefixlen - 96}")
-    elif net.version == 6 and net.network_address.scope_id is not None:
-        # A zone (`%eth0`) names nothing of the client: the same network without it, so
-        # that `ban list` shows, and `ban remove` finds, what the lookups use.
-        net = ipaddress.IPv6Network((int(net.network_address), net.prefixlen))
     bits = 32 if net.version == 4 else 128
     return (net.version == 6, net.prefixlen, int(net.network_address) >> (bits - net.prefixlen),
             str(net))
