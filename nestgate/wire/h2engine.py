@@ -351,6 +351,32 @@ class H2Engine:
         if end_stream:
             self._close_writing(stream)
 
+    def send_answer(self, stream_id: int, block: bytes, body: bytes) -> bool:
+        """A whole answer at once: its header block (by `encode_fields`) as HEADERS and
+        its body as one DATA frame ending the stream (none when the body is empty).
+        False when the block needs CONTINUATION frames or the body is more than the
+        client's windows or frame size take now: then only the HEADERS went (ending the
+        stream if there is no body), and the body is the caller's to send."""
+        stream = self._writable(stream_id)
+        size = len(body)
+        limit = self.max_outbound_frame_size
+        if len(block) > limit or size > limit or size > stream.send_window or \
+                size > self.send_window:
+            self.send_block(stream_id, block, not size)
+            return not size
+        if size:
+            stream.send_window -= size
+            self.send_window -= size
+            self._out += (_PACK_HEAD(len(block) << 8 | HEADERS, END_HEADERS, stream_id),
+                          block, _PACK_HEAD(size << 8 | DATA, END_STREAM, stream_id), body)
+        else:
+            self._out += (_PACK_HEAD(len(block) << 8 | HEADERS, END_STREAM | END_HEADERS,
+                                     stream_id), block)
+        stream.writing = False
+        if not stream.reading:
+            del self.streams[stream_id]
+        return True
+
     def can_send(self, stream_id: int) -> bool:
         """Whether the stream is open for what we send (HEADERS, DATA, RST_STREAM)."""
         stream = self.streams.get(stream_id)

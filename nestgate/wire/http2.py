@@ -360,16 +360,14 @@ class HTTP2Connection(StreamAdapter, Sending, Ending):
         """A ready answer on the stream (nestgate.pipeline.dispatch): its body's length. A body
         larger than the window follows in a task (`can_send` then still says so)."""
         body = b"" if head_only else response.body
-        fits = len(body) <= min(self.h2.local_flow_control_window(stream_id),
-                                self.h2.max_outbound_frame_size)
-        self.h2.send_block(stream_id, h2_block(response) + self.date_field.current(),
-                           end_stream=not body)
-        if body and fits:
-            self.h2.send_data(stream_id, body, end_stream=True)
-            self._guard.data_sent += 1
-        elif body:
+        if self.h2.send_answer(stream_id, h2_block(response) + self.date_field.current(),
+                               body):
+            if body:
+                self._guard.data_sent += 1
+            self._answer_ended = True
+        else:
             self.loop.create_task(self._send_rest(stream_id, body))
-        self._answer_ended = fits or not body     # (else _send_rest says so when it is)
+            self._answer_ended = False            # (_send_rest says so when it is)
         return len(body)
 
     async def _send_rest(self, stream_id: int, body: bytes) -> None:
