@@ -156,6 +156,23 @@ class FrameGuard:
                             self.piece_bytes >= pieces * self.min_piece_average:
                         continue
                     why = "small_data_frames"
+            elif kind == _HEADERS and flags & _END_HEADERS:
+                # A whole header block in one frame, as nearly every request comes:
+                # `_header_frame`'s counting, inline.
+                stream &= 0x7FFFFFFF
+                if flags & _END_STREAM and stream == self.piece_stream:
+                    self.pieces -= 1               # (`_body_ended`)
+                    self.piece_stream = 0
+                if stream > self.last_stream:
+                    self.last_stream = stream
+                    self.opened += 1
+                if length > self.block_limit:
+                    self.block = length
+                    return "header_block"
+                self.block = 0
+                if length:
+                    self.empty = 0
+                continue
             elif kind == _HEADERS or kind == _CONTINUATION:
                 why = self._header_frame(kind, flags, stream & 0x7FFFFFFF, length)
             elif kind == _PING:
