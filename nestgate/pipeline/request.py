@@ -264,6 +264,14 @@ class Request:
         protocol can mark its end on the data)."""
         return False
 
+    def answer_now(self, status: int, block: bytes, content_length: int | None,
+                   body: bytes) -> bool:
+        """`start_raw`, then `write_now(body, last=True)`: a whole answer at once, for
+        a handler answering from callbacks. False: the head went, the body did not
+        (the caller writes it as it would after `write_now`)."""
+        self.start_raw(status, block, content_length)
+        return self.write_now(body, last=True)
+
     def push(self, data: bytes) -> bool:
         """`write` without waiting: True when the caller should stop producing until
         `writable()` returns."""

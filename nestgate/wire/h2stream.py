@@ -127,8 +127,32 @@ class H2Request(Request):
         self._start_pairs(status, pairs, content_length)
 
     def start_raw(self, status: int, block: bytes, content_length: int | None = None) -> None:
-        # A proxied response's head: the same few heads come back from an upstream
-        # again and again, so each is encoded once (without its Date) and kept.
+        self._send_head(status, self._raw_block(status, block, content_length))
+
+    def answer_now(self, status: int, block: bytes, content_length: int | None,
+                   body: bytes) -> bool:
+        # The usual proxied answer: its HEADERS and DATA by one engine call.
+        conn = self.connection
+        if self.head_only or not body or self.started or conn.write_paused:
+            return Request.answer_now(self, status, block, content_length, body)
+        self.started = True
+        self.status = status
+        if not conn.h2.send_answer(self.stream_id,
+                                   self._raw_block(status, block, content_length), body):
+            conn._flush_soon()           # the HEADERS alone: the window is too small
+            return False
+        self.sent += len(body)
+        self.finished = True
+        conn._guard.data_sent += 1
+        conn._flush_soon(len(body))
+        if self.granted:
+            conn.release(self, len(body))
+        return True
+
+    def _raw_block(self, status: int, block: bytes, content_length: int | None) -> bytes:
+        """A proxied response's head as HPACK, its Date included. The same few heads
+        come back from an upstream again and again, so each is encoded once (without
+        its Date) and kept."""
         kept = len(block) <= _RAW_BLOCK_MAX
         key = (status, block, content_length, SERVER.value)
         encoded = _RAW_BLOCKS.get(key) if kept else None
@@ -138,7 +162,7 @@ class H2Request(Request):
                 if len(_RAW_BLOCKS) >= _RAW_BLOCKS_LIMIT:
                     _RAW_BLOCKS.clear()
                 _RAW_BLOCKS[key] = encoded
-        self._send_head(status, encoded + self.connection.date_field.current())
+        return encoded + self.connection.date_field.current()
 
     def _start_pairs(self, status, pairs, content_length) -> None:
         self._send_head(status, encode_fields(response_fields(status, pairs, content_length))

@@ -157,11 +157,13 @@ class StreamRelay:
     def start_counted(self, status: int, block: bytes, lines: bytes, length: int,
                       first: bytes, whole: bool) -> None:
         req = self.req
-        req.start_raw(status, block, length)
-        if not first:
-            return
-        if whole and self.exchange.fast is not None and req.write_now(first, last=True):
-            return          # the usual answer, whole in one read, and the stream's end
+        if first and whole and self.exchange.fast is not None:
+            if req.answer_now(status, block, length, first):
+                return      # the usual answer, whole in one read, and the stream's end
+        else:
+            req.start_raw(status, block, length)
+            if not first:
+                return
         self.body(first)
 
     def body(self, chunk: bytes) -> None:
