@@ -354,16 +354,19 @@ class H2Engine:
     def send_answer(self, stream_id: int, block: bytes, body: bytes) -> bool:
         """A whole answer at once: its header block (by `encode_fields`) as HEADERS and
         its body as one DATA frame ending the stream (none when the body is empty).
-        False when the block needs CONTINUATION frames or the body is more than the
-        client's windows or frame size take now: then only the HEADERS went (ending the
-        stream if there is no body), and the body is the caller's to send."""
+        False when the body is more than the client's windows or frame size take now:
+        then only the HEADERS went, and the body is the caller's to send."""
         stream = self._writable(stream_id)
         size = len(body)
         limit = self.max_outbound_frame_size
-        if len(block) > limit or size > limit or size > stream.send_window or \
-                size > self.send_window:
+        if size and (size > limit or size > stream.send_window or size > self.send_window):
+            self.send_block(stream_id, block)
+            return False
+        if len(block) > limit:                    # HEADERS and CONTINUATION frames
             self.send_block(stream_id, block, not size)
-            return not size
+            if size:
+                self.send_data(stream_id, body, True)
+            return True
         if size:
             stream.send_window -= size
             self.send_window -= size
