@@ -492,3 +492,103 @@ def test_decisions_outlive_a_restart_and_a_file_that_cannot_be_written_is_said_o
     again.decisions.apply({"new": [decision]}, now=time.time(), startup=True)
     again._enforce(again.decisions.refused())
     assert fresh.lookup("198.51.100.7") is None and fresh.lookup("192.0.2.1") is not None
+
+
+# A stream answer whose decisions are partly not what the Local API sends: each bad
+# one skipped and named once, the others applied. (The bouncer crashed on the first
+# and was restarted into the same answer, again and again.)
+MALFORMED = [
+    {"id": [1, 2], "type": "ban", "scope": "Ip", "value": "192.0.2.10", "duration": "1h"},
+    {"id": {"a": 1}, "type": "ban", "scope": "Ip", "value": "192.0.2.11", "duration": "1h"},
+    {"id": None, "type": "ban", "scope": "Ip", "value": "192.0.2.12", "duration": "1h"},
+    {"id": "x" * 100_000, "type": "ban", "scope": "Ip", "value": "192.0.2.13",
+     "duration": "1h"},
+    {"id": 14, "type": "ban", "scope": "Ip", "value": "192.0.2.14", "duration": "1h",
+     "scenario": "s" * 1_000_000},
+    {"id": 15, "type": ["ban"], "scope": "Ip", "value": "192.0.2.15", "duration": "1h"},
+    {"id": 16, "type": "ban", "scope": "Ip", "value": {"ip": "192.0.2.16"}, "duration": "1h"},
+    {"id": True, "type": "ban", "scope": "Ip", "value": "192.0.2.17", "duration": "1h"},
+    ["not", "an", "object"],
+    None,
+]
+GOOD = [{"id": 1, "type": "ban", "scope": "Ip", "value": "192.0.2.1", "duration": "1h",
+         "scenario": "crowdsecurity/ssh-bf"},
+        {"id": "2", "type": "ban", "scope": "Range", "value": "198.51.100.0/24",
+         "duration": "1h"}]
+
+
+class StreamAnswers:
+    """A Local API that answers the decision stream with what the test gives it."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+        self.answers: list[bytes] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):            # noqa: N802 - the http.server hook's name
+                body = outer.answers.pop(0) if outer.answers else b'{"new": null}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_malformed_decisions_are_skipped_named_once_and_the_others_applied(tmp_path):
+    from dataclasses import replace
+    api = StreamAnswers()
+    try:
+        config = parse_config({"listen": [{"address": "127.0.0.1:0"}],
+                               "crowdsec": {"url": api.url, "api_key": "key"}},
+                              str(tmp_path / "site.toml"))
+        config = replace(config, crowdsec=replace(
+            config.crowdsec, snapshot=str(tmp_path / "crowdsec-decisions")))
+        said: list[str] = []
+        table = BanTable(4096)
+        bouncer = Bouncer(config, table, said.append)
+        answer = {"new": [*MALFORMED[:5], GOOD[0], *MALFORMED[5:], GOOD[1]],
+                  "deleted": [{"id": [3]}, {"id": {"x": 1}}, "nonsense"]}
+        api.answers.append(json.dumps(answer).encode())
+        bouncer.poll()
+        assert bouncer.synced and not bouncer.down
+        assert table.lookup("192.0.2.1").reason == "crowdsecurity/ssh-bf"
+        assert table.lookup("198.51.100.7").network == "198.51.100.0/24"
+        for i in range(10, 18):
+            assert table.lookup(f"192.0.2.{i}") is None
+        named = [line for line in said if "skipped" in line]
+        assert len(named) == len(MALFORMED) + 3, said
+        assert all(len(line) < 300 for line in said)      # never a megabyte in the log
+        assert any("decision 14 in 'new' has a scenario that is a string of 1000000 "
+                   "characters" in line for line in named)
+        assert any("has an id that is a list of 2 items" in line for line in named)
+        assert any("has an id that is null" in line for line in named)
+        # The same answer again (a full one after the Local API came back): applied,
+        # and nothing named twice. An answer whose parts are not lists is left out.
+        bouncer.synced = False
+        api.answers.append(json.dumps(answer).encode())
+        api.answers.append(b'{"new": {"id": 5}, "deleted": 7}')
+        bouncer.poll()
+        bouncer.poll()
+        assert [line for line in said if "skipped" in line] == named
+        assert sum("not a list" in line for line in said) == 2
+        assert table.lookup("192.0.2.1") is not None and not bouncer.down
+        # A later deletion still lifts a good one.
+        api.answers.append(json.dumps({"deleted": [{"id": 1}, {"id": [1]}]}).encode())
+        bouncer.poll()
+        assert table.lookup("192.0.2.1") is None
+        assert table.lookup("198.51.100.7") is not None
+    finally:
+        api.close()

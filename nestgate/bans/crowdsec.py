@@ -57,6 +57,13 @@ REQUEST_TIMEOUT = 10.0       # seconds a call to the Local API may take
 RESPONSE_MAX = 256 << 20     # bytes of a stream answer (50k decisions are ~10 MB)
 REFUSED_SCOPES = ("ip", "range")
 OWN_ORIGIN = "nestgate"      # the origin of the decisions nestgate's alerts carry
+# What a decision's fields may be: the Local API sends an id that is a number and
+# short strings. Anything else (a list, an object, null, a string of megabytes) is a
+# decision that is skipped, named once in the log; the others are applied.
+MAX_ID_CHARS = 64
+MAX_FIELD_CHARS = 1024
+TEXT_FIELDS = ("type", "scope", "value", "duration", "scenario", "origin")
+NAMED_MAX = 1000             # malformed decisions remembered as named (not named again)
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,27 @@ def go_duration(text: str) -> float:
     return sign * sum(float(n) * _GO_UNITS[u] for n, u in _GO_DURATION.findall(text))
 
 
+def _simple(name: str, decision: dict) -> bool:
+    """`decision[name]` is what the Local API sends: an id is a number or a short
+    string (never missing); another field is a short string, or absent."""
+    value = decision.get(name)
+    if name == "id":
+        return (isinstance(value, int) and not isinstance(value, bool)) or \
+            (isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS)
+    return value is None or isinstance(value, str) and len(value) <= MAX_FIELD_CHARS
+
+
+def _shown(value) -> str:
+    """What a malformed value is, for the log: its kind and size, never all of it."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters" if len(value) > 40 else repr(value)
+    if isinstance(value, (list, dict)):
+        return f"{'a list' if isinstance(value, list) else 'an object'} of {len(value)} items"
+    return f"{type(value).__name__} {str(value)[:40]}"
+
+
 class Decision:
     __slots__ = ("network", "until", "scenario", "own")
 
@@ -150,23 +178,61 @@ class Decisions:
 
     def __init__(self, captcha: str = "ban") -> None:
         self.refused_types = ("ban", "captcha") if captcha == "ban" else ("ban",)
-        self.by_id: dict[object, Decision] = {}
+        self.by_id: dict[int | str, Decision] = {}
         self.skipped = 0                   # decisions of a type or scope not enforced
+        self.to_name: list[str] = []       # malformed decisions not yet said (`named`)
+        self._named: set[str] = set()
 
     def apply(self, answer: dict, now: float, startup: bool) -> None:
-        """One stream answer: on startup it replaces everything held."""
+        """One stream answer: on startup it replaces everything held. A malformed
+        decision is skipped and kept in `to_name`, the first time it is met."""
         if startup:
             self.by_id.clear()
             self.skipped = 0
-        for decision in answer.get("deleted") or ():
-            if isinstance(decision, dict):
-                self.by_id.pop(decision.get("id"), None)
-        for decision in answer.get("new") or ():
+        for decision in self._listed(answer, "deleted"):
+            if self._well_formed(decision, "deleted", ("id",)):
+                self.by_id.pop(decision["id"], None)
+        for decision in self._listed(answer, "new"):
+            if not self._well_formed(decision, "new", ("id", *TEXT_FIELDS)):
+                continue
             kept = self._refusal(decision, now)
             if kept is None:
                 self.skipped += 1
                 continue
-            self.by_id[decision.get("id", kept.network)] = kept
+            self.by_id[decision["id"]] = kept
+
+    def _listed(self, answer: dict, part: str) -> list:
+        found = answer.get(part)
+        if found is None or isinstance(found, list):
+            return found or []
+        self._name(f"the answer's {part!r} is {_shown(found)}, not a list; left out")
+        return []
+
+    def _well_formed(self, decision, part: str, fields: tuple[str, ...]) -> bool:
+        """The decision is an object whose `fields` are what the Local API sends; if
+        not, it is named (once) to be said."""
+        if not isinstance(decision, dict):
+            wrong = f"is {_shown(decision)}, not an object"
+        else:
+            wrong = next((f"has an id that is {_shown(decision.get(name))}" if name == "id"
+                          else f"has a {name} that is {_shown(decision.get(name))}"
+                          for name in fields if not _simple(name, decision)), "")
+        if not wrong:
+            return True
+        ident = decision.get("id") if isinstance(decision, dict) else None
+        shown = f"decision {ident}" if _simple("id", {"id": ident}) else "a decision"
+        self._name(f"{shown} in {part!r} {wrong}; skipped")
+        return False
+
+    def _name(self, what: str) -> None:
+        if what not in self._named and len(self._named) < NAMED_MAX:
+            self._named.add(what)
+            self.to_name.append(what)
+
+    def named(self) -> list[str]:
+        """The malformed decisions met since the last call, each said once."""
+        found, self.to_name = self.to_name, []
+        return found
 
     def _refusal(self, decision, now: float) -> Decision | None:
         if not isinstance(decision, dict):
@@ -184,7 +250,7 @@ class Decisions:
         seconds = go_duration(str(decision.get("duration", "")))
         if seconds <= 0:
             return None
-        return Decision(network, now + seconds, str(decision.get("scenario") or ""),
+        return Decision(network, now + seconds, decision.get("scenario") or "",
                         decision.get("origin") == OWN_ORIGIN)
 
     def expire(self, now: float) -> None:
@@ -303,6 +369,8 @@ class Bouncer:
             self._failed(exc)
         else:
             self.decisions.apply(answer, now, startup)
+            for what in self.decisions.named():
+                self.say(f"Local API at {self.config.url}: {what}")
             self.synced = True
             if self.down:
                 self.say(f"Local API at {self.config.url} answers again")
