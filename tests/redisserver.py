@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import time
 
+import pytest
+
 from conftest import free_port
 
 REDIS_PASSWORD = "redis-pass-for-the-tests"
@@ -46,3 +48,12 @@ class RedisServer:
         """As an operator stops it (SIGTERM: the append-only file is flushed)."""
         self.proc.terminate()
         self.proc.wait(10)
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A RedisServer of the test's own, killed after it."""
+    server = RedisServer(tmp_path)
+    yield server
+    server.proc.kill()
+    server.proc.wait()

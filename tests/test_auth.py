@@ -24,6 +24,7 @@ from nestgate.handlers.auth import totp
 from nestgate.handlers.auth.passwords import verify_password
 from nestgate.handlers.auth.config import AuthConfig, User
 from nestgate.handlers.auth.portal import REFRESH_AFTER, SessionCheck, SignIn, safe_next
+from nestgate.handlers.auth.sessiontoken import SessionTokens
 from nestgate.handlers.auth.store import ACCOUNT_MEMORY, Store, StoreUnavailable, account_delay
 from nestgate.base.responses import Prebuilt
 
@@ -83,6 +84,7 @@ class _SessionStore:
     def __init__(self, answer) -> None:
         self.answer = answer
         self.asked = 0
+        self.tokens = SessionTokens()      # not read from a store: every token is asked
 
     async def run(self, method: str, hashed: bytes):
         self.asked += 1

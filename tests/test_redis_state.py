@@ -6,6 +6,7 @@ itself)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -18,15 +19,8 @@ import time
 import pytest
 from conftest import _env, admin_headers
 from conftest import Browser, otp_code, poll, protected, settled_step
-from redisserver import REDIS_PASSWORD, RedisServer, free_port as _free_port
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    server = RedisServer(tmp_path)
-    yield server
-    server.proc.kill()
-    server.proc.wait()
+from redisserver import REDIS_PASSWORD, free_port as _free_port
+from redisserver import redis_server  # noqa: F401 - the fixture
 
 
 @pytest.fixture
@@ -67,6 +61,43 @@ def test_a_session_made_on_one_instance_works_on_the_other_until_signed_out(two)
                 lambda s: s == {401}, timeout=3) == {401}
     # Nothing secret in either instance's output: not the Redis password.
     assert not any(REDIS_PASSWORD in line for line in a.lines + b.lines)
+
+
+@pytest.mark.parametrize("change", [
+    {"expires": "tomorrow"}, {"expires": "nan"}, {"expires": "inf"}, {"user": b"\xff\xfe"},
+    {"last_seen": "never"}, {"factors": b"\xff"}, "string"])
+def test_a_session_not_as_nestgate_wrote_it_is_no_session_and_said_once(two, change):
+    import redis
+    a, b, server = two
+    visitor = Browser(a.port())
+    assert visitor.sign_in(next_url="/secret")[0].status == 303
+    cookie = visitor.jar["nestgate_session"]
+    key = "gw1:session:" + hashlib.sha256(cookie.encode()).hexdigest()
+    client = redis.Redis.from_url(server.url)
+    if change == "string":                     # a key of another type: WRONGTYPE
+        client.delete(key)
+        client.set(key, "not a hash")
+    else:
+        client.hset(key, mapping=change)
+    client.close()
+    for instance in (a, b):
+        # Never a 500, never a way in: no session, on every instance (the one that
+        # checked it last trusts that for portal.RECHECK, 1 s).
+        assert poll(lambda instance=instance: status(instance.port(), "/secret", cookie=cookie),
+                    lambda got: got != 200, timeout=3) == 401
+        assert {status(instance.port(), "/secret", cookie=cookie) for _ in range(3)} == {401}
+        said = instance.wait_for("is not as nestgate wrote it")
+        assert key[-64:][:16] in said and "taken as no session" in said
+    # Said once per worker that met it (two each), never again for the same session.
+    for instance in (a, b):
+        assert sum("is not as nestgate wrote it" in line for line in instance.lines) <= 2
+    # The admin API's listing leaves it out instead of failing.
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", a.admin_port(), timeout=5)
+    conn.request("GET", "/v1/sessions", headers=admin_headers(a.admin_port()))
+    answer = conn.getresponse()
+    assert answer.status == 200 and json.loads(answer.read())["sessions"] == []
+    conn.close()
 
 
 def test_a_forms_token_is_the_sessions_on_every_instance_and_a_planted_one_on_none(two):

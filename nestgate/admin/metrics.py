@@ -119,6 +119,11 @@ def render(state) -> bytes:
                "user, password or code), refused (back-off, 429).",
                [({"result": result}, events.get(f"signin_{result}", 0))
                 for result in ("success", "failure", "refused")])
+    out.family("forged_sessions", "counter", "Session cookies no server issued, refused "
+               "without asking the store (a wrong tag, or an untagged token that was not "
+               "live when the worker started); each value counted once per worker while "
+               "it remembers it.",
+               [({}, events.get("session_forged", 0))])
     out.family("notes_written", "counter", "Notes created or replaced through the API.",
                [({}, events.get("notes_written", 0))])
     out.family("notes_deleted", "counter", "Notes deleted through the API.",

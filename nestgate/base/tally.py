@@ -43,7 +43,8 @@ H2_PROTECTIONS = ("control_flood", "window_update_flood", "priority_flood", "emp
                   "protocol_error", "send_timeout")
 # The HTTP/3 ones (nestgate.wire.http3), as "h3_<reason>".
 H3_PROTECTIONS = ("header_block", "rapid_reset", "small_data_frames")
-EVENTS = ("signin_success", "signin_failure", "signin_refused", "notes_written",
+EVENTS = ("signin_success", "signin_failure", "signin_refused", "session_forged",
+          "notes_written",
           "notes_deleted", *(f"h2_{reason}" for reason in H2_PROTECTIONS),
           *(f"h3_{reason}" for reason in H3_PROTECTIONS))
 

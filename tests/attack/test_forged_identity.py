@@ -125,13 +125,16 @@ def test_the_admins_route_is_not_reached_by_any_spelling(start_server, upstream,
         assert resp.status == 403, (path, resp.status)
     assert not any("dmin" in r["target"] for r in up.requests), up.requests
     # A session whose user is gone (here: made up in the store) is no session.
-    from nestgate.handlers.auth.store import Store, token_hash
+    # (Its token tagged with the store's secret, as the server's own are.)
+    from nestgate.handlers.auth.sessiontoken import new_token, token_hash
+    from nestgate.handlers.auth.store import Store
     store = Store(str(tmp_path / "state.db"))
-    store.create_session(token_hash("forged-token"), "root", time.time() + 3600, "")
+    forged = new_token(store.secret())
+    store.create_session(token_hash(forged), "root", time.time() + 3600, "")
     store.close()
     for path in ("/x", "/admin/x"):
         resp, _ = bob.request("GET", path, cookies=False,
-                              headers={"Cookie": "nestgate_session=forged-token"})
+                              headers={"Cookie": f"nestgate_session={forged}"})
         assert resp.status == 401, (path, resp.status)
     assert not any(r["target"] in ("/x", "/admin/x") for r in up.requests)
 

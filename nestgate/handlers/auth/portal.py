@@ -68,7 +68,7 @@ from nestgate.handlers.auth.oidc.client import Http, Provider, session_key_of
 from nestgate.handlers.auth.passwords import verify_password
 from nestgate.handlers.auth.policy import (NO_SECOND_FACTOR, NOT_ALLOWED, PASSWORD,
                                            RECOVERY, TOTP, session_user)
-from nestgate.handlers.auth.store import token_hash
+from nestgate.handlers.auth.sessiontoken import new_token, token_hash
 from nestgate.base.clock import CLOCK
 from nestgate.pipeline.dispatch import resolve
 from nestgate.base.hosts import host_name, plain_host_name
@@ -273,13 +273,23 @@ class SignIn:
                 hashed = self._hashed_by_cookie.get(value)
                 if hashed is None:
                     token = cookies([(name, value)]).get(self.cfg.cookie_name)
-                    hashed = token_hash(token) if token else b""
+                    hashed = self.session_hash(token) if token else b""
                     if len(self._hashed_by_cookie) >= _CACHE_LIMIT:
                         self._hashed_by_cookie.clear()
                     self._hashed_by_cookie[value] = hashed
                 if hashed:
                     return hashed
         return b""
+
+    def session_hash(self, token: str) -> bytes:
+        """The hash of the session `token` to ask the store about; b"" (counted) when
+        the token cannot be a session: its tag is wrong, or it is of the untagged form
+        and was not live when this worker started (nestgate.handlers.auth.sessiontoken).
+        Such a cookie is no session without a store call."""
+        hashed = self.state.tokens.hash_of(token)
+        if not hashed:
+            TALLY.event("session_forged")
+        return hashed
 
     def known_user(self, headers) -> str | None:
         """The user of the request's session when the store has vouched for it to this
@@ -307,16 +317,17 @@ class SignIn:
     async def cookie_user(self, request) -> str | None:
         """The name of the user whose live session the request's cookie carries, if any."""
         token = self.session_token(request)
-        key = await self.session_user(token_hash(token)) if token else None
+        hashed = self.session_hash(token) if token else b""
+        key = await self.session_user(hashed) if hashed else None
         return None if key is None else session_user(key)
 
     async def cookie_session(self, request) -> tuple[bytes, str, str] | None:
         """(token hash, user, factors) of the live session the request's cookie
         carries, asked of the store (for the pages that change a user's factors)."""
         token = self.session_token(request)
-        if not token:
+        hashed = self.session_hash(token) if token else b""
+        if not hashed:
             return None
-        hashed = token_hash(token)
         found = await self.state.run("session", hashed)
         if found is None or self.cfg.user(found[0]) is None:
             return None
@@ -483,7 +494,7 @@ class SignIn:
         sent on to `next_url`. `identity`: what a sign-in through a provider keeps with
         it (nestgate.handlers.auth.oidc.client)."""
         cfg, state, client = self.cfg, self.state, request.client
-        token = secrets.token_urlsafe(32)
+        token = new_token(await state.secret())
         hashed = token_hash(token)
         expires = time.time() + cfg.session_ttl
         await state.run("create_session", hashed, user, expires, client, factors, identity)
@@ -707,8 +718,8 @@ class Logout(_FormPath):
         token = signin.session_token(request)
         next_url = form.get("next")
         after = login_url(safe_next(next_url)) if next_url else LOGIN_PATH
-        if token:
-            hashed = token_hash(token)
+        hashed = signin.session_hash(token) if token else b""
+        if hashed:
             signin._sessions.pop(hashed, None)
             found = await signin.state.run("session", hashed)
             await signin.state.run("delete_session", hashed)

@@ -41,7 +41,8 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 
 from nestgate.handlers.auth.storerules import (ACCOUNT_MEMORY, KNOWN_FOR, MAX_CEREMONIES,
-                                               SEEN_EVERY, account_delay, address_key)
+                                               SEEN_EVERY, StoredSessions, account_delay,
+                                               address_key, finite_number)
 from nestgate.base.clientip import Networks
 
 DEFAULT_PREFIX = "nestgate:"
@@ -129,6 +130,7 @@ class RedisStore:
         self.prefix = parts.fragment or DEFAULT_PREFIX
         self.path = shown(locator)
         url = urlunsplit(parts._replace(fragment=""))
+        self.stored = StoredSessions(self.path)
         self.db = redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S,
                                        socket_connect_timeout=SOCKET_TIMEOUT_S,
                                        health_check_interval=30)
@@ -169,17 +171,33 @@ class RedisStore:
 
     def session(self, hashed: bytes) -> tuple[str, float, str, str] | None:
         """(user, expires, factors, identity) of a live session, seen now (its
-        last_seen is written when older than SEEN_EVERY)."""
+        last_seen is written when older than SEEN_EVERY). A record not as nestgate
+        wrote it is none (`StoredSessions`)."""
         now = time.time()
         name = self.key("session", hashed.hex())
-        user, expires, last_seen, factors, identity = self.db.hmget(
-            name, "user", "expires", "last_seen", "factors", "identity")
-        if user is None or float(expires) <= now:
+        try:
+            fields = self.db.hmget(name, "user", "expires", "last_seen", "factors", "identity")
+        except redis.ResponseError as exc:       # WRONGTYPE: the key is not a hash
+            self.stored.malformed(hashed.hex(), str(exc))
             return None
-        if now - float(last_seen or 0) >= SEEN_EVERY:
+        found = fields[0] is not None and self.stored.read(hashed, *fields)
+        if not found or found[1] <= now:
+            return None
+        user, expires, last_seen, factors, identity = found
+        if now - last_seen >= SEEN_EVERY:
             self.db.hset(name, "last_seen", now)
-        return (user.decode(), float(expires), (factors or b"password").decode(),
-                (identity or b"").decode())
+        return user, expires, factors, identity
+
+    def session_expiries(self) -> list[tuple[bytes, float]]:
+        """(token hash, expiry) of every live session (nestgate.handlers.auth.sessiontoken)."""
+        found = []
+        for hex_id, expires in self.db.zrangebyscore(self.key("sessions"), f"({time.time()}",
+                                                     "+inf", withscores=True):
+            try:
+                found.append((bytes.fromhex(hex_id.decode()), float(expires)))
+            except ValueError:
+                continue                 # not a member nestgate wrote: no session of its
+        return found
 
     def delete_session(self, hashed: bytes) -> None:
         name = self.key("session", hashed.hex())
@@ -197,11 +215,22 @@ class RedisStore:
             for hex_id in ids:
                 pipe.hmget(self.key("session", hex_id.decode()),
                            "user", "created", "expires", "ip", "last_seen", "factors")
-            rows = pipe.execute()
-        found = [(bytes.fromhex(hex_id.decode()), row[0].decode(), float(row[1]),
-                  float(row[2]), row[3].decode(), float(row[4]),
-                  (row[5] or b"password").decode())
-                 for hex_id, row in zip(ids, rows) if row[0] is not None]
+            rows = pipe.execute(raise_on_error=False)     # a key of another type: skipped
+        found = []
+        for hex_id, row in zip(ids, rows):
+            hashed = hex_id.decode()
+            try:
+                user, created, expires, ip, last_seen, factors = row
+                if user is None:
+                    continue                         # expired since the listing
+                fields = self.stored.read(bytes.fromhex(hashed), user, expires, last_seen,
+                                          factors, ip or b"")
+                if fields is not None:
+                    user, expires, last_seen, factors, ip = fields
+                    found.append((bytes.fromhex(hashed), user, finite_number(created),
+                                  expires, ip, last_seen, factors))
+            except (TypeError, ValueError, AttributeError) as exc:
+                self.stored.malformed(hashed, str(exc))
         return sorted(found, key=lambda r: r[2])
 
     def delete_session_by_id(self, hex_prefix: str) -> bool:

@@ -19,7 +19,6 @@ makes it (nestgate.base.private); `check` warns about a wider existing one.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import re
 import secrets
@@ -29,11 +28,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from nestgate.handlers.auth.storerules import (ACCOUNT_MEMORY, KNOWN_FOR, MAX_CEREMONIES,
-                                               SEEN_EVERY, account_delay, address_key)
+                                               SEEN_EVERY, StoredSessions, account_delay,
+                                               address_key)
 from nestgate.base.clientip import Networks
 from nestgate.base.errors import HandlerError
 from nestgate.base.handler import Periodic
 from nestgate.base.private import create_private_file, make_private_folders
+# token_hash is also imported from here (the admin CLI, the bench's session).
+from nestgate.handlers.auth.sessiontoken import SessionTokens, token_hash  # noqa: F401
 
 DEFAULT_TTL = "1h"           # an allow entry given no duration closes again on its own
 POLL_INTERVAL = 0.5          # seconds: a change through one worker is seen by all within 1 s
@@ -82,10 +84,6 @@ _ADDED_COLUMNS = (("sessions", "last_seen", "REAL NOT NULL DEFAULT 0"),
 SCHEMA_NAMES = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", _SCHEMA))
 
 
-def token_hash(token: str) -> bytes:
-    return hashlib.sha256(token.encode("latin-1")).digest()
-
-
 class Store:
     """Synchronous access to the file; one instance per thread that uses it."""
 
@@ -98,6 +96,7 @@ class Store:
             # of this one.
             make_private_folders(os.path.dirname(path))
             create_private_file(path)
+        self.stored = StoredSessions(path)
         self.db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA synchronous=NORMAL")
@@ -156,16 +155,25 @@ class Store:
         """(user, expires, factors, identity) of a live session, which is seen now: its
         `last_seen` is written when older than SEEN_EVERY (workers ask once per
         `portal.RECHECK` per session in use, so a busy session costs one write a
-        minute)."""
+        minute). A row not as nestgate wrote it is none (`StoredSessions`)."""
         now = time.time()
         row = self.db.execute("SELECT user, expires, last_seen, factors, identity FROM sessions "
                               "WHERE token_hash = ? AND expires > ?", (hashed, now)).fetchone()
-        if row is None:
+        found = row and self.stored.read(hashed, *row)
+        if not found or found[1] <= now:
             return None
-        if now - row[2] >= SEEN_EVERY:
+        user, expires, last_seen, factors, identity = found
+        if now - last_seen >= SEEN_EVERY:
             self.db.execute("UPDATE sessions SET last_seen = ? WHERE token_hash = ?",
                             (now, hashed))
-        return row[0], row[1], row[3], row[4]
+        return user, expires, factors, identity
+
+    def session_expiries(self) -> list[tuple[bytes, float]]:
+        """(token hash, expiry) of every live session (nestgate.handlers.auth.sessiontoken)."""
+        # Only rows of the types nestgate writes (`StoredSessions` says about the others).
+        return self.db.execute("SELECT token_hash, expires FROM sessions WHERE expires > ? "
+                               "AND typeof(expires) IN ('real', 'integer') "
+                               "AND typeof(token_hash) = 'blob'", (time.time(),)).fetchall()
 
     def delete_session(self, hashed: bytes) -> None:
         self.db.execute("DELETE FROM sessions WHERE token_hash = ?", (hashed,))
@@ -451,6 +459,8 @@ class SharedState:
         self._purged = 0.0                 # when expired sessions were last removed
         self._data_version = -1
         self._secret: bytes | None = None
+        # The secret and the untagged sessions, to judge session cookies in memory.
+        self.tokens = SessionTokens()
         self._timeouts = store_timeouts()
         self._quiet_until = 0.0            # the store hung: not asked again before then
         self._hung = ""
@@ -497,6 +507,8 @@ class SharedState:
 
     async def secret(self) -> bytes:
         if self._secret is None:
+            self._secret = self.tokens.secret
+        if self._secret is None:
             self._secret = await self.run("secret")
         return self._secret
 
@@ -508,6 +520,8 @@ class SharedState:
 
     async def _poll(self) -> None:
         try:
+            if self.tokens.secret is None:         # the store did not answer at start
+                self.tokens.load(await self.run("secret"), await self.run("session_expiries"))
             await self.refresh()
             if time.monotonic() - self._purged > PURGE_INTERVAL:
                 self._purged = time.monotonic()
@@ -516,14 +530,15 @@ class SharedState:
             pass                           # said once by `run`; the allow entries are kept
 
     def start(self) -> None:
-        """Load the allow entries before the first request (when the store answers),
-        then poll for changes."""
+        """Load the allow entries, and what session cookies are judged by, before the
+        first request (when the store answers), then poll for changes."""
         if self._poller is None:
             try:
                 if self._store is None:
                     self._store = open_store(self.path)
                 self._data_version = self._store.data_version()
                 self.dynamic.load(self._store.allow_entries())
+                self.tokens.load(self._store.secret(), self._store.session_expiries())
             except self._errors as exc:
                 self._complain(exc)        # the poller loads them once it answers
             self._poller = Periodic(POLL_INTERVAL, self._poll)    # run by `tick`

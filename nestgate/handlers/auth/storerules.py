@@ -1,6 +1,7 @@
 """What every store keeps the same way, SQLite or Redis: how long it remembers
 failures, known addresses and sessions' use, how many WebAuthn ceremonies it holds,
-how an account's delay grows, and what a known address is remembered as.
+how an account's delay grows, what a known address is remembered as, and how a
+stored session's fields are read.
 
 nestgate.handlers.auth.store (SQLite, and the choice of store) and nestgate.handlers.auth.redisstore
 both read these, so neither imports the other's rules.
@@ -9,6 +10,8 @@ both read these, so neither imports the other's rules.
 from __future__ import annotations
 
 import ipaddress
+import math
+import sys
 
 SEEN_EVERY = 60.0            # seconds: a session's last_seen is written at most this often
 ACCOUNT_MEMORY = 24 * 3600.0   # an account's failures are forgotten after a day of none
@@ -38,3 +41,54 @@ def address_key(ip: str) -> str:
     if parsed.version == 6:
         return str(ipaddress.ip_network(f"{parsed}/64", strict=False))
     return str(parsed)
+
+
+class StoredSessions:
+    """Reads a stored session's fields as nestgate wrote them. A record someone else
+    wrote or changed (a hand-edited row, a Redis hash whose `expires` is not a number,
+    a key of another type) is no session: never a 500, never a way in, and said once
+    per session (up to SAID_MAX of them) with the store's name."""
+
+    SAID_MAX = 1000
+
+    def __init__(self, store_name: str) -> None:
+        self.store_name = store_name
+        self._said: set[str] = set()
+
+    def read(self, hashed: bytes, user, expires, last_seen, factors, identity
+             ) -> tuple[str, float, float, str, str] | None:
+        """(user, expires, last_seen, factors, identity); None, said once, when a
+        field is not what nestgate writes (text, or a finite number)."""
+        try:
+            return (_text(user), finite_number(expires), finite_number(last_seen or 0),
+                    _text(factors or "password"), _text(identity or ""))
+        except (TypeError, ValueError) as exc:    # UnicodeDecodeError is a ValueError
+            self.malformed(hashed.hex(), str(exc))
+            return None
+
+    def malformed(self, session_id: str, what: str) -> None:
+        """Say that the session `session_id` (its token hash in hex) was not readable."""
+        if session_id in self._said or len(self._said) >= self.SAID_MAX:
+            return
+        self._said.add(session_id)
+        print(f"nestgate: store {self.store_name}: session {session_id[:16]} is not as "
+              f"nestgate wrote it ({what[:120]}); it is taken as no session",
+              file=sys.stderr, flush=True)
+
+
+def _text(value) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if not isinstance(value, str):
+        raise TypeError(f"text expected, found {type(value).__name__}")
+    return value
+
+
+def finite_number(value) -> float:
+    """A number nestgate wrote (a float, or its text in Redis); ValueError otherwise."""
+    if isinstance(value, (bytes, str)):
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise ValueError(f"a finite number expected, found {value!r:.40}")
+    return float(value)

@@ -39,7 +39,7 @@ from nestgate.handlers.auth.oidc.config import (AUTHORIZE_PATH, DISCOVERY_PATH, 
 from nestgate.handlers.auth.oidc.server import Headers, Provider, ProviderRequest, UserModel
 from nestgate.handlers.auth.portal import (login_url, origin, page_or_form,
                                            read_small_body)
-from nestgate.handlers.auth.store import StoreUnavailable, store_errors, token_hash
+from nestgate.handlers.auth.store import StoreUnavailable, store_errors
 from nestgate.handlers.auth.storerules import address_key
 
 MAX_FORM = 16 * 1024
@@ -113,9 +113,10 @@ class OpenIDProvider:
         """(user, when they signed in) of the request's live session, for a user the
         config still has; None otherwise."""
         token = self.signin.session_token(request)
-        if not token:
+        hashed = self.signin.session_hash(token) if token else b""
+        if not hashed:
             return None
-        found = await self.signin.state.run("session", token_hash(token))
+        found = await self.signin.state.run("session", hashed)
         if found is None or found[0] not in self.server.users:
             return None
         return self.server.users[found[0]], int(found[1] - self.auth.session_ttl)
