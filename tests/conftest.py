@@ -71,7 +71,8 @@ class Server:
         threading.Thread(target=self._read_stderr, daemon=True).start()
         self.stdout_lines: list[str] = []
         threading.Thread(target=self._read_stdout, daemon=True).start()
-        self.wait_for("ready", timeout=20)
+        # The supervisor's own line: "ready" alone is also in "Address already in use".
+        self.wait_for("nestgate: ready (", timeout=20)
 
     def _read_stderr(self) -> None:
         for raw in self.proc.stderr:
