@@ -235,7 +235,9 @@ class AdminState:
                 fig = figures.get(worker["pid"])
                 if fig is not None and fig.generation == gen["number"]:
                     shown.update(
-                        uptime_s=round(now - fig.started, 1),
+                        # (the admin's ticking clock may be a tick behind a worker
+                        # that has just started)
+                        uptime_s=round(max(0.0, now - fig.started), 1),
                         requests=fig.requests,
                         connections={"http1": fig.http1, "http2": fig.http2,
                                       "tls": fig.tls, "tls_handshakes": fig.handshakes},
@@ -247,7 +249,7 @@ class AdminState:
         return 200, {
             "version": __version__,
             "pid": report.get("pid"),
-            "uptime_s": round(now - started, 1),
+            "uptime_s": round(max(0.0, now - started), 1),
             "config": report.get("config", {}),
             "generation": report.get("generation"),
             "generations": generations,
