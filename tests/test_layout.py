@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pipeline", ("nestgate.pipeline", "nestgate.bans.watch", "nestgate.bans.decisions",
                   "nestgate.bans.crowdsec")),
     ("state", ("nestgate.handlers.auth.store", "nestgate.handlers.auth.redisstore",
+               "nestgate.handlers.auth.sessiontoken",
                "nestgate.handlers.auth.storerules", "nestgate.bans", "nestgate.certs",
                "nestgate.admin.config", "nestgate.admin.token")),
     ("base", ("nestgate", "nestgate.base")),
