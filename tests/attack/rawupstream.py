@@ -11,8 +11,9 @@ holds the request's method, target, header lines and body.
 A target `/head/N` is answered with a response head of exactly N bytes (blank line
 included), for the proxy's response-head limit. `/extra/now` and `/extra/later` are
 followed by an answer nobody asked for (`/extra/unasked`): in the same write, or
-UNASKED_AFTER_S later, as an upstream that reads a hidden request would send it. `proxy_toml` is the config of a
-nestgate in front of it.
+UNASKED_AFTER_S later, as an upstream that reads a hidden request would send it. A
+target in `answers` gets those bytes as they are (a misbehaving upstream's answer).
+`proxy_toml` is the config of a nestgate in front of it.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class _Message:
         record, self.current = self.current, None
         self.upstream.record(record)
         target = record["target"].encode("latin-1")
+        canned = self.upstream.answers.get(record["target"])
+        if canned is not None:
+            self.conn.sendall(canned)
+            return
         if target.startswith(b"/head/"):
             self.conn.sendall(_head_of(int(target[6:])))
             return
@@ -87,7 +92,8 @@ def _head_of(size: int) -> bytes:
 
 
 class RawUpstream:
-    def __init__(self) -> None:
+    def __init__(self, answers: dict[str, bytes] | None = None) -> None:
+        self.answers = answers or {}
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.sock.settimeout(0.1)
         self.port = self.sock.getsockname()[1]

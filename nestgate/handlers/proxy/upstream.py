@@ -86,6 +86,10 @@ class UpstreamHeadTooLarge(Exception):
     """The upstream's response head is longer than UPSTREAM_HEAD_MAX."""
 
 
+class UpstreamBadStatus(Exception):
+    """The upstream's status is under 100, which llhttp reads as a final response."""
+
+
 # How an exchange ended badly: a status while nothing went to the client yet.
 BAD_GATEWAY, GATEWAY_TIMEOUT = 502, 504
 
@@ -368,6 +372,12 @@ class Exchange:
             raise UpstreamHeadTooLarge       # before a byte of it went out: 502 (`_parse`)
         self.status = status
         if status < 200 and status != 101:
+            if status < 100:
+                # No such status (RFC 9110 15): llhttp takes it for a final response
+                # and reads its body, which would reach the client ahead of any head
+                # of ours (raw bytes on an HTTP/1.1 connection, DATA before HEADERS on
+                # HTTP/2). Before a byte of it went out: 502 (`_parse`).
+                raise UpstreamBadStatus
             self.head_start = end + 4           # interim (100, 103): not forwarded
             return
         head = buf[start:end]
@@ -499,7 +509,10 @@ def _read_head(head: bytes, status: int, keep_alive: bool, private: bool = False
             continue
         value = value.strip(b" \t")
         if kind == LENGTH:
-            length = int(value)
+            # Never on a 204 (RFC 9110 8.6, as nginx drops it): llhttp reads no body
+            # after one, and a client that believed the length would read the next
+            # response as this one's body (HTTP/2 clients reset the stream).
+            length = int(value) if status != 204 else None
         elif kind == CHUNKED:
             chunked = value.lower().find(b"chunked") >= 0
         elif kind == CONNECTION:

@@ -1,0 +1,126 @@
+"""An upstream's answer that llhttp reads but no client may be given as it is.
+
+A status under 100 (`000`, `099`) is no status at all (RFC 9110 15), but llhttp reads
+it as a final response with a body; nestgate took every status under 200 for an
+interim one it does not forward, so the body went to the client with no head before
+it: raw bytes an HTTP/1.1 client read as the answer (an upstream could write any head
+it liked past nestgate's, or answers to requests still to come on the connection),
+DATA before HEADERS to an HTTP/2 client. Now it is a 502.
+
+A 204 with a Content-Length (RFC 9110 8.6: a server must not send one) went out with
+it; llhttp reads no body after a 204, so a client that believed the length waited
+for bytes that never came, or took the next answer for them, and HTTP/2 clients
+reset the stream. The length is now dropped, as nginx does.
+
+Each time the upstream connection is not reused, and the next client gets its own answer.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from h2client import H2Client
+from rawupstream import RawUpstream, proxy_toml
+
+NEXT = b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\npoisoned"
+ANSWERS = {
+    "/status-000": b"HTTP/1.1 000 X\r\ncontent-length: %d\r\n\r\n%b" % (len(NEXT), NEXT),
+    "/status-099": b"HTTP/1.1 099 X\r\ncontent-length: %d\r\n\r\n%b" % (len(NEXT), NEXT),
+    "/no-content": b"HTTP/1.1 204 No Content\r\ncontent-length: %d\r\n\r\n%b"
+                   % (len(NEXT), NEXT),
+}
+
+
+@pytest.fixture(scope="module")
+def gateway(request, tmp_path_factory):
+    up = RawUpstream(ANSWERS)
+    path = tmp_path_factory.mktemp("gateway") / "nestgate.toml"
+    path.write_text(proxy_toml(up.url, listeners="http2_cleartext = true"))
+    shared = request.config.pluginmanager.get_plugin(
+        str(Path(__file__).resolve().parents[1] / "conftest.py"))
+    server = shared.Server(path)
+    yield server, up
+    server.stop()
+    up.stop()
+
+
+def exchange(port: int, target: str) -> bytes:
+    """What an HTTP/1.1 client is sent for `target` followed by `/after` on the same
+    connection, until the server goes quiet."""
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        sock.sendall(b"GET %b HTTP/1.1\r\nHost: a\r\n\r\n" % target.encode()
+                     + b"GET /after HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        got = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except socket.timeout:
+                break
+            if not chunk:
+                break
+            got += chunk
+        return got
+
+
+def answers(raw: bytes) -> list[tuple[bytes, dict, bytes]]:
+    """The responses in `raw`, each (status line, header dict, body), read strictly."""
+    out = []
+    while raw:
+        head, _, raw = raw.partition(b"\r\n\r\n")
+        status, *lines = head.split(b"\r\n")
+        assert status.startswith(b"HTTP/1.1 "), status
+        fields = dict(line.lower().split(b": ", 1) for line in lines)
+        size = int(fields.get(b"content-length", b"0"))
+        out.append((status, fields, raw[:size]))
+        raw = raw[size:]
+    return out
+
+
+@pytest.mark.parametrize("target", ["/status-000", "/status-099"])
+def test_a_status_under_100_is_502(gateway, target):
+    server, up = gateway
+    first, after = answers(exchange(server.port(), target))
+    assert first[0] == b"HTTP/1.1 502 Bad Gateway"
+    assert after[2] == b"/after"
+    taken = up.take()
+    assert [r["target"] for r in taken] == [target, "/after"]
+    assert taken[0]["conn"] != taken[1]["conn"]
+
+
+@pytest.mark.parametrize("target", ["/status-000", "/status-099"])
+def test_a_status_under_100_is_502_over_http2(gateway, target):
+    server, up = gateway
+    client = H2Client(server.port(), None)
+    try:
+        status, _headers, _body = client.request("GET", target)
+        assert status == 502
+        assert client.request("GET", "/after")[2] == b"/after"
+    finally:
+        client.close()
+    taken = up.take()
+    assert taken[0]["conn"] != taken[1]["conn"]
+
+
+def test_a_204_goes_without_its_length(gateway):
+    server, up = gateway
+    first, after = answers(exchange(server.port(), "/no-content"))
+    assert first[0] == b"HTTP/1.1 204 No Content"
+    assert b"content-length" not in first[1] and b"transfer-encoding" not in first[1]
+    assert after[2] == b"/after"
+    taken = up.take()
+    assert taken[0]["conn"] != taken[1]["conn"]     # its bytes after the 204: not reused
+
+
+def test_a_204_goes_without_its_length_over_http2(gateway):
+    server, _up = gateway
+    client = H2Client(server.port(), None)
+    try:
+        status, headers, body = client.request("GET", "/no-content")
+        assert (status, body) == (204, b"")
+        assert "content-length" not in headers
+        assert client.request("GET", "/after")[2] == b"/after"
+    finally:
+        client.close()
