@@ -110,6 +110,8 @@ class ProxyHandler(Service, TellsIdentity):
         # A lone target is picked whenever it is healthy (see Balancer.pick).
         self.single = self.targets[0] if len(self.targets) == 1 else None
         self.strip = route.prefix.rstrip("/").encode() if opts.strip_prefix else b""
+        for target in self.targets:
+            target.redirect_prefix = self.strip     # what its own address stands for
         self.label = route.label
         TALLY.proxies.append(self)              # its targets' figures are published
         self.host_from_target = opts.host_header == "target"

@@ -54,10 +54,11 @@ RESPONSE_DROP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"
                            b"server", b"proxy-authenticate"))
 
 # What is done with a response header, by name: keep it, or read and drop it.
-KEEP, LENGTH, CHUNKED, CONNECTION, UPGRADE, DROP = range(6)
+KEEP, LENGTH, CHUNKED, CONNECTION, UPGRADE, DROP, REDIRECT = range(7)
 _KIND_BY_LOWER = {name: DROP for name in RESPONSE_DROP}
 _KIND_BY_LOWER.update({b"content-length": LENGTH, b"transfer-encoding": CHUNKED,
-                       b"connection": CONNECTION, b"upgrade": UPGRADE})
+                       b"connection": CONNECTION, b"upgrade": UPGRADE,
+                       b"location": REDIRECT, b"refresh": REDIRECT})
 # The same, keyed by names as upstreams spell them (they repeat): one lookup per header.
 _KINDS: dict[bytes, int] = {}
 _KINDS_LIMIT = 1024
@@ -262,7 +263,7 @@ class Exchange:
         req = self.req
         if req.head_only:
             return False
-        self.block, length, self.chunked, self.upgrade_value, lines, status, keep_alive = known
+        self.block, length, self.chunked, self.upgrade_value, lines, status, keep_alive, _ = known
         self.length = length
         self.status = status
         self.started = True
@@ -388,6 +389,8 @@ class Exchange:
         read = self.heads.get(head) or _read_head(head, status, self.parser.should_keep_alive(),
                                                   self.private)
         self.block, self.length, self.chunked, self.upgrade_value, lines = read[:5]
+        if read[7]:
+            self.block = _redirected(self.block, self.conn.target)
         if status == 101:
             return                              # `feed` hands over to the tunnel
         req = self.req
@@ -488,8 +491,10 @@ def _read_head(head: bytes, status: int, keep_alive: bool, private: bool = False
     `keep_alive` as llhttp read them) as a tuple of
       the header lines to forward, Content-Length or None, chunked, the Upgrade value,
       the forwarded head's status and header lines when its length is known (else
-      None), the status when `Exchange._remembered` may count the body (else 0), and
-      whether the upstream keeps the connection after such a response,
+      None), the status when `Exchange._remembered` may count the body (else 0),
+      whether the upstream keeps the connection after such a response, and whether a
+      `Location` or `Refresh` names an absolute URL (`_redirected` looks at it for
+      each response, so such a head is never forwarded or counted from the memo),
     remembered in `_HEADS` (`_PRIVATE_HEADS`) when short. Hop-by-hop lines are
     dropped, and those the Connection header names (RFC 9110 7.6.1); `private` adds
     `cache-control: private` when the upstream sent no Cache-Control."""
@@ -498,6 +503,7 @@ def _read_head(head: bytes, status: int, keep_alive: bool, private: bool = False
     chunked = False
     tokens = None
     upgrade = b""
+    absolute = False
     kinds = _KINDS.get
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
@@ -520,6 +526,9 @@ def _read_head(head: bytes, status: int, keep_alive: bool, private: bool = False
             tokens = value if tokens is None else tokens + b"," + value
         elif kind == UPGRADE:
             upgrade = value
+        elif kind == REDIRECT:
+            kept.append(line)
+            absolute = absolute or b"://" in value
     if tokens is not None and tokens not in PLAIN_CONNECTION:
         names = {t.strip().lower() for t in tokens.split(b",")} - {b"close", b"keep-alive", b""}
         if names:
@@ -531,18 +540,55 @@ def _read_head(head: bytes, status: int, keep_alive: bool, private: bool = False
     block = b"\r\n".join(kept)
     lines = None
     counted = 0
-    if length is not None and status >= 200:
+    if length is not None and status >= 200 and not absolute:
         lines = b"".join((STATUS_LINES.get(status) or status_line(status), SERVER.line, block,
                           b"content-length: %d\r\n" % length))
         if status != 204 and status != 304 and not chunked:
             counted = status
-    read = (block, length, chunked, upgrade, lines, counted, keep_alive)
+    read = (block, length, chunked, upgrade, lines, counted, keep_alive, absolute)
     if len(head) <= _HEAD_MEMO_MAX:
         memo = _PRIVATE_HEADS if private else _HEADS
         if len(memo) >= _HEADS_LIMIT:
             memo.clear()                    # stale Date lines, or an upstream whose heads vary
         memo[head] = read
     return read
+
+
+# What may follow an origin in a URL (else it is a longer name or port).
+_URL_ENDS = (b"", b"/", b"?", b"#", b"'", b'"')
+
+
+def _redirected(block: bytes, target) -> bytes:
+    """`block` with the URLs of its `Location` and `Refresh` lines that point at the
+    upstream's own address (`Target.origins`: a client cannot reach it, or should not
+    be sent round nestgate) made paths through nestgate: the route's stripped prefix
+    (`Target.redirect_prefix`) and the rest, as nginx's `proxy_redirect default`
+    does. A URL of any other host is left as it is."""
+    lines = block.split(b"\r\n")
+    for index, line in enumerate(lines):
+        name, sep, value = line.partition(b":")
+        lower_name = name.lower()
+        if not sep or _KIND_BY_LOWER.get(lower_name) != REDIRECT:
+            continue
+        lower = value.lower()
+        at = len(value) - len(value.lstrip(b" \t"))        # Location: the whole value
+        if lower_name == b"refresh":                        # Refresh: `5; url=...`
+            at = lower.find(b"url=")
+            if at < 0:
+                continue
+            at += 4
+            if lower[at:at + 1] in (b"'", b'"'):
+                at += 1
+        for origin in target.origins:
+            end = at + len(origin)
+            if not lower.startswith(origin, at) or lower[end:end + 1] not in _URL_ENDS:
+                continue
+            rest = value[end:]
+            if not rest.startswith(b"/"):
+                rest = b"/" + rest
+            lines[index] = b"%b:%b%b%b" % (name, value[:at], target.redirect_prefix, rest)
+            break
+    return b"\r\n".join(lines)
 
 
 def give_back(conn: UpstreamConnection, ex: Exchange) -> None:
@@ -562,7 +608,7 @@ class Target:
                  "idle", "open", "active", "max_idle", "max_connections", "fails",
                  "fail_since", "down_until", "healthy", "current", "max_fails", "fail_timeout",
                  "name", "conns", "private", "compress", "requests", "errors", "retries",
-                 "checked", "check_ok", "drained")
+                 "checked", "check_ok", "drained", "origins", "redirect_prefix")
 
     def __init__(self, cfg, opts, ssl_context, private: bool = False) -> None:
         self.cfg = cfg
@@ -574,6 +620,13 @@ class Target:
         self.ssl = ssl_context
         self.server_hostname = (opts.server_name or cfg.host) if ssl_context else None
         self.authority = cfg.authority
+        # How the upstream may name itself in a redirect (`_redirected`): its URL with
+        # and without the default port, in lower case; and what stands for it.
+        host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+        self.origins = tuple(dict.fromkeys(
+            (f"{cfg.scheme}://{cfg.authority.decode()}".lower().encode(),
+             f"{cfg.scheme}://{host}:{cfg.port}".lower().encode())))
+        self.redirect_prefix = b""    # the route's prefix, when it is stripped
         self.weight = cfg.weight
         self.idle: list[UpstreamConnection] = []
         self.open = 0                 # connections, idle or in use
