@@ -769,15 +769,20 @@ def test_response_head_read_once_and_remembered_within_bounds():
     from nestgate.handlers.proxy import upstream as up
     head = (b'HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Wed, 02 Dec 2026 22:28:17 GMT\r\n'
             b'Content-Length: 2\r\nConnection: keep-alive, X-A\r\nx-a: 1\r\nETag: "x"')
-    block, length, chunked, upgrade, lines, counted, keep_alive = up._read_head(head, 200, True)
-    assert (block, length, chunked, upgrade, counted, keep_alive) == \
-        (b'ETag: "x"\r\n', 2, False, b"", 200, True)
+    block, length, chunked, upgrade, lines, counted, keep_alive, absolute = \
+        up._read_head(head, 200, True)
+    assert (block, length, chunked, upgrade, counted, keep_alive, absolute) == \
+        (b'ETag: "x"\r\n', 2, False, b"", 200, True, False)
     assert lines == b'HTTP/1.1 200 OK\r\nserver: nestgate\r\nETag: "x"\r\ncontent-length: 2\r\n'
     assert up._HEADS[head][0] == b'ETag: "x"\r\n'
     # Bodies that are not counted: chunked, none (304), or a length the parser decides.
     chunked_head = b"HTTP/1.1 200 OK\r\nx-n: 7\r\ntransfer-encoding: chunked"
     assert up._read_head(chunked_head, 200, True) == \
-        (b"x-n: 7\r\n", None, True, b"", None, 0, True)
+        (b"x-n: 7\r\n", None, True, b"", None, 0, True, False)
+    # A Location with a URL: read for each response (`_redirected`), never counted.
+    moved = up._read_head(b"HTTP/1.1 302 Found\r\nLocation: http://a/\r\ncontent-length: 0",
+                          302, True)
+    assert moved[4:6] == (None, 0) and moved[7] is True
     assert up._read_head(b"HTTP/1.1 304 Not Modified\r\ncontent-length: 9", 304, True)[5] == 0
     for i in range(up._HEADS_LIMIT * 3):
         up._read_head(b"HTTP/1.1 200 OK\r\nx-n: %d\r\ntransfer-encoding: chunked" % i, 200, True)
