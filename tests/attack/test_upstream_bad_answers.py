@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import read_all
 from h2client import H2Client
 from rawupstream import RawUpstream, proxy_toml
 
@@ -49,20 +50,11 @@ def gateway(request, tmp_path_factory):
 
 def exchange(port: int, target: str) -> bytes:
     """What an HTTP/1.1 client is sent for `target` followed by `/after` on the same
-    connection, until the server goes quiet."""
+    connection (which closes after it)."""
     with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
         sock.sendall(b"GET %b HTTP/1.1\r\nHost: a\r\n\r\n" % target.encode()
                      + b"GET /after HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-        got = b""
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except socket.timeout:
-                break
-            if not chunk:
-                break
-            got += chunk
-        return got
+        return read_all(sock)
 
 
 def answers(raw: bytes) -> list[tuple[bytes, dict, bytes]]:

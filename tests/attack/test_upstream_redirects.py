@@ -14,6 +14,7 @@ import socket
 
 import pytest
 
+from conftest import read_all
 from h2client import H2Client
 from rawupstream import RawUpstream, proxy_toml
 
@@ -55,12 +56,7 @@ def field(port: int, path: str, name: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(b"GET %b HTTP/1.1\r\nHost: app.example\r\nConnection: close\r\n\r\n"
                      % path.encode())
-        got = b""
-        while b"\r\n\r\n" not in got:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            got += chunk
+        got = read_all(sock)
     for line in got.split(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
         key, _, value = line.partition(b":")
         if key.lower() == name:
