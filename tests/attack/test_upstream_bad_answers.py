@@ -12,6 +12,11 @@ it; llhttp reads no body after a 204, so a client that believed the length waite
 for bytes that never came, or took the next answer for them, and HTTP/2 clients
 reset the stream. The length is now dropped, as nginx does.
 
+A Transfer-Encoding other than `chunked` alone (`gzip`, `chunked, gzip`, `xchunked`,
+`identity`) makes llhttp read the body to the connection's end: it went to the client
+re-chunked and still coded, and never ended while the upstream held the connection.
+Now it is a 502, as nginx answers ("upstream sent unknown Transfer-Encoding").
+
 Each time the upstream connection is not reused, and the next client gets its own answer.
 """
 
@@ -33,6 +38,12 @@ ANSWERS = {
     "/no-content": b"HTTP/1.1 204 No Content\r\ncontent-length: %d\r\n\r\n%b"
                    % (len(NEXT), NEXT),
 }
+# Codings llhttp reads to the connection's end (the upstream here keeps it open).
+CODINGS = {"gzip": b"\x1f\x8b\x08\x00", "chunked, gzip": b"4\r\n\x1f\x8b\x08\x00\r\n0\r\n\r\n",
+           "xchunked": b"2\r\nok\r\n0\r\n\r\n", "identity": b"ok"}
+for coding, body in CODINGS.items():
+    ANSWERS[f"/coding/{coding.replace(', ', '-')}"] = \
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: %b\r\n\r\n%b" % (coding.encode(), body)
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +103,19 @@ def test_a_status_under_100_is_502_over_http2(gateway, target):
         assert client.request("GET", "/after")[2] == b"/after"
     finally:
         client.close()
+    taken = up.take()
+    assert taken[0]["conn"] != taken[1]["conn"]
+
+
+@pytest.mark.parametrize("target", [f"/coding/{c.replace(', ', '-')}" for c in CODINGS])
+def test_a_transfer_coding_other_than_chunked_is_502(gateway, target):
+    # The answer was forwarded with its body re-chunked to the client, still coded
+    # (gzip bytes without a Content-Encoding), and never ended while the upstream kept
+    # the connection open: the client waited, then got a cut connection.
+    server, up = gateway
+    first, after = answers(exchange(server.port(), target))
+    assert first[0] == b"HTTP/1.1 502 Bad Gateway"
+    assert after[2] == b"/after"
     taken = up.take()
     assert taken[0]["conn"] != taken[1]["conn"]
 

@@ -87,6 +87,10 @@ class UpstreamHeadTooLarge(Exception):
     """The upstream's response head is longer than UPSTREAM_HEAD_MAX."""
 
 
+class UpstreamUnknownCoding(Exception):
+    """The upstream's Transfer-Encoding is not `chunked` alone."""
+
+
 class UpstreamBadStatus(Exception):
     """The upstream's status is under 100, which llhttp reads as a final response."""
 
@@ -520,7 +524,12 @@ def _read_head(head: bytes, status: int, keep_alive: bool, private: bool = False
             # response as this one's body (HTTP/2 clients reset the stream).
             length = int(value) if status != 204 else None
         elif kind == CHUNKED:
-            chunked = value.lower().find(b"chunked") >= 0
+            if value.lower() != b"chunked":
+                # `gzip`, `chunked, gzip`, `xchunked`: llhttp reads such a body to the
+                # connection's end, and nothing here can undo the coding; nginx answers
+                # 502 ("upstream sent unknown Transfer-Encoding"), and so does this.
+                raise UpstreamUnknownCoding
+            chunked = True
         elif kind == CONNECTION:
             # A list header: the names on every field line count.
             tokens = value if tokens is None else tokens + b"," + value
