@@ -134,11 +134,11 @@ def _build_static(route, site_config, config):
 
 
 def _build_proxy(route, site_config, config):
-    from nestgate.handlers.auth.identity import claimed_names
+    from nestgate.handlers.auth.identity import claimed_names, own_cookies
     from nestgate.handlers.proxy.handler import ProxyHandler
     session_cookie = config.auth.cookie_name if config.auth is not None else ""
     return ProxyHandler(route, route.options, session_cookie, private=site_config.protected,
-                        claimed=claimed_names(config))
+                        claimed=claimed_names(config), own_cookies=own_cookies(config))
 
 
 ROUTE_TYPES: dict[str, RouteType] = {

@@ -29,7 +29,8 @@ from nestgate.base.flow import Reading, Signal, hold
 from nestgate.base.grammar import TCHAR, with_underscore_spellings
 from nestgate.base.handler import Service, TellsIdentity
 from nestgate.handlers.proxy.balancer import Balancer
-from nestgate.handlers.proxy.upstream import PLAIN_CONNECTION, Exchange, Target, give_back
+from nestgate.handlers.proxy.upstream import (PLAIN_CONNECTION, Exchange, Target, give_back,
+                                              refuse_cookies)
 from nestgate.base.tally import TALLY
 
 IDEMPOTENT = frozenset((b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"))
@@ -94,8 +95,10 @@ class ProxyHandler(Service, TellsIdentity):
     is_async = True
 
     def __init__(self, route, opts, session_cookie: str = "", private: bool = False,
-                 claimed: frozenset[bytes] = frozenset()) -> None:
+                 claimed: frozenset[bytes] = frozenset(),
+                 own_cookies: frozenset[bytes] = frozenset()) -> None:
         self.opts = opts
+        refuse_cookies(own_cookies)             # no answer of an upstream sets them
         # nestgate's own sign-in cookie is never the upstream's business: an app (or
         # whoever compromises it) could replay it. Cookie lines lose it, keep the rest.
         self.session_cookie = session_cookie.encode()

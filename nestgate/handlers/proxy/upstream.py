@@ -54,16 +54,21 @@ RESPONSE_DROP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"
                            b"server", b"proxy-authenticate"))
 
 # What is done with a response header, by name: keep it, or read and drop it.
-KEEP, LENGTH, CHUNKED, CONNECTION, UPGRADE, DROP, REDIRECT = range(7)
+KEEP, LENGTH, CHUNKED, CONNECTION, UPGRADE, DROP, REDIRECT, SET_COOKIE = range(8)
 _KIND_BY_LOWER = {name: DROP for name in RESPONSE_DROP}
 _KIND_BY_LOWER.update({b"content-length": LENGTH, b"transfer-encoding": CHUNKED,
                        b"connection": CONNECTION, b"upgrade": UPGRADE,
-                       b"location": REDIRECT, b"refresh": REDIRECT})
+                       b"location": REDIRECT, b"refresh": REDIRECT,
+                       b"set-cookie": SET_COOKIE})
 # The same, keyed by names as upstreams spell them (they repeat): one lookup per header.
 _KINDS: dict[bytes, int] = {}
 _KINDS_LIMIT = 1024
 # Connection header values, as usually spelt, that name no header to drop.
 PLAIN_CONNECTION = frozenset((b"keep-alive", b"close", b"Keep-Alive", b"Close"))
+
+# nestgate's own cookies (`identity.own_cookies`): a `Set-Cookie` of one of them from an
+# upstream is dropped (`refuse_cookies`, when the routes are built).
+_OWN_COOKIES: set[bytes] = set()
 
 # Response heads as read (status line and header lines, without the blank line) ->
 # what `_read_head` made of them. An upstream repeats its heads byte for byte (a
@@ -481,6 +486,14 @@ class Exchange:
             await self.signal.wait()
 
 
+def refuse_cookies(names: frozenset[bytes]) -> None:
+    """Drop `Set-Cookie` lines of these cookie names from every upstream answer."""
+    if not names <= _OWN_COOKIES:
+        _OWN_COOKIES.update(names)
+        _HEADS.clear()                      # heads read before were read without them
+        _PRIVATE_HEADS.clear()
+
+
 def _kind(name: bytes) -> int:
     """What to do with a response header called `name` (then remembered as spelt)."""
     kind = _KIND_BY_LOWER.get(name.lower(), KEEP)
@@ -538,6 +551,10 @@ def _read_head(head: bytes, status: int, keep_alive: bool, private: bool = False
         elif kind == REDIRECT:
             kept.append(line)
             absolute = absolute or b"://" in value
+        elif kind == SET_COOKIE:
+            # Browsers trim the name; it is matched as they would store it.
+            if value.partition(b"=")[0].strip(b" \t") not in _OWN_COOKIES:
+                kept.append(line)
     if tokens is not None and tokens not in PLAIN_CONNECTION:
         names = {t.strip().lower() for t in tokens.split(b",")} - {b"close", b"keep-alive", b""}
         if names:
