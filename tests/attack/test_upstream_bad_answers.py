@@ -82,15 +82,20 @@ def answers(raw: bytes) -> list[tuple[bytes, dict, bytes]]:
     return out
 
 
-@pytest.mark.parametrize("target", ["/status-000", "/status-099"])
-def test_a_status_under_100_is_502(gateway, target):
-    server, up = gateway
+def is_502_and_not_reused(server, up: RawUpstream, target: str) -> None:
+    """`target` is a 502 over HTTP/1.1, its upstream connection is not reused, and
+    the request behind it gets its own answer."""
     first, after = answers(exchange(server.port(), target))
     assert first[0] == b"HTTP/1.1 502 Bad Gateway"
     assert after[2] == b"/after"
     taken = up.take()
     assert [r["target"] for r in taken] == [target, "/after"]
     assert taken[0]["conn"] != taken[1]["conn"]
+
+
+@pytest.mark.parametrize("target", ["/status-000", "/status-099"])
+def test_a_status_under_100_is_502(gateway, target):
+    is_502_and_not_reused(*gateway, target)
 
 
 @pytest.mark.parametrize("target", ["/status-000", "/status-099"])
@@ -112,12 +117,7 @@ def test_a_transfer_coding_other_than_chunked_is_502(gateway, target):
     # The answer was forwarded with its body re-chunked to the client, still coded
     # (gzip bytes without a Content-Encoding), and never ended while the upstream kept
     # the connection open: the client waited, then got a cut connection.
-    server, up = gateway
-    first, after = answers(exchange(server.port(), target))
-    assert first[0] == b"HTTP/1.1 502 Bad Gateway"
-    assert after[2] == b"/after"
-    taken = up.take()
-    assert taken[0]["conn"] != taken[1]["conn"]
+    is_502_and_not_reused(*gateway, target)
 
 
 def test_a_204_goes_without_its_length(gateway):
