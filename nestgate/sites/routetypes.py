@@ -134,11 +134,26 @@ def _build_static(route, site_config, config):
 
 
 def _build_proxy(route, site_config, config):
-    from nestgate.handlers.auth.identity import claimed_names, own_cookies
+    from nestgate.handlers.auth.identity import claimed_names
     from nestgate.handlers.proxy.handler import ProxyHandler
     session_cookie = config.auth.cookie_name if config.auth is not None else ""
     return ProxyHandler(route, route.options, session_cookie, private=site_config.protected,
-                        claimed=claimed_names(config), own_cookies=own_cookies(config))
+                        claimed=claimed_names(config), own_cookies=_own_cookies(config))
+
+
+def _own_cookies(config) -> frozenset[bytes]:
+    """The names of nestgate's own cookies (the session, the sign-in form's CSRF nonce,
+    a passkey ceremony, an OpenID sign-in under way), which no proxied answer may set:
+    an app on one site, or whoever compromises it, could otherwise put its own session
+    in a visitor's browser (signing them in as someone else, on every site under
+    `cookie_domain`) or end theirs. Empty without `[auth]`."""
+    if config.auth is None:
+        return frozenset()
+    from nestgate.handlers.auth.oidc.client import FLOW_COOKIE
+    from nestgate.handlers.auth.passkeys import CEREMONY_COOKIE
+    from nestgate.handlers.auth.portal import CSRF_COOKIE
+    return frozenset(name.encode() for name in
+                     (config.auth.cookie_name, CSRF_COOKIE, CEREMONY_COOKIE, FLOW_COOKIE))
 
 
 ROUTE_TYPES: dict[str, RouteType] = {

@@ -76,21 +76,6 @@ def claimed_names(config) -> frozenset[bytes]:
     return frozenset(n.lower().encode() for n in names)
 
 
-def own_cookies(config) -> frozenset[bytes]:
-    """The names of nestgate's own cookies (the session, the sign-in form's CSRF nonce,
-    a passkey ceremony, an OpenID sign-in under way), which no proxied answer may set:
-    an app on one site, or whoever compromises it, could otherwise put its own session
-    in a visitor's browser (signing them in as someone else, on every site under
-    `cookie_domain`) or end theirs. Empty without `[auth]`."""
-    if config.auth is None:
-        return frozenset()
-    from nestgate.handlers.auth.oidc.client import FLOW_COOKIE
-    from nestgate.handlers.auth.passkeys import CEREMONY_COOKIE
-    from nestgate.handlers.auth.portal import CSRF_COOKIE
-    return frozenset(name.encode() for name in
-                     (config.auth.cookie_name, CSRF_COOKIE, CEREMONY_COOKIE, FLOW_COOKIE))
-
-
 def identity_pairs(headers: IdentityHeaders, user) -> list[tuple[bytes, bytes]]:
     """The identity headers of `user` as (lower-case name, value) pairs: what a
     forward-auth answer tells the proxy that asked (nestgate.handlers.auth.provider). Empty

@@ -66,8 +66,8 @@ _KINDS_LIMIT = 1024
 # Connection header values, as usually spelt, that name no header to drop.
 PLAIN_CONNECTION = frozenset((b"keep-alive", b"close", b"Keep-Alive", b"Close"))
 
-# nestgate's own cookies (`identity.own_cookies`): a `Set-Cookie` of one of them from an
-# upstream is dropped (`refuse_cookies`, when the routes are built).
+# nestgate's own cookie names (`sites.routetypes._own_cookies`): an upstream's
+# `Set-Cookie` of one of them is dropped (`refuse_cookies`, as the routes are built).
 _OWN_COOKIES: set[bytes] = set()
 
 # Response heads as read (status line and header lines, without the blank line) ->
