@@ -69,6 +69,10 @@ class AccessLog:
         if len(self._records) >= _MAX_BUFFERED:
             self.flush()
 
+    def pending(self) -> bool:
+        """Records wait for the next flush."""
+        return bool(self._records)
+
     def flush(self) -> None:
         if not self._records:
             return

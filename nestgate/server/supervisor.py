@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from nestgate.admin.keeper import AdminKeeper
+from nestgate.admin.keeper import REPORT_EVERY, AdminKeeper
 from nestgate.admin.stats import SLOTS
 from nestgate.certs.manager import managed_certificates, prepare_certificates, run_certificates
 from nestgate.bans.crowdsec import BOUNCER_PROCESS_NAME, lift_decisions, run_bouncer
@@ -41,6 +41,7 @@ from nestgate.wire.tls import kernel_tls_problem, server_context
 
 RESTART_BACKOFF_MIN = 0.1
 STABLE_AFTER = 10.0          # a worker that lived this long resets its back-off
+MIN_WAIT = 0.01              # seconds: the main loop's shortest wait
 KILL_GRACE = 2.0             # after the shutdown deadline, SIGKILL stragglers
 FIRST_START_ATTEMPTS = 5     # a worker dying this often before anything served: give up
 # The signals the supervisor handles: blocked across fork, so none reaches a new
@@ -340,6 +341,23 @@ class Supervisor:
             slot.restart_at = time.monotonic() + slot.backoff
             say(f"worker {pid} exited ({_describe(status)}); restarting in {slot.backoff:.1f}s")
 
+    def wait_for(self) -> float:
+        """How long the main loop may wait for a signal or a worker's word: until the
+        next restart or kill deadline falls due, and at most `REPORT_EVERY` (the admin
+        API's report). Signals (a child's exit among them) and the ready pipe wake it
+        sooner, so an idle server's supervisor wakes once a second, not ten times."""
+        now = time.monotonic()
+        due = [gen.stop_deadline for gen in self.generations
+               if gen.stopping and gen.stop_deadline > now]
+        if not self.stopping:
+            due += [slot.restart_at for gen in self.generations if not gen.stopping
+                    for slot in gen.slots if not slot.pid and slot.restart_at]
+            due += [keeper.restart_at for keeper in (self.admin, *self.sides)
+                    if keeper.restart_at]
+        # A deadline just past is served by this turn's checks; the floor keeps a
+        # check that did not clear its deadline from spinning the loop.
+        return min(max(min(due, default=now + REPORT_EVERY) - now, MIN_WAIT), REPORT_EVERY)
+
     def restart_due(self) -> None:
         now = time.monotonic()
         for gen in self.generations:
@@ -436,7 +454,8 @@ class Supervisor:
             self._fork_side(side, self._first)
         while True:
             try:
-                readable, _, _ = select.select([wake_r, self.ready_r], [], [], 0.1)
+                readable, _, _ = select.select([wake_r, self.ready_r], [], [],
+                                               self.wait_for())
             except InterruptedError:
                 readable = []
             if wake_r in readable:

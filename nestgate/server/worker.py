@@ -34,6 +34,28 @@ from nestgate.wire.tls import alpn_protocols
 
 _PR_SET_PDEATHSIG = 1
 PUBLISH_INTERVAL = 0.5       # seconds between writes of a worker's figures
+IDLE_STEP = 1.0              # the tick's longest sleep with no connection open
+
+
+def _timeouts_quarter(limits) -> float:
+    """A quarter of the shortest connection timeout: how late, at most, a sweep may
+    find a connection past its deadline."""
+    return min(limits.header_timeout, limits.body_timeout, limits.keepalive_timeout,
+               limits.send_timeout) / 4
+
+
+class LiveConnections(set):
+    """The worker's open connections. The first to arrive after none were open reads
+    the clock: the tick may have been asleep for its idle step (`IDLE_STEP`), and the
+    `Date`, the log's time and every deadline of the new connection start from it.
+    Once per connection, and only then; requests never pass here."""
+
+    __slots__ = ()
+
+    def add(self, conn) -> None:
+        if not self:
+            CLOCK.tick()
+        set.add(self, conn)
 
 
 class ServerContext:
@@ -122,7 +144,7 @@ class Worker:
         self.sockets = sockets
         self.ssl_contexts = ssl_contexts
         self.ready_fd = ready_fd
-        self.connections: set[HTTP1Connection] = set()
+        self.connections: set[HTTP1Connection] = LiveConnections()
         self.draining = False
         self.access_log = None
         self.loop = None
@@ -248,11 +270,19 @@ class Worker:
         # The loop wakes as often as the most pressed service needs; connections are
         # swept at their own pace, whatever that is.
         step = min([interval] + [service.tick_every for service in ticking])
+        # With no connection and no log line waiting, nothing needs the clock sooner
+        # than the timeouts' own quarter (a new connection's first deadline is then
+        # missed by no more than when it is busy) or a service's next tick: an idle
+        # server on a home box wakes once a second, not four times.
+        waking = [service.tick_every for service in ticking]
+        idle_step = max(step, min([IDLE_STEP, _timeouts_quarter(limits)] + waking))
         last_flush = last_tick = last_publish = CLOCK.now
         heap = HeapTrim()
         bans = BANS if BANS.enabled and self.router is None else None
+        log = self.access_log
         while True:
-            await asyncio.sleep(step)
+            idle = not self.connections and (log is None or not log.pending())
+            await asyncio.sleep(idle_step if idle else step)
             CLOCK.tick()
             now = CLOCK.now
             for service in ticking:
