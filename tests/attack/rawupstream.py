@@ -13,7 +13,9 @@ included), for the proxy's response-head limit. `/extra/now` and `/extra/later` 
 followed by an answer nobody asked for (`/extra/unasked`): in the same write, or
 UNASKED_AFTER_S later, as an upstream that reads a hidden request would send it. A
 target in `answers` gets those bytes as they are (a misbehaving upstream's answer).
-`proxy_toml` is the config of a nestgate in front of it.
+`plant` writes bytes nobody asked for on a connection of the test's choosing, whenever
+the test likes (an idle pooled connection). `proxy_toml` is the config of a nestgate in
+front of it.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class RawUpstream:
         self.url = f"http://127.0.0.1:{self.port}"
         self.requests: list[dict] = []
         self.connections = 0
+        self.sockets: dict[int, socket.socket] = {}     # by connection number
         self.last_byte = time.monotonic()
         self._lock = threading.Lock()
         self._stopping = False
@@ -122,6 +125,10 @@ class RawUpstream:
             taken, self.requests = self.requests, []
         return taken
 
+    def plant(self, number: int, data: bytes) -> None:
+        """`data` on connection `number` (1 is the first accepted), unasked."""
+        self.sockets[number].sendall(data)
+
     def stop(self) -> None:
         self._stopping = True
         self.sock.close()
@@ -137,6 +144,7 @@ class RawUpstream:
             except OSError:
                 return
             self.connections += 1
+            self.sockets[self.connections] = conn
             thread = threading.Thread(target=self._serve, args=(conn, self.connections),
                                       daemon=True)
             self._threads.append(thread)

@@ -194,17 +194,12 @@ class ProxyHandler(Service, TellsIdentity):
             target = self.balancer.pick(())
             if target is None:
                 return False
-        idle = target.idle
-        conn = idle.pop() if idle else None
-        if conn is None or conn.closed:
-            conn = target.idle_connection()
-            if conn is None:
-                if len(self._picked) > 4096:    # requests whose client left before `handle`
-                    self._picked.clear()
-                self._picked[req] = target      # `handle` starts from this pick
-                return False
-        else:
-            conn.reused = True
+        conn = target.idle_connection()
+        if conn is None:
+            if len(self._picked) > 4096:        # requests whose client left before `handle`
+                self._picked.clear()
+            self._picked[req] = target          # `handle` starts from this pick
+            return False
         try:
             head = self._head(req, target, identity)
         except HandlerError:

@@ -29,6 +29,7 @@ after that, the only honest thing left is to cut the client connection.
 from __future__ import annotations
 
 import asyncio
+import select
 import time
 
 import httptools
@@ -105,10 +106,17 @@ BAD_GATEWAY, GATEWAY_TIMEOUT = 502, 504
 
 
 class UpstreamConnection(asyncio.Protocol):
-    """A connection to one target; `exchange` receives its bytes while it is in use."""
+    """A connection to one target; `exchange` receives its bytes while it is in use.
+
+    Between exchanges nothing is owed on it: a byte that arrives then (an answer to a
+    request nestgate never sent, what an upstream that reads a hidden request writes)
+    closes it (`data_received`), and a connection taken from the pool with anything
+    still to read, bytes or its end, is closed instead of used (`unasked`): in the
+    socket when the next request takes it, those bytes would be read as its answer.
+    nginx closes a kept-alive upstream connection that becomes readable while idle."""
 
     __slots__ = ("target", "transport", "exchange", "closed", "write_paused", "_writable",
-                 "reading", "idle_since", "reused", "spare", "later")
+                 "reading", "idle_since", "reused", "spare", "later", "_readable")
 
     def __init__(self, target) -> None:
         self.target = target
@@ -122,10 +130,15 @@ class UpstreamConnection(asyncio.Protocol):
         self.reused = False
         self.spare: Exchange | None = None      # reused for the next request
         self.later: LaterOutput | None = None   # a request sent after the batch (base.later)
+        self._readable: select.poll | None = None   # its socket, asked by `unasked`
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.later = LaterOutput(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            self._readable = select.poll()
+            self._readable.register(sock.fileno(), select.POLLIN)
         self.reading.transport = transport
         transport.set_write_buffer_limits(WRITE_HIGH_WATER)
         self.target.conns.add(self)
@@ -133,9 +146,18 @@ class UpstreamConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         exchange = self.exchange
         if exchange is None:
-            self.transport.close()          # bytes nobody asked for: not reusable
+            self.close()                    # bytes nobody asked for: never reused
             return
         exchange.feed(data)
+
+    def unasked(self) -> bool:
+        """Whether the socket has something to read before a request was sent on it
+        (bytes nobody asked for, or the upstream's end); such a connection is closed."""
+        readable = self._readable
+        if readable is None or not readable.poll(0):
+            return False
+        self.close()
+        return True
 
     def eof_received(self):
         return False                        # close our side too
@@ -162,6 +184,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self._readable = None
         if self.transport is not None:
             self.transport.close()
 
@@ -679,10 +702,11 @@ class Target:
 
     # ------------------------------------------------------ pool
     def idle_connection(self) -> UpstreamConnection | None:
+        """A pooled connection to send a request on (`UpstreamConnection.unasked`)."""
         idle = self.idle
         while idle:
             conn = idle.pop()
-            if not conn.closed:
+            if not conn.closed and not conn.unasked():
                 conn.reused = True
                 return conn
         return None
