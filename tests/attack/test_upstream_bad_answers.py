@@ -17,6 +17,11 @@ A Transfer-Encoding other than `chunked` alone (`gzip`, `chunked, gzip`, `xchunk
 re-chunked and still coded, and never ended while the upstream held the connection.
 Now it is a 502, as nginx answers ("upstream sent unknown Transfer-Encoding").
 
+A malformed chunk in the read that carried the head (a chunk size that is not hex, a
+chunk longer than its size said) went out as the head and then a cut connection (an
+HTTP/2 stream reset), though no byte of the answer had reached the client: now it is a
+502, as nginx answers ("upstream sent invalid chunked response").
+
 Each time the upstream connection is not reused, and the next client gets its own answer.
 """
 
@@ -38,6 +43,12 @@ ANSWERS = {
     "/no-content": b"HTTP/1.1 204 No Content\r\ncontent-length: %d\r\n\r\n%b"
                    % (len(NEXT), NEXT),
 }
+# Bodies llhttp refuses, whole in the read that carries the head.
+BAD_CHUNKS = {"not-hex": b"zz\r\nhello\r\n0\r\n\r\n",
+              "longer-than-said": b"3\r\nhello\r\n0\r\n\r\n"}
+for name, body in BAD_CHUNKS.items():
+    ANSWERS[f"/chunk/{name}"] = \
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n%b" % body
 # Codings llhttp reads to the connection's end (the upstream here keeps it open).
 CODINGS = {"gzip": b"\x1f\x8b\x08\x00", "chunked, gzip": b"4\r\n\x1f\x8b\x08\x00\r\n0\r\n\r\n",
            "xchunked": b"2\r\nok\r\n0\r\n\r\n", "identity": b"ok"}
@@ -131,7 +142,7 @@ def test_a_204_goes_without_its_length(gateway):
 
 
 def test_a_204_goes_without_its_length_over_http2(gateway):
-    server, _up = gateway
+    server, up = gateway
     client = H2Client(server.port(), None)
     try:
         status, headers, body = client.request("GET", "/no-content")
@@ -140,3 +151,26 @@ def test_a_204_goes_without_its_length_over_http2(gateway):
         assert client.request("GET", "/after")[2] == b"/after"
     finally:
         client.close()
+    taken = up.take()
+    assert taken[0]["conn"] != taken[1]["conn"]     # its bytes after the 204: not reused
+
+
+@pytest.mark.parametrize("target", [f"/chunk/{name}" for name in BAD_CHUNKS])
+def test_a_malformed_chunk_before_anything_went_out_is_502(gateway, target):
+    # Before: the head went out and the connection was cut (an empty read here).
+    is_502_and_not_reused(*gateway, target)
+
+
+@pytest.mark.parametrize("target", [f"/chunk/{name}" for name in BAD_CHUNKS])
+def test_a_malformed_chunk_before_anything_went_out_is_502_over_http2(gateway, target):
+    # Before: the stream was reset (INTERNAL_ERROR) after its HEADERS.
+    server, up = gateway
+    client = H2Client(server.port(), None)
+    try:
+        assert client.request("GET", target)[0] == 502
+        assert client.request("GET", "/after")[2] == b"/after"
+    finally:
+        client.close()
+    taken = up.take()
+    assert [r["target"] for r in taken] == [target, "/after"]
+    assert taken[0]["conn"] != taken[1]["conn"]

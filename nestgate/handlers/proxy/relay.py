@@ -232,6 +232,34 @@ class StreamRelay:
             self.credit += await self.req.room(CLIENT_ROOM)
 
 
+class HeldRelay:
+    """A relay's calls kept back while the upstream read that completes a response's
+    head is parsed: a malformed body in that same read (a bad chunk size) is then a
+    502 to a client that has had no byte of the answer, as nginx answers, instead of
+    a head already on its way and a cut connection. `release` makes the calls, in
+    order, once the read parsed cleanly or the response ended whole within it."""
+
+    __slots__ = ("relay", "calls")
+
+    def __init__(self, relay) -> None:
+        self.relay = relay
+        self.calls: list[tuple] = []
+
+    def start(self, status: int, block: bytes, length: int | None, lines: bytes | None) -> None:
+        self.calls.append((self.relay.start, (status, block, length, lines)))
+
+    def body(self, chunk: bytes) -> None:
+        self.calls.append((self.relay.body, (chunk,)))
+
+    def end(self) -> None:
+        self.calls.append((self.relay.end, ()))
+
+    def release(self) -> None:
+        calls, self.calls = self.calls, []
+        for call, args in calls:
+            call(*args)
+
+
 def relay_for(exchange, reading, req):
     """The relay for `req`'s kind of client."""
     return (ByteRelay if req.relays_bytes else StreamRelay)(exchange, reading)

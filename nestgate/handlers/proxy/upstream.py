@@ -38,7 +38,7 @@ from nestgate.base.later import LaterOutput
 from nestgate.base import compress
 from nestgate.base.clock import CLOCK
 from nestgate.base.flow import Reading, Signal, Writable
-from nestgate.handlers.proxy.relay import relay_for
+from nestgate.handlers.proxy.relay import HeldRelay, relay_for
 from nestgate.base.responses import SERVER, STATUS_LINES, status_line
 
 WRITE_HIGH_WATER = 64 * 1024
@@ -332,7 +332,11 @@ class Exchange:
             self._finish(self.keep_alive and size == owed)
 
     def _parse(self, data: bytes) -> bool:
-        """`data` through the parser; False when that ended the exchange in failure."""
+        """`data` through the parser; False when that ended the exchange in failure.
+        While the head has not been read, what this read makes for the client is held
+        (`HeldRelay`) until the read parsed cleanly: a read that fails sent nothing,
+        and its answer is a 502."""
+        held = None
         if not self.started:
             # Kept until the head is complete: `on_headers_complete` reads it from here.
             buf = self.head_buf
@@ -342,9 +346,12 @@ class Exchange:
                 if type(buf) is bytes:
                     self.head_buf = buf = bytearray(buf)
                 buf += data
+            held = self.relay = HeldRelay(self.relay)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
+            if held is not None:
+                self._release()
             if self.status == 101 and self.fast is None:
                 self.upgrade_tail = data[exc.args[0]:]
                 self.conn.exchange = None
@@ -355,6 +362,8 @@ class Exchange:
             return False
         except httptools.HttpParserError:
             if not self.complete:
+                if self.relay is held:
+                    self.relay = held.relay         # its calls dropped: nothing went out
                 self.fail(BAD_GATEWAY)
                 return False
             # Bytes followed the whole response (a second response, a body after a
@@ -363,10 +372,19 @@ class Exchange:
             # or the next client would read what is left (RFC 9112 9.3).
             self.reusable = False
             self.conn.close()
+        if held is not None:
+            self._release()
         if not self.started and len(self.head_buf) > UPSTREAM_HEAD_MAX and not self.complete:
             self.fail(BAD_GATEWAY)
             return False
         return True
+
+    def _release(self) -> None:
+        """The relay's calls `_parse` held, made now (see `HeldRelay`)."""
+        held = self.relay
+        if type(held) is HeldRelay:
+            self.relay = held.relay
+            held.release()
 
     def _settle(self) -> None:
         handler, self.fast = self.fast, None
@@ -464,6 +482,7 @@ class Exchange:
 
     # ------------------------------------------------------ endings
     def _finish(self, reusable: bool) -> None:
+        self._release()                 # a whole response stands, whatever follows it
         self.complete = True
         if self.encoder is not None:
             encoder, self.encoder = self.encoder, None
