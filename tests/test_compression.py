@@ -170,7 +170,7 @@ class _Upstream(http.server.BaseHTTPRequestHandler):
         "/text": (200, [("Content-Type", "text/html"), ("ETag", '"v1"')], TEXT, True),
         "/json": (200, [("Content-Type", "application/json")],
                   b'{"items": [' + b'"same again", ' * 300 + b'"end"]}', False),
-        "/png": (200, [("Content-Type", "image/png")], TEXT, False),
+        "/png": (200, [("Content-Type", "image/png"), ("ETag", '"p1"')], TEXT, False),
         "/coded": (200, [("Content-Type", "text/plain"), ("Content-Encoding", "gzip")],
                    gzip.compress(TEXT), False),
         "/no-transform": (200, [("Content-Type", "text/plain"),
@@ -184,6 +184,17 @@ class _Upstream(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         status, headers, body, chunked = self.answers[self.path]
+        etag = dict(headers).get("ETag")
+        if etag and self.headers.get("If-None-Match", "").removeprefix("W/") == etag:
+            # Weak comparison (RFC 9110 13.1.2), the validators and no Content-Type
+            # unless the type is not text (as servers differ in this).
+            self.send_response(304)
+            self.send_header("ETag", etag)
+            if content_type := dict(headers).get("Content-Type", ""):
+                if not content_type.startswith("text/"):
+                    self.send_header("Content-Type", content_type)
+            self.end_headers()
+            return
         self.send_response(status)
         for name, value in headers:
             self.send_header(name, value)
@@ -266,6 +277,28 @@ def test_proxied_answers_left_as_they_are(proxied):
     assert headers["vary"] == "Accept-Encoding"      # not named twice
     status, headers, body, _ = get(port, "/plain/text", "br, gzip")  # compress not set
     assert "content-encoding" not in headers and "vary" not in headers and body == TEXT
+
+
+def test_a_304_carries_the_vary_its_200_would(proxied, certs):
+    # Before: the 304 went without Vary, so a cache that kept the coded 200 and
+    # refreshed it with this 304 could hand brotli to a client that cannot read it.
+    port = proxied.port()
+    for accept in ("br", "gzip", None):
+        status, headers, body, _ = get(port, "/text", accept, extra=[("If-None-Match", 'W/"v1"')])
+        assert (status, body) == (304, b""), accept
+        assert headers["vary"] == "accept-encoding", accept
+        assert "content-encoding" not in headers
+    status, headers, _, _ = get(port, "/png", "br", extra=[("If-None-Match", '"p1"')])
+    assert status == 304 and "vary" not in headers          # its 200 has none either
+    status, headers, _, _ = get(port, "/plain/text", "br", extra=[("If-None-Match", '"v1"')])
+    assert status == 304 and "vary" not in headers          # a route that does not compress
+    client = H2Client(proxied.port("https"), certs["ca"])
+    try:
+        status, headers, body = client.request(
+            "GET", "/text", headers=[(b"accept-encoding", b"br"), (b"if-none-match", b'W/"v1"')])
+    finally:
+        client.close()
+    assert (status, body, headers["vary"]) == (304, b"", "accept-encoding")
 
 
 def test_proxied_text_compressed_over_http2(proxied, certs):

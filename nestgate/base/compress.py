@@ -138,9 +138,15 @@ def recode_head(block: bytes, status: int, length: int | None,
     """A proxied response head on a compressing route: (coding, the header lines to
     send) when its body is a kind worth compressing, coding "" when this client takes
     none of ours (the lines still gain `Vary`, so a shared cache keeps both); None when
-    the response goes as it is. `block` is the kept header lines, each ending in CRLF."""
-    if status < 200 or status in (204, 206, 304) or \
-            (length is not None and length < MIN_BYTES):
+    the response goes as it is. `block` is the kept header lines, each ending in CRLF.
+    A 304 has no body to compress but carries the Vary its 200 would (RFC 9110
+    15.4.5), coding "": its length is the 200's, and a 304 without a Content-Type
+    (the usual one) gets it too, since a cache that kept a coded 200 under a 304
+    without Vary would hand it to clients that never asked for the coding."""
+    if status < 200 or status in (204, 206):
+        return None
+    not_modified = status == 304
+    if length is not None and length < MIN_BYTES and not not_modified:
         return None
     lines = block.split(b"\r\n")
     media = b""
@@ -157,6 +163,10 @@ def recode_head(block: bytes, status: int, length: int | None,
         elif name == b"vary":
             vary_named = vary_named or any(t.strip() in (b"*", b"accept-encoding")
                                            for t in value.lower().split(b","))
+    if not_modified:
+        if vary_named or (media and not compressible(media.decode("latin-1"))):
+            return None
+        return "", block + VARY_LINE + b"\r\n"
     if not compressible(media.decode("latin-1")):
         return None
     coding = _NEGOTIATOR.pick(accept, PREFERENCE) if accept is not None else ""
