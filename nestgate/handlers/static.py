@@ -43,6 +43,7 @@ from urllib.parse import quote
 
 from nestgate.base import compress
 from nestgate.base.clock import CLOCK
+from nestgate.base.errors import HandlerError
 from nestgate.base.handler import PEEK, Service
 from nestgate.base.httpdate import http_date, parse_http_date
 from nestgate.base.responses import (CONNECTION_ENDINGS, SERVER, STATUS_LINES, Prebuilt,
@@ -109,6 +110,22 @@ class Bodiless:
         data = self._head + CLOCK.date_line + CONNECTION_ENDINGS[mode]
         transport.write(data)
         return len(data)
+
+
+class FileShrank(HandlerError):
+    """The file ended before the length its answer promised (it was truncated or
+    rewritten while being sent): the answer cannot be completed, so the connection
+    ends after what was sent (`dispatch.conclude` cuts an answer under way). Logged
+    once, by `_shrank`, where the file's name is known: no traceback, it is not a fault
+    of nestgate's."""
+
+    def __init__(self) -> None:
+        super().__init__(500, "file shrank while being sent")
+
+
+def _shrank(request, real: str) -> None:
+    log.warning("%s shrank while being sent to %s: the answer was cut after %d body bytes",
+                real, request.client, request.sent)
 
 
 class NotFound(Exception):
@@ -370,6 +387,7 @@ class StaticFiles(Service):
         """From the kept descriptor, or a precompressed sibling Accept-Encoding picks.
         Held for the whole answer: a kept file dropped meanwhile stays open until then."""
         inm, ims, rng, if_range, accept = _conditional_headers(request.headers)
+        sent_from = kept.real
         kept.hold()
         try:
             if self.precompressed and accept is not None and rng is None:
@@ -377,6 +395,7 @@ class StaticFiles(Service):
                 sibling = await self._open_sibling(kept.real, accept)
                 if sibling is not None:
                     opened, encoding = sibling
+                    sent_from = kept.real + dict(_ENCODINGS)[encoding]
                     try:
                         etag, headers = self._large_headers(opened.st, kept.real, encoding)
                         await self._send_file(request, opened.fd, opened.st, etag, headers,
@@ -386,6 +405,9 @@ class StaticFiles(Service):
                     return
             await self._send_file(request, kept.fd, kept.st, kept.etag, kept.headers,
                                   rng, if_range, inm, ims, kept.block)
+        except FileShrank:
+            _shrank(request, sent_from)
+            raise
         finally:
             kept.release()
 
@@ -446,7 +468,7 @@ class StaticFiles(Service):
             size = await request.room(min(_READ_CHUNK, length))
             chunk = await loop.run_in_executor(None, os.pread, fd, size, offset)
             if not chunk:
-                raise ConnectionAbortedError("file shrank while being sent")
+                raise FileShrank()
             await request.write(chunk)
             offset += len(chunk)
             length -= len(chunk)
@@ -515,9 +537,10 @@ class StaticFiles(Service):
             _gone(request, transport, exc)
             request.answered(500)          # bytes may be out: the connection is cut
             return True
-        except ConnectionAbortedError:     # the file shrank
+        except FileShrank:
             kept.release()
-            request.answered(500)
+            _shrank(request, kept.real)
+            request.answered(500)          # bytes may be out: the connection is cut
             return True
         if head or length:
             request.task = self.loop.create_task(
@@ -537,6 +560,9 @@ class StaticFiles(Service):
                                  request.send_timeout, head)
         except (asyncio.CancelledError, ConnectionResetError):
             status = 500                   # gone: `answered` then finds nothing to do
+        except FileShrank:
+            _shrank(request, kept.real)
+            status = 500
         except Exception:
             log.exception("sending %s failed", kept.real)
             status = 500
@@ -770,7 +796,7 @@ def _send_now(request, transport, fd: int, head: bytes, offset: int,
     descriptor: the head with MSG_MORE, so it leaves in the file's first segment
     rather than as a packet of its own that wakes the client for a few hundred bytes
     (nginx's `tcp_nopush`), then `os.sendfile`. What is left: (head, offset, length).
-    ConnectionAbortedError when the file is shorter than the length promised."""
+    FileShrank when the file is shorter than the length promised."""
     out = transport.get_extra_info("socket").fileno()
     # Borrowed, never closed (detached below): send() with flags needs a socket
     # object. Family and type as plain ints (the transport's socket gives enums, made
@@ -784,7 +810,7 @@ def _send_now(request, transport, fd: int, head: bytes, offset: int,
             if sent == 0:
                 # Fewer bytes than the length already promised: the response cannot
                 # be completed, and the handler fails (the connection is cut after it).
-                raise ConnectionAbortedError("file shrank while being sent")
+                raise FileShrank()
             request.sent += sent
             offset += sent
             length -= sent
