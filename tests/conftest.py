@@ -10,6 +10,7 @@ backlog) as soon as it is read; readiness is the "ready" line, never a sleep.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import http.client
 import json
@@ -369,6 +370,16 @@ def make_pump():
 
 
 # ---- upstreams for proxy tests
+# A WebSocket client's handshake lines: RFC 6455's sample key, and what answers it.
+WS_KEY = b"dGhlIHNhbXBsZSBub25jZQ=="
+WS_HANDSHAKE = b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + WS_KEY + b"\r\n"
+
+
+def websocket_accept(key: bytes) -> bytes:
+    """What a WebSocket server answers `key` with (RFC 6455 4.2.2)."""
+    return base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+
+
 class _Parsed:
     def __init__(self) -> None:
         self.url = b""
@@ -410,9 +421,10 @@ class Upstream:
       /endless-header  a status line, 1 MiB of one header line, then waits until released
       /reset-mid-body  promises 100000 bytes, sends 1000, then resets the connection
       /close           a body delimited by closing the connection (no length)
-      /ws              101 Switching Protocols, then echoes every byte upper-cased; the
-                       tunnel's end is recorded in `tunnels_ended` ("eof" when the proxy
-                       closed its side)
+      /ws              101 Switching Protocols (its Sec-WebSocket-Accept answering the
+                       request's key, RFC 6455 4.2.2), then echoes every byte
+                       upper-cased; the tunnel's end is recorded in `tunnels_ended`
+                       ("eof" when the proxy closed its side)
       /ws-h2c          101 Switching Protocols to h2c, whatever the request asked for
       /status/N        an empty response with status N
       /connection-lines  a 2-byte response whose Connection header takes two field lines,
@@ -634,8 +646,10 @@ class Upstream:
             await writer.drain()
             return False
         elif path == "/ws" and record.get("method") == "GET" and parser.should_upgrade():
+            key = dict(record["headers"]).get("sec-websocket-key", "")
             writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n"
-                         b"connection: upgrade\r\nx-tunnel: yes\r\n\r\nhello")
+                         b"connection: upgrade\r\nsec-websocket-accept: %b\r\n"
+                         b"x-tunnel: yes\r\n\r\nhello" % websocket_accept(key.encode()))
             if tail:
                 writer.write(tail.upper())
             while data := await reader.read(65536):

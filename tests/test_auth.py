@@ -18,8 +18,8 @@ import pytest
 from attack.h2raw import DataFrame, RawH2
 import softauthn
 
-from conftest import (HTML, PASSWORD_HASH, REPO, TOTP_SECRET, Browser, _env, ask, otp_code,
-                      protected, settled_step, v1)
+from conftest import (HTML, PASSWORD_HASH, REPO, TOTP_SECRET, WS_HANDSHAKE, Browser, _env, ask,
+                      otp_code, protected, settled_step, v1)
 from nestgate.handlers.auth import totp
 from nestgate.handlers.auth.passwords import verify_password
 from nestgate.handlers.auth.config import AuthConfig, User
@@ -465,8 +465,8 @@ def test_websocket_behind_sign_in(gate):
     for with_cookie, expected in ((False, b"HTTP/1.1 401"), (True, b"HTTP/1.1 101")):
         sock = socket.create_connection(("127.0.0.1", server.port()), timeout=5)
         sock.sendall(b"GET /ws HTTP/1.1\r\nHost: private.test\r\nConnection: Upgrade\r\n"
-                     b"Upgrade: websocket\r\n%s\r\n"
-                     % (f"Cookie: {cookie}\r\n".encode() if with_cookie else b""))
+                     b"Upgrade: websocket\r\n%s%s\r\n"
+                     % (WS_HANDSHAKE, f"Cookie: {cookie}\r\n".encode() if with_cookie else b""))
         data = sock.recv(65536)
         assert data.startswith(expected), data[:80]
         if with_cookie:

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from conftest import (HASH, HTML, PASSWORD_HASH, REPO, TOTP_SECRET, Browser, _env,
-                      admin_headers, admin_token, otp_code, poll, settled_step)
+from conftest import (HASH, HTML, PASSWORD_HASH, REPO, TOTP_SECRET, WS_HANDSHAKE, Browser,
+                      _env, admin_headers, admin_token, otp_code, poll, settled_step)
 from h2client import H2Client
 from nestgate.config import ConfigError, config_warnings, read_config
 
@@ -328,7 +328,7 @@ def test_forged_identity_on_a_websocket_upgrade(home):
         with socket.create_connection(("127.0.0.1", server.port()), timeout=5) as sock:
             sock.sendall(b"GET /ws HTTP/1.1\r\nHost: %s\r\nCookie: %s\r\nConnection: Upgrade\r\n"
                          b"Upgrade: websocket\r\nRemote-User: mallory\r\nremote-USER: eve\r\n"
-                         b"Remote-Groups: admins\r\n\r\n" % (host, cookie))
+                         b"Remote-Groups: admins\r\n%s\r\n" % (host, cookie, WS_HANDSHAKE))
             data = b""
             while not data.endswith(b"hello"):
                 data += sock.recv(65536)

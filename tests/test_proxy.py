@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import refused_port, rss_kib
+from conftest import WS_HANDSHAKE, refused_port, rss_kib
 
 
 def gateway(routes: str, top: str = "", site: str = "") -> str:
@@ -569,7 +569,7 @@ def test_websocket_upgrade_tunnel(start_server, upstream):
     server = start_server(gateway(route(up.url)))
     sock = socket.create_connection(("127.0.0.1", server.port()), timeout=5)
     sock.sendall(b"GET /ws HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\n"
-                 b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\r\nearly")
+                 b"Upgrade: websocket\r\n" + WS_HANDSHAKE + b"\r\nearly")
     data = b""
     while not data.endswith(b"helloEARLY"):
         chunk = sock.recv(65536)

@@ -17,11 +17,11 @@ from __future__ import annotations
 import socket
 import time
 
-from conftest import poll
+from conftest import WS_HANDSHAKE, WS_KEY, poll, websocket_accept
 from rawupstream import proxy_toml
 
 WS_REQUEST = (b"GET /ws HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\n"
-              b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\r\n")
+              b"Upgrade: websocket\r\n" + WS_HANDSHAKE + b"\r\n")
 RSS_GROWTH_BOUND_KIB = 8 * 1024
 
 
@@ -118,7 +118,7 @@ def test_an_http1_0_upgrade_is_a_plain_request_and_nothing_after_it_is_read(star
     up = upstream()
     server = start_server(tunnel_gateway(up.url))
     old = (b"GET /ws HTTP/1.0\r\nHost: app.test\r\nConnection: Upgrade, keep-alive\r\n"
-           b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\r\n")
+           b"Upgrade: websocket\r\n" + WS_HANDSHAKE + b"\r\n")
     with socket.create_connection(("127.0.0.1", server.port()), timeout=5) as sock:
         sock.sendall(old + b"GET /smuggled HTTP/1.0\r\nHost: app.test\r\n\r\n")
         data = b""
@@ -213,5 +213,107 @@ def test_an_upgrade_request_with_a_body_is_refused_at_once(start_server):
                          b"Connection: close\r\n\r\nhello")
             assert read_until(sock, b"/a").startswith(b"HTTP/1.1 200 ")
         assert [(r["target"], r["body"]) for r in up.take()] == [("/a", b"hello")]
+    finally:
+        up.stop()
+
+
+# ------------------------------------------------------------------ the upstream's 101
+def switching(accepts: list[bytes]) -> bytes:
+    """A 101 to websocket with these Sec-WebSocket-Accept values, then a frame's worth
+    of bytes (what would be tunnelled)."""
+    return (b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n"
+            + b"".join(b"sec-websocket-accept: %b\r\n" % a for a in accepts) + b"\r\nhello")
+
+
+SWITCHES = {
+    "/ws/answers-the-key": switching([websocket_accept(WS_KEY)]),
+    "/ws/answers-another-key": switching([websocket_accept(b"x3JJHMbDL1EzLkh9GBhXDw==")]),
+    "/ws/answers-nothing": switching([]),
+    "/ws/answers-twice": switching([websocket_accept(WS_KEY)] * 2),
+    "/ws/echoes-the-key": switching([WS_KEY]),
+    "/plain": switching([websocket_accept(WS_KEY)]),
+}
+
+
+def ask_for_a_tunnel(port: int, target: bytes, handshake: bytes = WS_HANDSHAKE) -> bytes:
+    """What a WebSocket client is sent for `target` until nestgate closes (5 s at most)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET %b HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: websocket\r\n%b\r\n" % (target, handshake))
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def test_rfc_6455_sample_key_and_its_answer():
+    # The test's own upstream and nestgate compute the answer apart; both must agree
+    # with RFC 6455 1.3's example.
+    from nestgate.handlers.proxy.handler import websocket_accept as nestgates
+    assert websocket_accept(WS_KEY) == nestgates(WS_KEY) == b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+
+
+def test_a_101_that_does_not_answer_the_key_is_502(start_server):
+    """RFC 6455 4.1: a client fails a WebSocket connection whose 101 lacks the
+    `Sec-WebSocket-Accept` made from its key. nestgate passed any 101 on and tunnelled:
+    a stale or confused upstream's 101 (or one meant for another handshake) opened a
+    tunnel a browser would refuse and a plain client would trust. Now it is a 502,
+    nothing tunnelled, the upstream connection closed."""
+    from rawupstream import RawUpstream
+    up = RawUpstream(SWITCHES)
+    try:
+        server = start_server(tunnel_gateway(up.url))
+        port = server.port()
+        good = ask_for_a_tunnel(port, b"/ws/answers-the-key")
+        assert good.startswith(b"HTTP/1.1 101 ") and good.endswith(b"\r\n\r\nhello"), good
+        assert b"\r\nsec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n" in good
+        for target in (b"/ws/answers-another-key", b"/ws/answers-nothing",
+                       b"/ws/answers-twice", b"/ws/echoes-the-key"):
+            answer = ask_for_a_tunnel(port, target)
+            assert answer.startswith(b"HTTP/1.1 502 "), (target, answer[:200])
+            assert answer.count(b"HTTP/1.1 ") == 1 and b"hello" not in answer, target
+        # A handshake without a key (or with two) cannot be answered: no tunnel either.
+        for handshake in (b"Sec-WebSocket-Version: 13\r\n",
+                          WS_HANDSHAKE + b"Sec-WebSocket-Key: x3JJHMbDL1EzLkh9GBhXDw==\r\n"):
+            answer = ask_for_a_tunnel(port, b"/ws/answers-the-key", handshake)
+            assert answer.startswith(b"HTTP/1.1 502 "), (handshake, answer[:200])
+        assert len(up.take()) == 7
+    finally:
+        up.stop()
+
+
+def test_a_101_to_a_request_that_did_not_ask_to_upgrade_is_502(start_server):
+    # GET (answered from the parser's callbacks), POST with a body (in a task), and
+    # over HTTP/2, where no request can upgrade: nothing tunnelled, and the next
+    # request gets its own answer from another upstream connection.
+    from h2client import H2Client
+    from rawupstream import RawUpstream
+    up = RawUpstream(SWITCHES)
+    try:
+        server = start_server(proxy_toml(up.url, listeners="http2_cleartext = true"))
+        port = server.port()
+        for request in (b"GET /plain HTTP/1.1\r\nHost: app.test\r\n\r\n",
+                        b"POST /plain HTTP/1.1\r\nHost: app.test\r\nContent-Length: 2\r\n\r\nhi"):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(request + b"GET /after HTTP/1.1\r\nHost: app.test\r\n"
+                             b"Connection: close\r\n\r\n")
+                data = b""
+                while chunk := sock.recv(65536):
+                    data += chunk
+            assert data.startswith(b"HTTP/1.1 502 "), data[:200]
+            assert b"hello" not in data and data.endswith(b"\r\n\r\n/after"), data[-200:]
+        client = H2Client(port, None)
+        try:
+            assert client.request("GET", "/plain")[0] == 502
+            assert client.request("POST", "/plain", body=b"hi")[0] == 502
+            assert client.request("GET", "/after")[::2] == (200, b"/after")
+        finally:
+            client.close()
+        taken = up.take()
+        assert [r["target"] for r in taken] == ["/plain", "/after"] * 2 + \
+            ["/plain", "/plain", "/after"]
+        for index, record in enumerate(taken):      # nothing after a 101 on its connection
+            if record["target"] == "/plain":
+                assert all(later["conn"] != record["conn"] for later in taken[index + 1:])
     finally:
         up.stop()

@@ -19,6 +19,8 @@ once, also only for idempotent requests without a body.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import ssl
 
 from nestgate.base.later import LATER
@@ -511,6 +513,9 @@ class ProxyHandler(Service, TellsIdentity):
         if not req.upgrade or not self._switched_to_offered(req, ex):
             conn.close()
             raise HandlerError(502, "upstream switched to a protocol not asked for")
+        if not _accepts_key(req, ex):
+            conn.close()
+            raise HandlerError(502, "upstream's Sec-WebSocket-Accept does not answer the key")
         head = (b"HTTP/1.1 101 Switching Protocols\r\n" + ex.block
                 + b"connection: upgrade\r\nupgrade: " + ex.upgrade_value + b"\r\n\r\n")
         client = req.connection
@@ -524,6 +529,31 @@ class ProxyHandler(Service, TellsIdentity):
         client.set_sink(pipe.from_client)
         conn.reading.resume()
         await pipe.run()
+
+
+# RFC 6455 1.3: the server proves it read the handshake by hashing the client's key
+# with this GUID.
+_WEBSOCKET_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+
+def websocket_accept(key: bytes) -> bytes:
+    """The `Sec-WebSocket-Accept` value that answers `key` (RFC 6455 4.2.2)."""
+    return base64.b64encode(hashlib.sha1(key.strip(b" \t") + _WEBSOCKET_GUID).digest())
+
+
+def _accepts_key(req, ex: Exchange) -> bool:
+    """A 101 to `websocket` answers the client's one `Sec-WebSocket-Key` with the one
+    `Sec-WebSocket-Accept` it makes (RFC 6455 4.1: a client fails a connection
+    without it). Checked here too, so that what switched is the upstream that read
+    this handshake (not a cache's or a confused upstream's stale 101) and a client that
+    does not check gets no tunnel a browser would refuse. Other protocols: True."""
+    if not any(item.strip(b" \t").partition(b"/")[0].lower() == b"websocket"
+               for item in ex.upgrade_value.split(b",")):
+        return True
+    keys = [value for name, value in req.headers if name == b"sec-websocket-key"]
+    accepts = [line.partition(b":")[2].strip(b" \t") for line in ex.block.split(b"\r\n")
+               if line.partition(b":")[0].strip().lower() == b"sec-websocket-accept"]
+    return len(keys) == 1 and len(accepts) == 1 and accepts[0] == websocket_accept(keys[0])
 
 
 class Identified:
