@@ -23,7 +23,7 @@ from nestgate.base.configpath import path_text, resolved
 from nestgate.base.hosts import configured_host_problem
 from nestgate.base.private import make_private_folders
 from nestgate.base.tomltext import read_toml
-from nestgate.certs.config import AcmeConfig, acme_warnings, read_acme
+from nestgate.certs.config import AcmeConfig, read_acme
 from nestgate.wire.tls import certificate_problem
 from nestgate.pipeline.access import _cidr_list, read_access
 from nestgate.bans.crowdsec import read_crowdsec
@@ -37,6 +37,7 @@ from nestgate.sites.routetypes import ROUTE_TYPES
 from nestgate.base.private import open_to_others
 
 WRITABLE_BY_OTHERS = 0o022
+READABLE_BY_OTHERS = 0o044
 from nestgate.pipeline.routing import path_shape
 from nestgate.bans.config import BansConfig
 from nestgate.base.units import parse_duration, parse_size
@@ -275,6 +276,8 @@ class Config:
     geoip: Any = None                       # nestgate.pipeline.geoip.GeoConfig: countries, AS numbers
     crowdsec: Any = None                    # nestgate.bans.crowdsec.CrowdSecConfig: its bouncer
     bans: BansConfig = BansConfig()         # [[ban]] rules and where bans are kept
+    # (key, path) of the files read that hold secrets: keys, tokens, passwords.
+    secret_files: tuple[tuple[str, str], ...] = ()
 
     @property
     def worker_count(self) -> int:
@@ -294,9 +297,12 @@ class _Section:
     """A table being read: typed getters that record problems, then unknown keys."""
 
     def __init__(self, data: Any, where: str, problems: list[str], file: str, base: Path,
-                 state_base: Path | None = None):
+                 state_base: Path | None = None, secrets: list | None = None):
         self.where, self.problems, self.file, self.base = where, problems, file, base
         self.state_base = state_base or base     # where relative state paths resolve
+        # (key, path) of each file read that holds a secret, shared by the whole config:
+        # `config_warnings` tells which of them other users can read.
+        self.secrets: list[tuple[str, str]] = [] if secrets is None else secrets
         if not isinstance(data, dict):
             self.fail("", "a table", data)
             data = {}
@@ -366,7 +372,9 @@ class _Section:
             return tuple(v)
         return self.get(name, default, convert, "")
 
-    def readable_file(self, name: str, required: bool = False) -> str:
+    def readable_file(self, name: str, required: bool = False, secret: bool = False) -> str:
+        """The resolved path `name` names, a readable file; "" (and a problem) when it
+        is not. `secret`: the file holds a key, token or password (`secret_file`)."""
         value = self.path(name)
         if not value:
             if required:
@@ -380,15 +388,21 @@ class _Section:
             # "" rather than the path: nothing after validation may try to read it.
             self.fail(name, "a path to a readable file", value)
             return ""
+        if secret:
+            self.secret_file(name, str(path))
         return str(path)
 
-    def file_bytes(self, name: str) -> bytes | None:
+    def secret_file(self, name: str, path: str) -> None:
+        """Note that the file `path`, named by key `name`, holds a secret."""
+        self.secrets.append((self.key(name), path))
+
+    def file_bytes(self, name: str, secret: bool = False) -> bytes | None:
         """The contents of the file `name` names: None if none is named, b"" (and a
         problem) if it cannot be read."""
         if not self.data.get(name):
             self.str(name)                  # still type-checked and marked as seen
             return None
-        path = self.readable_file(name)
+        path = self.readable_file(name, secret=secret)
         if not path:
             return b""
         try:
@@ -427,7 +441,8 @@ class _Section:
         return self.child(self.data.get(name, {}), self.key(name))
 
     def child(self, data: Any, where: str) -> _Section:
-        return _Section(data, where, self.problems, self.file, self.base, self.state_base)
+        return _Section(data, where, self.problems, self.file, self.base, self.state_base,
+                        self.secrets)
 
     def check_unknown(self) -> None:
         for name in self.data:
@@ -599,7 +614,8 @@ def read_certificate(c: _Section, managed_ok: bool = False) -> Certificate:
                                 "certificates are kept in [acme] storage)")
             c.check_unknown()
             return Certificate("", "", names, kinds[0])
-    cert = Certificate(c.readable_file("cert", True), c.readable_file("key", True), names)
+    cert = Certificate(c.readable_file("cert", True), c.readable_file("key", True, secret=True),
+                       names)
     if cert.cert and cert.key and os.path.isfile(cert.cert) and os.path.isfile(cert.key):
         problem = certificate_problem(cert)
         if problem:
@@ -918,7 +934,7 @@ def parse_config(data: dict, file: str = "<config>", base: Path | None = None) -
     if problems:
         raise ConfigError(problems)
     return Config(file, server, limits, log, listeners, sites, trusted, auth, admin, state,
-                  acme, geoip, crowdsec, bans)
+                  acme, geoip, crowdsec, bans, tuple(top.secrets))
 
 
 def _places_without_database(sites, geoip, file: str) -> list[str]:
@@ -1138,7 +1154,7 @@ _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]", "::1")
 def config_warnings(config: Config) -> list[str]:
     """What the config allows but will not work as its owner expects; `check` and
     `serve` print these without refusing the config."""
-    out = [f"{config.source}: {warning}" for warning in acme_warnings(config.acme)]
+    out = _secrets_open_to_others(config)
     out += _store_open_to_others(config)
     out += _forward_without_trusted_proxies(config)
     # [[auth.forward]] entries are protected sites too: the same warnings, by their key.
@@ -1168,6 +1184,20 @@ def _forward_without_trusted_proxies(config: Config) -> list[str]:
             "that asks is taken for the client (its X-Forwarded-For is not believed) and "
             "allow, deny and exempt_local judge the proxy's address; list the proxy's "
             "address in trusted_proxies"]
+
+
+def _secrets_open_to_others(config: Config) -> list[str]:
+    """Each file holding a secret (a TLS key, a token, a client secret, a DNS provider's
+    credentials, users' password hashes and TOTP secrets) that the file's group or other
+    users may read, as ssh warns of a private key others can read: once, naming the
+    file and its mode. Not refused: a group such as Debian's ssl-cert may be meant."""
+    out = []
+    for key, path in dict.fromkeys(config.secret_files):
+        mode = open_to_others(path, READABLE_BY_OTHERS)
+        if mode is not None:
+            out.append(f"{config.source}: {key}: {path} can be read by other users of "
+                       f"this machine (mode {mode:04o}); `chmod 600` it")
+    return out
 
 
 def _store_open_to_others(config: Config) -> list[str]:

@@ -205,6 +205,7 @@ def certs(ca, tmp_path_factory):
         cert = ca.issue_cert(*names)
         chain, key = folder / f"{label}.pem", folder / f"{label}.key"
         cert.private_key_pem.write_to_path(str(key))
+        key.chmod(0o600)                    # as a deployment keeps it: no warning
         cert.cert_chain_pems[0].write_to_path(str(chain))
         for extra in cert.cert_chain_pems[1:]:
             chain.write_bytes(chain.read_bytes() + extra.bytes())

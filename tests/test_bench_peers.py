@@ -1,6 +1,7 @@
 """Peers: configs rendered from one scenario route, and a real nginx started and stopped."""
 
 import os
+import stat
 import subprocess
 import sys
 import tomllib
@@ -62,6 +63,7 @@ def test_cidr_list_matches_loopback_last():
 
 def test_nestgate_config_is_valid_toml(site_root, tmp_path):
     cert = content.certificate(tmp_path)
+    assert stat.S_IMODE(os.stat(cert.key).st_mode) == 0o600   # nestgate warns of a wider key
     site = make_site(site_root, Route("file", "/page", "page.html"), certificate=cert)
     data = tomllib.loads(peers.render_nestgate(site))
     assert data["server"]["workers"] == 1

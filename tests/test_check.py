@@ -261,8 +261,14 @@ def _warnings_but_taken_ports(stderr: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", ["site.toml", "home-server.toml", "home.toml"])
-def test_shipped_examples_pass_check_without_warnings(name):
-    out = run_check(REPO / "examples" / name)
+def test_shipped_examples_pass_check_without_warnings(name, tmp_path):
+    # A copy, its TLS key made 0600 as the example's comment says: git keeps no such
+    # mode, so a checkout's key is as the umask made it, which `check` warns of.
+    examples = tmp_path / "examples"
+    shutil.copytree(REPO / "examples", examples)
+    for key in examples.rglob("*.key"):
+        key.chmod(0o600)
+    out = run_check(examples / name, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert _warnings_but_taken_ports(out.stderr) == [], out.stderr
 
@@ -406,3 +412,54 @@ def test_an_address_among_the_hosts_is_not_ordered_from_the_ca(tmp_path):
         "site": [{"hosts": ["a.example.com", "192.0.2.7", "[2001:db8::1]"],
                   "route": [ret(path="/")]}]}, "site.toml")
     assert config.listeners[0].certificates[0].names == ("a.example.com",)
+
+
+# ---------------------------------------------------------------- secret files
+
+
+def test_secret_files_others_can_read_are_warned_about_at_load(start_server, certs, tmp_path):
+    """As ssh warns of a private key others can read: a TLS key, the admin token file
+    and a users file (password hashes, TOTP secrets) that the group or other users may
+    read are named once each, with their mode, by `serve` at start and by `check`.
+    Before: not a word."""
+    cert, key = certs["local"]
+    key_copy = tmp_path / "site.key"
+    key_copy.write_bytes(open(key, "rb").read())
+    token = tmp_path / "admin.token"
+    token.write_text("a-token-long-enough-for-the-admin-api-0123456789\n")
+    users = tmp_path / "users.toml"
+    users.write_text(f'[[user]]\nname = "ann"\npassword = "{HASH}"\n')
+    modes = {key_copy: 0o644, token: 0o640, users: 0o604}
+    for path, mode in modes.items():
+        path.chmod(mode)
+    server = start_server(f"""
+[server]
+workers = 1
+[[listen]]
+address = "127.0.0.1:0"
+[[listen.certificate]]
+cert = "{cert}"
+key = "{key_copy}"
+[admin]
+address = "127.0.0.1:0"
+token_file = "{token}"
+[auth]
+store = ":memory:"
+users_file = "{users}"
+[[site]]
+hosts = ["*"]
+""")
+    warned = [line for line in server.lines if "warning:" in line]
+    for path, mode in modes.items():
+        mine = [line for line in warned if f" {path} can be read by other users" in line]
+        assert len(mine) == 1, warned
+        assert f"(mode {mode:04o}); `chmod 600` it" in mine[0]
+    assert "listen[0].certificate[0].key:" in "".join(warned)
+    assert "admin.token_file:" in "".join(warned) and "auth.users_file:" in "".join(warned)
+    out = run_check(server.config_path, cwd=tmp_path)
+    assert out.returncode == 0 and out.stderr.count("can be read by other users") == 3, \
+        out.stderr
+    for path in modes:
+        path.chmod(0o600)
+    out = run_check(server.config_path, cwd=tmp_path)
+    assert out.returncode == 0 and "can be read by other users" not in out.stderr, out.stderr

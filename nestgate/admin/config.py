@@ -58,7 +58,7 @@ def read_admin(s, parse_address, read_certificate) -> AdminConfig:
     host, port = s.get("address", DEFAULT_ADDRESS, parse_address, "")
     key = f"{s.file}: {s.key('address')}"
     token = s.str("token")
-    token_file = s.readable_file("token_file")
+    token_file = s.readable_file("token_file", secret=True)
     if token and token_file:
         s.fail("token_file", "either token or token_file, not both")
     if token_file and os.path.isfile(token_file):

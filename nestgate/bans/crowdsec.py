@@ -119,7 +119,7 @@ def _secret(s, name: str, what: str) -> str | None:
     given ("" and a problem when the file holds nothing or cannot be read)."""
     value = s.str(name)
     before = len(s.problems)
-    held = s.file_bytes(name + "_file")
+    held = s.file_bytes(name + "_file", secret=True)
     if value and held is not None:
         s.fail(name + "_file", f"{name} or {name}_file, not both")
     elif held is not None:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import brotli
 
+from nestgate.base.private import create_private_file
+
 from . import BenchError, tools
 
 STATIC_FILES = {"f12b.txt": 12, "f10k.bin": 10 * 1024, "f100k.bin": 100 * 1024,
@@ -103,6 +105,8 @@ def certificate(root: Path) -> Certificate:
     if cert.exists() and key.exists():
         return Certificate(cert, key)
     root.mkdir(parents=True, exist_ok=True)
+    key.unlink(missing_ok=True)
+    create_private_file(key)            # 0600 before a byte of the key is written
     if tools.which("openssl"):
         subprocess.run([tools.require("openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes",
                         "-keyout", str(key), "-out", str(cert), "-days", "7",
@@ -117,7 +121,7 @@ def certificate(root: Path) -> Certificate:
                          "certificate") from exc
     issued = trustme.CA().issue_cert("localhost", "127.0.0.1")
     cert.write_bytes(b"".join(pem.bytes() for pem in issued.cert_chain_pems))
-    issued.private_key_pem.write_to_path(str(key))
+    key.write_bytes(issued.private_key_pem.bytes())
     return Certificate(cert, key)
 
 

@@ -14,7 +14,6 @@ import os
 from dataclasses import dataclass
 
 from nestgate.base.configpath import resolved
-from nestgate.base.private import open_to_others
 
 LETS_ENCRYPT = "https://acme-v02.api.letsencrypt.org/directory"
 LETS_ENCRYPT_STAGING = "https://acme-staging-v02.api.letsencrypt.org/directory"
@@ -118,17 +117,6 @@ def read_acme(s) -> AcmeConfig:
     return cfg
 
 
-def acme_warnings(acme: AcmeConfig) -> list[str]:
-    """What works but should not stay so: a DNS provider's credentials file that other
-    users of the machine can read (the key can change the whole zone)."""
-    path = getattr(acme.dns, "credentials_file", "")
-    mode = open_to_others(path) if path else None
-    if mode is not None:
-        return [f"acme.dns.credentials_file: {path} can be read by other users of this "
-                f"machine (mode {mode:04o}); `chmod 600` it"]
-    return []
-
-
 def _read_dns(s) -> DnsUpdate | DnsProvider:
     provider = s.str("provider", RFC2136)
     zone = s.str("zone").rstrip(".").lower()
@@ -178,7 +166,7 @@ def _read_provider(s, provider: str, zone: str, timeout: float, ttl: int) -> Dns
         return DnsProvider(provider=provider, zone=zone)
     accepted = dnsprovider.provider_options(provider)
     settings = DnsProvider(
-        provider=provider, zone=zone, credentials_file=s.readable_file("credentials_file"),
+        provider=provider, zone=zone, credentials_file=s.readable_file("credentials_file", secret=True),
         credentials=_read_credential_names(s, accepted),
         options=_read_plain_options(s, accepted), nameservers=_read_nameservers(s),
         propagation_timeout=timeout, ttl=ttl)

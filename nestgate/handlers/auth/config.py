@@ -194,6 +194,7 @@ def read_users_file(s, value: str) -> list[User]:
     except ValueError as exc:
         s.fail("users_file", f"a TOML file of [[user]] tables ({exc})", value)
         return []
+    s.secret_file("users_file", str(path))      # password hashes, TOTP secrets
     top = s.child(data, "")
     top.file = str(path)
     users = [read_user(u) for u in top.tables("user")]

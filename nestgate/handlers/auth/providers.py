@@ -62,7 +62,7 @@ def read_provider(p) -> OidcProvider:
     if not client_id:
         p.fail("client_id", "the client id the provider gave nestgate")
     secret = p.str("client_secret")
-    secret_file = p.file_bytes("client_secret_file")
+    secret_file = p.file_bytes("client_secret_file", secret=True)
     if secret and secret_file is not None:
         p.fail("client_secret_file", "either client_secret or client_secret_file, not both")
     elif secret_file:
