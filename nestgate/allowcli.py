@@ -14,8 +14,9 @@ import os
 import sys
 from datetime import datetime, timezone
 
+from nestgate.admin.stateapi import every_address_refused
 from nestgate.handlers.auth.store import DEFAULT_TTL
-from nestgate.base.clientip import Networks
+from nestgate.base.clientip import Networks, covers_every_address
 from nestgate.base.units import parse_duration
 
 
@@ -48,6 +49,14 @@ def _utc(timestamp: float) -> str:
 def _add(store, args) -> int:
     print(store.add_allow(args.cidr, args.ttl, args.comment))
     return 0
+
+
+def _refused_everyone(args) -> str:
+    """Why `add` refuses its entry ("" when it does not): one that holds every address,
+    unless --allow-everyone says it is meant (as the admin API's `allow_everyone` does)."""
+    if args.run is _add and covers_every_address(args.cidr) and not args.allow_everyone:
+        return every_address_refused(args.cidr, "pass --allow-everyone")
+    return ""
 
 
 def _list(store, args) -> int:
@@ -87,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--for", dest="ttl", metavar="DURATION", type=_ttl, default=DEFAULT_TTL,
                      help=f"how long it lasts: 90s, 30m, 2h, 7d (default {DEFAULT_TTL})")
     add.add_argument("--comment", default="", help="a note shown by `list`")
+    add.add_argument("--allow-everyone", action="store_true",
+                     help="take an entry that holds every address (0.0.0.0/0, ::/0), "
+                          "which lets anyone in; refused without it")
     add.set_defaults(run=_add)
     commands.add_parser("list", parents=[common], help="the entries not yet expired"
                         ).set_defaults(run=_list)
@@ -112,7 +124,12 @@ def store_path(config) -> str:
 
 
 def allow_main(argv: list[str]) -> int:
-    return store_command("allow", _parser().parse_args(argv), store_path)
+    args = _parser().parse_args(argv)
+    refused = _refused_everyone(args)
+    if refused:
+        print(f"nestgate allow: {refused}", file=sys.stderr)
+        return 2
+    return store_command("allow", args, store_path)
 
 
 def store_command(name: str, args, path_of, opener=None) -> int:

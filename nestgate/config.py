@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from nestgate import PACKAGE_DIR
 from nestgate.base import shorthands
+from nestgate.base.clientip import covers_every_address
 from nestgate.base.configpath import path_text, resolved
 from nestgate.base.hosts import configured_host_problem
 from nestgate.base.private import make_private_folders
@@ -1230,23 +1231,12 @@ def _open_to_all(file: str, where: str, access) -> list[str]:
     in, which is seldom what it was written for."""
     if access is None:
         return []
-    everything = [e for e in access.allow if _covers_everything(e)]
+    everything = [e for e in access.allow if covers_every_address(e)]
     if not everything:
         return []
     return [f"{file}: {where}.allow: {everything[0]!r} holds every address, so the list "
             "lets anyone in; remove the allow list to mean that, or name the networks "
             "meant"]
-
-
-def _covers_everything(entry: str) -> bool:
-    try:
-        network = ipaddress.ip_network(entry.strip(), strict=False)
-    except ValueError:
-        return False
-    # ::ffff:0:0/96 is every IPv4 address, as a client's mapped address spells it.
-    return network.prefixlen == 0 or (network.prefixlen == 96 and
-                                      getattr(network.network_address, "ipv4_mapped", None)
-                                      is not None)
 
 
 def _system_root(file: str, where: str, route) -> list[str]:

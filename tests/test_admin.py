@@ -444,6 +444,31 @@ def test_allow_entries_are_checked_before_they_are_stored(start_server):
     assert admin_call(admin, "PUT", "/v1/allow", {"cidr": "10.0.0.1"})[0] == 405
 
 
+def test_an_entry_for_every_address_needs_saying_so(start_server, tmp_path):
+    # 0.0.0.0/0 as a dynamic allow entry opens every site with allow_dynamic (the
+    # default), protected ones past sign-in, to everyone. Before: 201, silently.
+    server = start_server(ALLOW_CONFIG.format(token=TOKEN))
+    admin = server.admin_port()
+    for cidr in ("0.0.0.0/0", "::/0", "::ffff:0:0/96", "0.0.0.0/0 "):
+        status, answer = admin_call(admin, "POST", "/v1/allow", {"cidr": cidr})
+        assert status == 400 and answer["error"]["code"] == "every_address", (cidr, answer)
+        assert "holds every address" in answer["error"]["message"]
+        assert '"allow_everyone": true' in answer["error"]["message"]
+    assert admin_call(admin, "POST", "/v1/allow",
+                      {"cidr": "0.0.0.0/0", "allow_everyone": "yes"})[0] == 422
+    assert admin_call(admin, "GET", "/v1/allow")[1] == {"entries": []}
+    assert site_get(server.port())[0] == 403
+    status, added = admin_call(admin, "POST", "/v1/allow",
+                               {"cidr": "0.0.0.0/0", "ttl": "5m", "allow_everyone": True})
+    assert status == 201 and added["cidr"] == "0.0.0.0/0" and "allow_everyone" not in added
+    opened = poll(lambda: site_get(server.port())[0], lambda status: status == 200, timeout=5)
+    assert opened == 200
+    # A narrower entry needs nothing more, and says nothing of it.
+    assert admin_call(admin, "POST", "/v1/allow", {"cidr": "0.0.0.0/1"})[0] == 201
+    audit = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
+    assert [r["action"] for r in audit] == ["allow.add", "allow.add"]
+
+
 RELOAD_CONFIG = """
 [server]
 workers = 2
@@ -747,6 +772,11 @@ def test_ctl_edits_the_allow_list_and_revokes_sessions(start_server):
     result = ctl("allow", "list", *where)
     assert result.returncode == 0 and "203.0.113.7" in result.stdout and "phone" in result.stdout
     assert ctl("allow", "add", "300.1.2.3", *where).returncode == 1
+    refused = ctl("allow", "add", "::/0", *where)
+    assert refused.returncode == 1 and "holds every address" in refused.stderr, refused
+    everyone = ctl("allow", "add", "::/0", "--allow-everyone", "--for", "1m", *where)
+    assert everyone.returncode == 0 and everyone.stdout.strip().isdigit(), everyone
+    assert ctl("allow", "remove", everyone.stdout.strip(), *where).stdout == "done\n"
     assert ctl("allow", "remove", str(entry_id), *where).stdout == "done\n"
     assert ctl("allow", "remove", str(entry_id), *where).returncode == 1
     assert ctl("allow", *where).stdout == ""

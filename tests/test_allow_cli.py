@@ -118,6 +118,19 @@ def test_a_config_without_a_usable_store_is_refused(nestgate, tmp_path, toml, me
     assert "the config has problems" in err and message in err
 
 
+@pytest.mark.parametrize("cidr", ["0.0.0.0/0", "::/0", "::ffff:0:0/96"])
+def test_an_entry_for_every_address_needs_saying_so(nestgate, tmp_path, cidr):
+    # Before: added silently, letting anyone past every access list with allow_dynamic
+    # and past sign-in.
+    status, out, err = nestgate("add", cidr)
+    assert status == 2 and out == ""
+    assert f"{cidr} holds every address" in err and "--allow-everyone" in err
+    assert not (tmp_path / "state.db").exists()
+    status, out, _ = nestgate("add", cidr, "--allow-everyone", "--for", "5m")
+    assert status == 0 and out.strip().isdigit()
+    assert listed(nestgate("list")[1])[0][1] == cidr
+
+
 def test_a_missing_config_file_is_refused(nestgate, tmp_path):
     status, _, err = nestgate("add", "10.0.0.1", config_path=tmp_path / "missing.toml")
     assert status == 2 and "missing.toml: cannot read" in err

@@ -8,7 +8,7 @@
     nestgate ctl purge | reread                    notes: forget rendered pages / read again
     nestgate ctl install-cert NAME --cert F --key F   a certificate another tool renews
     nestgate ctl allow [list]                      the dynamic allow-list
-    nestgate ctl allow add CIDR [--for 2h] [--comment TEXT]
+    nestgate ctl allow add CIDR [--for 2h] [--comment TEXT] [--allow-everyone]
     nestgate ctl allow remove ID
     nestgate ctl sessions                          the live sign-in sessions
     nestgate ctl revoke ID | --user NAME           end one session, or all of a user's
@@ -56,6 +56,9 @@ def ctl_main(argv: list[str]) -> int:
                         "revoke ID")
     parser.add_argument("--for", dest="ttl", default="1h", help="allow add: how long")
     parser.add_argument("--comment", default="", help="allow add: a note")
+    parser.add_argument("--allow-everyone", action="store_true",
+                        help="allow add: take 0.0.0.0/0 or ::/0 (every address), which "
+                        "is refused without it")
     parser.add_argument("--user", help="revoke: every session of this user; passkeys: "
                         "this user's")
     parser.add_argument("--cert", help="install-cert: the PEM chain file")
@@ -177,8 +180,10 @@ def _request(args):
         if not rest or rest == ["list"]:
             return "GET", "/v1/allow", None, ""
         if rest[0] == "add" and len(rest) == 2:
-            return ("POST", "/v1/allow",
-                    *_json({"cidr": rest[1], "ttl": args.ttl, "comment": args.comment}))
+            entry = {"cidr": rest[1], "ttl": args.ttl, "comment": args.comment}
+            if args.allow_everyone:
+                entry["allow_everyone"] = True
+            return ("POST", "/v1/allow", *_json(entry))
         if rest[0] == "remove" and len(rest) == 2:
             return "DELETE", f"/v1/allow/{quote(rest[1], safe='')}", None, ""
         return None

@@ -172,11 +172,12 @@ PATHS = {
         "get": _op("The dynamic allow-list entries in force", {
             "200": _json(_obj({"entries": {"type": "array", "items": _ALLOW_ENTRY}},
                               ("entries",)), "the entries"), "409": _ERROR, "503": _ERROR}),
-        "post": _op("Add an entry", {
+        "post": _op("Add an entry (one that holds every address needs allow_everyone)", {
             "201": _json(_obj({"id": _INT, "cidr": _STR, "ttl": _NUM, "comment": _STR}),
-                         "added"), "409": _ERROR, "422": _ERROR, "503": _ERROR},
+                         "added"), "400": _ERROR, "409": _ERROR, "422": _ERROR, "503": _ERROR},
             body={_JSON: {"schema": _obj({"cidr": _STR, "ttl": {"type": ["string", "number"]},
-                                          "comment": _STR}, ("cidr",))}})},
+                                          "comment": _STR, "allow_everyone": _BOOL},
+                                         ("cidr",))}})},
     "/v1/allow/{id}": {"delete": _op("Remove an entry", {
         "204": {"description": "removed"}, "404": _ERROR, "409": _ERROR, "503": _ERROR},
         parameters=("id",))},

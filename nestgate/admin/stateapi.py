@@ -4,6 +4,7 @@ a reload.
 
     GET    /v1/allow                  the dynamic allow-list entries in force
     POST   /v1/allow                  {"cidr": "203.0.113.7", "ttl": "2h", "comment": ""}
+                                      (0.0.0.0/0, ::/0: 400 without "allow_everyone": true)
     DELETE /v1/allow/{id}             204, or 404 when there is no such entry
     GET    /v1/sessions               the live sign-in sessions (never their secret)
     DELETE /v1/sessions/{id}          revoke one
@@ -15,10 +16,22 @@ a reload.
 from __future__ import annotations
 
 from nestgate.admin.replies import method_not_allowed, parse_json
-from nestgate.base.clientip import Networks
+from nestgate.base.clientip import Networks, covers_every_address
 from nestgate.base.units import parse_duration
 
 MAX_COMMENT = 200
+# What a POST to /v1/allow (and `nestgate allow add`) sends to mean an entry that holds
+# every address: without it such an entry is refused, as it opens every site with
+# allow_dynamic (the default), protected ones past sign-in, to everyone.
+ALLOW_EVERYONE = "allow_everyone"
+
+
+def every_address_refused(cidr: str, to_mean_it: str = f'send "{ALLOW_EVERYONE}": true') -> str:
+    """Why `cidr`, an entry that holds every address, is refused unless asked for:
+    `to_mean_it` says how to ask."""
+    return (f"cidr: {cidr} holds every address: as a dynamic allow entry it would let "
+            "anyone through every access list with allow_dynamic, and past sign-in on "
+            f"protected sites; {to_mean_it} if that is meant")
 
 
 class StoreEndpoint:
@@ -111,6 +124,11 @@ class AllowList(StoreEndpoint):
         problem, entry = _entry(raw)
         if problem:
             await request.send_prebuilt(self.error(422, "invalid_entry", problem))
+            return
+        everyone = entry.pop(ALLOW_EVERYONE)
+        if covers_every_address(entry["cidr"]) and not everyone:
+            await request.send_prebuilt(self.error(400, "every_address",
+                                                   every_address_refused(entry["cidr"])))
             return
         store = self.store()
         try:
@@ -214,7 +232,7 @@ def _entry(raw: bytes) -> tuple[str, dict]:
         return f'expected a JSON object {{"cidr": ..., "ttl": ..., "comment": ...}}: {exc}', {}
     if not isinstance(data, dict):
         return "expected a JSON object", {}
-    unknown = set(data) - {"cidr", "ttl", "comment"}
+    unknown = set(data) - {"cidr", "ttl", "comment", ALLOW_EVERYONE}
     if unknown:
         return f"unknown field: {sorted(unknown)[0]}", {}
     cidr = data.get("cidr")
@@ -235,4 +253,7 @@ def _entry(raw: bytes) -> tuple[str, dict]:
     comment = data.get("comment", "")
     if not isinstance(comment, str) or len(comment) > MAX_COMMENT:
         return f"comment: expected a string of at most {MAX_COMMENT} characters", {}
-    return "", {"cidr": cidr.strip(), "ttl": ttl, "comment": comment}
+    everyone = data.get(ALLOW_EVERYONE, False)
+    if not isinstance(everyone, bool):
+        return f"{ALLOW_EVERYONE}: expected true or false", {}
+    return "", {"cidr": cidr.strip(), "ttl": ttl, "comment": comment, ALLOW_EVERYONE: everyone}

@@ -44,6 +44,19 @@ def _as_int(ip: str) -> tuple[int, int] | None:
         return None
 
 
+def covers_every_address(entry: str) -> bool:
+    """Whether the address or CIDR `entry` holds every address of its family: 0.0.0.0/0,
+    ::/0, or ::ffff:0:0/96 (every IPv4 address, as a client's mapped address spells
+    it). An allow entry so wide lets anyone in, seldom what was meant."""
+    try:
+        network = ipaddress.ip_network(entry.strip(), strict=False)
+    except ValueError:
+        return False
+    return network.prefixlen == 0 or (network.prefixlen == 96 and
+                                      getattr(network.network_address, "ipv4_mapped", None)
+                                      is not None)
+
+
 class Networks:
     """A set of addresses and CIDR networks."""
 
