@@ -582,6 +582,56 @@ def test_reload_through_the_api_waits_for_the_new_workers_and_names_the_changes(
     assert host_get(server.port(), "blog.localhost") == (200, b"blog")   # still serving
 
 
+def test_a_reload_names_the_admin_keys_that_wait_for_a_restart(start_server, tmp_path):
+    # The admin listener is bound once and the admin process reads its table when it
+    # starts: a reload left changes to [admin] unapplied, and its answer said "ok" and
+    # nothing of them. Before: no `not_applied`, no line in the log.
+    server = start_server(RELOAD_CONFIG.format(token=TOKEN, extra=""))
+    admin = server.admin_port()
+    status, answer = post_raw(admin, "/v1/config/reload")
+    assert (status, answer["not_applied"]) == (200, []), answer
+    changed = RELOAD_CONFIG.format(token=TOKEN, extra="").replace(
+        f'token = "{TOKEN}"\n', f'token = "{TOKEN}"\nallowed_hosts = ["admin.home.arpa"]\n'
+        f'audit_log = "{tmp_path / "audit.log"}"\nloopback_without_token = true\n')
+    server.config_path.write_text(changed)
+    mark = len(server.lines)
+    status, answer = post_raw(admin, "/v1/config/reload")
+    assert status == 200 and answer["generation"] == 3, answer
+    assert answer["not_applied"] == ["admin.allowed_hosts", "admin.loopback_without_token",
+                                     "admin.audit_log"]
+    line = server.wait_for("reloaded without", start=mark)
+    assert "admin.allowed_hosts, admin.loopback_without_token, admin.audit_log" in line
+    assert "take effect when nestgate restarts" in line
+    # What the answer says is so: the Host check is as it was, a token still needed.
+    assert raw_admin(admin, "GET", "/v1/status", {"Host": "admin.home.arpa"},
+                     token=TOKEN)[0] == 421
+    assert raw_admin(admin, "GET", "/v1/status", {"Host": f"127.0.0.1:{admin}",
+                                                  "Authorization": ""})[0] == 401
+    # A later reload still tells them (the running admin process has not changed).
+    status, answer = post_raw(admin, "/v1/config/reload")
+    assert answer["not_applied"] == ["admin.allowed_hosts", "admin.loopback_without_token",
+                                     "admin.audit_log"]
+    status, listed = admin_call(admin, "GET", "/v1/status")
+    assert listed["reloads"][-1]["not_applied"] == answer["not_applied"]
+    result = ctl("reload", "--address", f"127.0.0.1:{admin}", "--token", TOKEN)
+    assert result.returncode == 0 and "  ! admin.audit_log not applied: it takes effect " \
+        "when nestgate restarts" in result.stdout, result
+
+
+def test_which_admin_keys_a_reload_leaves_for_a_restart():
+    from dataclasses import replace
+    from nestgate.admin.config import AdminConfig, keys_not_applied
+    bound = running = AdminConfig(token=TOKEN)
+    moved = replace(bound, port=7999, enabled=False, allowed_hosts=("a.test",))
+    assert keys_not_applied(bound, running, moved) == [
+        "admin.address", "admin.enabled", "admin.allowed_hosts"]
+    # A new token starts the admin process anew with the reloaded table: only the
+    # listener's keys wait.
+    assert keys_not_applied(bound, running, replace(moved, token=TOKEN[::-1])) == [
+        "admin.address", "admin.enabled"]
+    assert keys_not_applied(bound, running, running) == []
+
+
 def test_a_reload_of_a_file_the_reader_chokes_on_names_the_file_and_key(start_server):
     """A body_file that is a symbolic link to itself, or a NUL in its name, or arrays
     nested 5,000 deep: the reload was refused, but its problem read "cannot load the

@@ -98,6 +98,33 @@ def read_admin(s, parse_address, read_certificate) -> AdminConfig:
                        allowed_hosts, loopback_without_token)
 
 
+# [admin] keys read once, and so not changed by a reload: the listener's, by the
+# supervisor when it binds it at start; the admin process's own, when that process
+# starts (a reload that changes the token or the certificate starts it anew, with
+# the reloaded config: then these apply too).
+_LISTENER_KEYS = {"address": lambda a: (a.host, a.port), "enabled": lambda a: a.enabled}
+_PROCESS_KEYS = ("allowed_hosts", "loopback_without_token", "audit_log")
+
+
+def restarts_admin_process(running: AdminConfig, new: AdminConfig) -> bool:
+    """Whether a reload to `new` starts the admin process anew (with the new token or
+    certificate) rather than leaving the one `running` with its own config."""
+    return (new.token, new.certificate) != (running.token, running.certificate)
+
+
+def keys_not_applied(bound: AdminConfig, running: AdminConfig, new: AdminConfig) -> list[str]:
+    """The [admin] keys (as written, `admin.address`) whose values in `new` are not in
+    force after a reload to it: those of the listener bound with `bound`, and those
+    the admin process started with (`running`) read once, unless it starts anew. They
+    take effect when nestgate restarts."""
+    if restarts_admin_process(running, new):
+        running = new
+    keys = [f"admin.{name}" for name, value in _LISTENER_KEYS.items()
+            if value(new) != value(bound)]
+    return keys + [f"admin.{name}" for name in _PROCESS_KEYS
+                   if getattr(new, name) != getattr(running, name)]
+
+
 def _allowed_host(s, entry: str) -> str:
     """An `allowed_hosts` entry as the Host check compares it: a name or an address in
     lower case, without a port (a Host's port is not compared)."""

@@ -206,4 +206,5 @@ class ConfigAPI:
             return
         after = self.current()
         await self.reply(request, 200, {"ok": True, "generation": self.state.report.get(
-            "generation"), "changed": changes(before, after)})
+            "generation"), "changed": changes(before, after),
+            "not_applied": result.get("not_applied", [])})

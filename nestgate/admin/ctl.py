@@ -124,6 +124,8 @@ def ctl_main(argv: list[str]) -> int:
                 print(f"  + {kind[:-1]} {name}")
             for name in change["removed"]:
                 print(f"  - {kind[:-1]} {name}")
+        for key in answer.get("not_applied", ()):
+            print(f"  ! {key} not applied: it takes effect when nestgate restarts")
     elif args.what == "allow" and "entries" in answer:
         for e in answer["entries"]:
             print(f"{e['id']:>5}  {e['cidr']:<40}  until {_when(e['expires'])}  {e['comment']}")

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from nestgate.admin.process import (ADMIN_PROCESS_NAME, REPORT_MAX, admin_listener,
                                     build_admin, run_admin)
+from nestgate.admin.config import keys_not_applied, restarts_admin_process
 from nestgate.admin.stats import WorkerTable
 from nestgate.certs.info import certificate_expiry, certificate_stamp
 from nestgate.server.sideprocess import name_process, process_name
@@ -53,12 +54,15 @@ class AdminKeeper:
         # What `prepare` built for the first admin process: (config, (state, router)).
         self.prebuilt = None
         self.prebuilt_taken = False
+        self.bound = None               # the [admin] table the listener was bound with
+        self.running = None             # ... and the one the admin process started with
 
     # ------------------------------------------------------------ listener
     def bind(self, config, bound, say) -> None:
         """Bind the admin address of the first config (`bound` is the supervisor's
         binder, which names the config key when the address is taken)."""
         self.config = config
+        self.bound = self.running = config.admin
         self.config_hash = _file_hash(config.source)
         self.certificates = certificate_expiry(config)
         self.users = user_listing(config)
@@ -85,24 +89,28 @@ class AdminKeeper:
         self.config = ensure_token(config)
         return self.config
 
-    def config_changed(self, config, say) -> None:
-        """A reload is serving: the admin process runs with the new config's token."""
+    def config_changed(self, config, say) -> list[str]:
+        """A reload is serving: the admin process runs with the new config's token
+        (started anew). The [admin] keys whose change the reload did not apply are
+        logged and returned (`keys_not_applied`): they take effect at restart."""
         if self.sock is not None:         # no listener, no token to make
             config = self._token_kept(config, say)
-        old, self.config = self.config, config
+        self.config = config
         self.config_hash = _file_hash(config.source)
         self.certificates = certificate_expiry(config)
         self.users = user_listing(config)
         self.oidc_clients = client_listing(config)
         self.providers = provider_listing(config)
-        if self.sock is None:
-            return
-        if (config.admin.host, config.admin.port, config.admin.enabled) != \
-                (old.admin.host, old.admin.port, old.admin.enabled):
-            say("warning: [admin] address or enabled changed: it takes effect at restart")
-        if (config.admin.token, config.admin.certificate) != \
-                (old.admin.token, old.admin.certificate) and self.pid:
+        running = self.running if self.sock is not None else config.admin
+        keys = keys_not_applied(self.bound, running, config.admin)
+        if keys:
+            say(f"warning: reloaded without {', '.join(keys)}: [admin] "
+                f"{'changes' if len(keys) > 1 else 'a change'} there take effect when "
+                "nestgate restarts")
+        if self.sock is not None and restarts_admin_process(self.running, config.admin) \
+                and self.pid:
             _signal(self.pid, signal.SIGTERM)      # restarted with the new token or cert
+        return keys
 
     def _token_kept(self, config, say):
         """The reloaded config with its token: the made one (made again if its file
@@ -147,6 +155,7 @@ class AdminKeeper:
             self.reports_out.close()
             run_admin(self.config, self.sock, self.reports_in, self.table, ready_w, built)
         self.pid = pid
+        self.running = self.config.admin
 
     def close_in_worker(self) -> None:
         """In a forked worker: the admin's sockets are not its own."""
@@ -187,8 +196,10 @@ class AdminKeeper:
         if data and len(self.departed) < DEPARTED_KEPT:
             self.departed.append((pid, data))
 
-    def reload_result(self, ok: bool, message: str) -> None:
-        self.reloads.append({"at": round(time.time(), 3), "ok": ok, "message": message})
+    def reload_result(self, ok: bool, message: str, not_applied: list[str] = ()) -> None:
+        """`not_applied`: the [admin] keys whose change waits for a restart."""
+        self.reloads.append({"at": round(time.time(), 3), "ok": ok, "message": message,
+                             "not_applied": list(not_applied)})
         self.reload_counts["ok" if ok else "refused"] += 1
 
     def report(self, supervisor) -> None:

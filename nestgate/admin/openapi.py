@@ -26,6 +26,7 @@ _NUM = {"type": "number"}
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
 _BOOL = {"type": "boolean"}
+_STRS = {"type": "array", "items": _STR}
 _UPSTREAMS = {"type": "array", "items": _obj(
     {"route": _STR, "upstream": _STR, "healthy": _BOOL, "failing_in_workers": _INT,
      "last_check": {"type": ["number", "null"]}},
@@ -61,7 +62,8 @@ _STATUS = _obj({
         "workers": {"type": "array", "items": _WORKER}})},
     "listeners": {"type": "array", "items": _obj({"address": _STR, "bound": _BOOL})},
     "worker_restarts": _INT,
-    "reloads": {"type": "array", "items": _obj({"at": _NUM, "ok": _BOOL, "message": _STR})},
+    "reloads": {"type": "array", "items": _obj({"at": _NUM, "ok": _BOOL, "message": _STR,
+                                                "not_applied": _STRS})},
 }, ("version", "generations", "listeners", "reloads"))
 _ALLOW_ENTRY = _obj({"id": _INT, "cidr": _STR, "expires": _NUM, "comment": _STR},
                     ("id", "cidr", "expires", "comment"))
@@ -166,7 +168,9 @@ PATHS = {
         "422": _ERROR}, body={"application/toml": {"schema": _STR}})},
     "/v1/config/reload": {"post": _op("Reload from the file and wait for the result", {
         "200": _json(_obj({"ok": {"const": True}, "generation": _INT, "changed": _obj(
-            {"sites": _CHANGE, "routes": _CHANGE, "listeners": _CHANGE})}), "reloaded"),
+            {"sites": _CHANGE, "routes": _CHANGE, "listeners": _CHANGE}),
+            "not_applied": _STRS}), "reloaded (`not_applied`: the [admin] keys whose "
+            "change takes effect at restart)"),
         "422": _ERROR, "504": _ERROR})},
     "/v1/allow": {
         "get": _op("The dynamic allow-list entries in force", {

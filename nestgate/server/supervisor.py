@@ -296,8 +296,8 @@ class Supervisor:
         else:
             say(f"reloaded ({len(gen.slots)} workers on the new config)")
             notify("READY=1", f"STATUS=serving generation {gen.number}")
-            self.admin.reload_result(True, f"generation {gen.number} serving")
-            self.admin.config_changed(gen.config, say)
+            not_applied = self.admin.config_changed(gen.config, say)
+            self.admin.reload_result(True, f"generation {gen.number} serving", not_applied)
 
     def stop_generation(self, gen: Generation) -> None:
         gen.stopping = True
