@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import STATIC_SITE, serve
+from conftest import STATIC_SITE, serve, tls_block
 from wire import parse_responses
 
 
@@ -435,14 +435,8 @@ def test_a_file_that_shrinks_while_sent_ends_the_answer_with_one_line(start_serv
                                                                        certs, transport):
     # Before: the answer was cut too, but the error log got a "handler failed" line
     # and a Python traceback for it, each time.
-    tls = f"""
-[[listen]]
-address = "127.0.0.1:0"
-[[listen.certificate]]
-cert = "{certs['local'][0]}"
-key = "{certs['local'][1]}"
-"""
-    server = serve(start_server, root, tls=tls)
+    server = serve(start_server, root, tls='[[listen]]\naddress = "127.0.0.1:0"\n'
+                   + tls_block(certs))
     path = root / "shrinking.bin"
     # The first answer opens the file (a task), the second sends from the descriptor
     # kept open (the parser's callback, then a task for what the socket did not take).

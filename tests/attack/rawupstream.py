@@ -193,6 +193,20 @@ def proxy_toml(url: str, listeners: str = "", routes: str = "") -> str:
         """) + textwrap.dedent(routes)
 
 
+def cleartext_gateway(request, tmp_path_factory, upstream):
+    """A module-wide nestgate (tests/conftest.py's Server) in front of `upstream` on one
+    plain listener that takes HTTP/1.1 and h2c by prior knowledge. The caller stops it."""
+    path = tmp_path_factory.mktemp("gateway") / "nestgate.toml"
+    path.write_text(proxy_toml(upstream.url, listeners="http2_cleartext = true"))
+    return _shared_server(request)(path)
+
+
+def _shared_server(request):
+    """tests/conftest.py's Server class, as the running test session loaded it."""
+    return request.config.pluginmanager.get_plugin(
+        str(Path(__file__).resolve().parents[1] / "conftest.py")).Server
+
+
 def guarded_gateway(request, tmp_path_factory, upstream, certs, refused_prefix: str,
                     cleartext: bool = False):
     """A module-wide nestgate (tests/conftest.py's Server; `start_server` is per test):
@@ -215,9 +229,7 @@ def guarded_gateway(request, tmp_path_factory, upstream, certs, refused_prefix: 
         upstream = "{upstream.url}"
         allow = ["10.0.0.0/8"]
         """))
-    shared = request.config.pluginmanager.get_plugin(
-        str(Path(__file__).resolve().parents[1] / "conftest.py"))
-    return shared.Server(path)
+    return _shared_server(request)(path)
 
 
 def refused_corpus_stays_bounded(gateway, up: RawUpstream, corpus, rss_growth_kib: int,

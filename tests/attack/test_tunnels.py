@@ -17,7 +17,7 @@ from __future__ import annotations
 import socket
 import time
 
-from conftest import WS_HANDSHAKE, WS_KEY, poll, websocket_accept
+from conftest import WS_HANDSHAKE, WS_KEY, poll, read_all, websocket_accept
 from rawupstream import proxy_toml
 
 WS_REQUEST = (b"GET /ws HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\n"
@@ -240,10 +240,7 @@ def ask_for_a_tunnel(port: int, target: bytes, handshake: bytes = WS_HANDSHAKE) 
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(b"GET %b HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\n"
                      b"Upgrade: websocket\r\n%b\r\n" % (target, handshake))
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    return data
+        return read_all(sock)
 
 
 def test_rfc_6455_sample_key_and_its_answer():
@@ -297,9 +294,7 @@ def test_a_101_to_a_request_that_did_not_ask_to_upgrade_is_502(start_server):
             with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
                 sock.sendall(request + b"GET /after HTTP/1.1\r\nHost: app.test\r\n"
                              b"Connection: close\r\n\r\n")
-                data = b""
-                while chunk := sock.recv(65536):
-                    data += chunk
+                data = read_all(sock)
             assert data.startswith(b"HTTP/1.1 502 "), data[:200]
             assert b"hello" not in data and data.endswith(b"\r\n\r\n/after"), data[-200:]
         client = H2Client(port, None)

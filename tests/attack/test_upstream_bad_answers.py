@@ -28,13 +28,12 @@ Each time the upstream connection is not reused, and the next client gets its ow
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import pytest
 
 from conftest import read_all
 from h2client import H2Client
-from rawupstream import RawUpstream, proxy_toml
+from rawupstream import RawUpstream, cleartext_gateway
 
 NEXT = b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\npoisoned"
 ANSWERS = {
@@ -60,11 +59,7 @@ for coding, body in CODINGS.items():
 @pytest.fixture(scope="module")
 def gateway(request, tmp_path_factory):
     up = RawUpstream(ANSWERS)
-    path = tmp_path_factory.mktemp("gateway") / "nestgate.toml"
-    path.write_text(proxy_toml(up.url, listeners="http2_cleartext = true"))
-    shared = request.config.pluginmanager.get_plugin(
-        str(Path(__file__).resolve().parents[1] / "conftest.py"))
-    server = shared.Server(path)
+    server = cleartext_gateway(request, tmp_path_factory, up)
     yield server, up
     server.stop()
     up.stop()

@@ -18,13 +18,12 @@ import os
 import signal
 import socket
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import read_all
 from h2client import H2Client
-from rawupstream import RawUpstream, proxy_toml
+from rawupstream import RawUpstream, cleartext_gateway
 
 PLANTED = b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\n/planted"
 ARRIVED_S = 0.2         # for bytes written on loopback to be in the stopped worker's sockets
@@ -33,11 +32,7 @@ ARRIVED_S = 0.2         # for bytes written on loopback to be in the stopped wor
 @pytest.fixture(scope="module")
 def gateway(request, tmp_path_factory):
     up = RawUpstream()
-    path = tmp_path_factory.mktemp("gateway") / "nestgate.toml"
-    path.write_text(proxy_toml(up.url, listeners="http2_cleartext = true"))
-    shared = request.config.pluginmanager.get_plugin(
-        str(Path(__file__).resolve().parents[1] / "conftest.py"))
-    server = shared.Server(path)
+    server = cleartext_gateway(request, tmp_path_factory, up)
     yield server, up
     server.stop()
     up.stop()
