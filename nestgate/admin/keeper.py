@@ -101,6 +101,8 @@ class AdminKeeper:
         self.users = user_listing(config)
         self.oidc_clients = client_listing(config)
         self.providers = provider_listing(config)
+        if self.bound is None:
+            return []                     # never bound (a supervisor without its run)
         running = self.running if self.sock is not None else config.admin
         keys = keys_not_applied(self.bound, running, config.admin)
         if keys:

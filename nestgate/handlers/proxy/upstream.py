@@ -164,6 +164,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        self._readable = None               # its descriptor may soon be another's
         self.target.forget(self)
         exchange, self.exchange = self.exchange, None
         if exchange is not None:
