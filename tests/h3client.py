@@ -9,6 +9,7 @@ reset is `Reply(0, ...)` with `reset` set to its error code.
 from __future__ import annotations
 
 import asyncio
+import http.server
 import ssl
 from dataclasses import dataclass, field
 
@@ -129,11 +130,41 @@ def fetch(port: int, ca_file: str, path: str = "/", method: str = "GET", headers
                                 server_name, authority))[0]
 
 
+# Routes for `serve_with_upstream`: "hello" answered by nestgate, /app/ by the upstream.
+HELLO_AND_APP = """
+[[site.route]]
+path = "/hello"
+type = "return"
+body = "hello"
+
+[[site.route]]
+prefix = "/app/"
+type = "proxy"
+upstream = "{upstream}"
+"""
+
+
+class RecordingUpstream(http.server.BaseHTTPRequestHandler):
+    """An upstream for `serve_with_upstream` that records what reached it (`seen`, a
+    list of each subclass's own) and answers "ok"."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list = []
+
+    def answer_ok(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
 def serve_with_upstream(folder, certs, upstream_handler, workers: int, routes: str):
     """A nestgate with an HTTP/3 TLS listener in front of a threaded upstream running
     `upstream_handler`: yields the server (conftest.Server), then stops both. `routes`
     are [[site.route]] tables; "{upstream}" in them is the upstream's address."""
-    import http.server
     import threading
 
     from conftest import Server, tls_block

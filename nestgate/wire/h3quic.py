@@ -14,7 +14,8 @@ connection ids, but the kernel hashes its new address, perhaps to another worker
 socket. That worker knows none of the ids: aioquic drops the datagrams (it sends no
 stateless reset), the connection goes silent and the client, once its probes or its
 idle timeout give up, opens a new one (a browser goes on over HTTP/2 meanwhile). A new
-address that hashes to the same worker is followed as RFC 9000 section 9 says.
+address that hashes to the same worker is followed as RFC 9000 section 9 says, and is
+the connection's client once validated (`HTTP3Connection._judged_where_it_is`).
 
 Stopping (a reload, a stop): the worker's listener takes no new connection, the open
 ones finish their streams and close with H3_NO_ERROR, for at most `shutdown_timeout`.

@@ -24,6 +24,10 @@ The abuse limits of HTTP/2 hold here too:
   * `keepalive_requests` streams per connection, then it ends once they are answered;
     `keepalive_timeout` is QUIC's idle timeout; a stream whose answer the client does
     not acknowledge for `send_timeout` is reset.
+A client is judged by its address, as on TCP: the first datagram's, then a new one
+the client moved to (RFC 9000 9) once aioquic has validated it; a request from an
+address not validated yet is rejected (H3_REQUEST_REJECTED), neither judged by an
+address the sender may have forged nor by the one it left.
 aioquic gives the client flow-control credit as body bytes arrive, not as a handler
 reads them: a body the handler has not read yet is held, at most `max_body` per stream
 (413 past it). An answer waits for the client: `write` returns once the stream holds
@@ -172,9 +176,11 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         self._waiters: dict[int, list] = {}  # stream id -> [future, seconds waited]
         self._draining = False
         self._ended = False
+        self._sender = None                  # the address of the datagram being read
 
     # ------------------------------------------------------------ datagrams and events
     def datagram_received(self, data, addr) -> None:
+        self._sender = addr
         if not self.peer:
             self._arrived(addr)
         self.bytes_in += len(data)
@@ -185,22 +191,60 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
     def _arrived(self, addr) -> None:
         ctx = self.ctx
         take_peer(self, ctx.client_address(addr))
-        bans = ctx.bans
-        if bans is not None and bans.turns_away(self):
-            # Banned (nestgate.bans), closed before the handshake: a transport close,
-            # as QUIC refuses a connection (RFC 9000 20.1). A ban answered with the
-            # page is served it on this connection (`serve_only`).
-            self._ended = True
-            self._quic.close(error_code=QuicErrorCode.CONNECTION_REFUSED,
-                             frame_type=QuicFrameType.PADDING, reason_phrase="banned")
+        if self._banned():
             return
-        if len(ctx.connections) >= self.limits.max_connections or \
-                (ctx.max_per_client and not count_connection(self)):
-            self._ended = True
-            self._quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD, reason_phrase="busy")
+        if len(ctx.connections) >= self.limits.max_connections or not self._counted():
+            self._busy()
             return
         ctx.connections.add(self)
         self._draining = ctx.draining
+
+    def _banned(self) -> bool:
+        """The client is banned (nestgate.bans): closed at once, as QUIC refuses a
+        connection (RFC 9000 20.1), and True. A ban answered with the page is served
+        it on this connection (`serve_only`)."""
+        bans = self.ctx.bans
+        if bans is None or not bans.turns_away(self):
+            return False
+        self._ended = True
+        self._quic.close(error_code=QuicErrorCode.CONNECTION_REFUSED,
+                         frame_type=QuicFrameType.PADDING, reason_phrase="banned")
+        return True
+
+    def _counted(self) -> bool:
+        """Counted under `max_connections_per_client` (False: the client has enough)."""
+        return not self.ctx.max_per_client or count_connection(self)
+
+    def _busy(self) -> None:
+        self._ended = True
+        self._quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD, reason_phrase="busy")
+
+    def _judged_where_it_is(self) -> bool:
+        """Whether a request head that came in the datagram from `self._sender` may be
+        served: True when that is the client's address, or a new one of the client's
+        that aioquic has validated (RFC 9000 8.2: the client answered a challenge sent
+        there), which from then on is the connection's client, judged as a new
+        connection from there would be (bans, `max_connections_per_client`, access
+        lists, rate limits, the request log). False while it is not validated: a
+        datagram's source is the sender's to write, and a request judged by it could
+        come from anywhere, or by the old address, from a client that left the only
+        address let in and never answers the challenge."""
+        client = self.ctx.client_address(self._sender)
+        if client == self.peer:
+            return True                      # the same address (a NAT's new port)
+        path = next((p for p in self._quic._network_paths if p.addr == self._sender), None)
+        if path is None or not path.is_validated:
+            return False
+        take_peer(self, client)
+        self.router = self.ctx.router        # a ban's page router was the old address's
+        if self._banned():
+            self._end()
+            return False
+        if not self._counted():
+            self._busy()
+            self._end()
+            return False
+        return True
 
     def serve_only(self, router) -> None:
         """Route every stream of this connection with `router` (a banned client's page)."""
@@ -288,6 +332,13 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
             # end the stream end its body, as an empty DATA frame with a FIN would.
             if event.stream_ended:
                 self._body_in(stream_id, b"", True)
+            return
+        if not self._judged_where_it_is():
+            if not self._ended:
+                # Not served, and safe for the client to send again (RFC 9114 8.1).
+                if not event.stream_ended:
+                    self._quic.stop_stream(stream_id, ErrorCode.H3_REQUEST_REJECTED)
+                self._quic.reset_stream(stream_id, ErrorCode.H3_REQUEST_REJECTED)
             return
         self._opened += 1
         if self._opened >= self.limits.keepalive_requests:

@@ -8,7 +8,6 @@ client is answered meanwhile."""
 from __future__ import annotations
 
 import asyncio
-import http.server
 import random
 import string
 import time
@@ -24,8 +23,7 @@ EXCESSIVE_LOAD = 0x107
 RSS_GROWTH_KIB = 16 * 1024
 
 
-class _SlowUpstream(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _SlowUpstream(h3client.RecordingUpstream):
     seen: list = []
 
     def do_GET(self):
@@ -48,29 +46,13 @@ class _SlowUpstream(http.server.BaseHTTPRequestHandler):
             if not trailer:
                 return
         self.seen.append(("PUT", self.path, size))
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args):
-        pass
+        self.answer_ok()
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory, certs):
     yield from h3client.serve_with_upstream(tmp_path_factory.mktemp("h3flood"), certs,
-                                            _SlowUpstream, 1, """
-[[site.route]]
-path = "/hello"
-type = "return"
-body = "hello"
-
-[[site.route]]
-prefix = "/app/"
-type = "proxy"
-upstream = "{upstream}"
-""")
+                                            _SlowUpstream, 1, h3client.HELLO_AND_APP)
 
 
 def _still_answered(server, certs) -> None:
