@@ -126,6 +126,58 @@ def choose_certificate_by_name(quic, certificates: QuicCertificates) -> None:
     quic._initialize = initialize_then_pick
 
 
+def grant_credit_as_delivered(quic) -> None:
+    """Receive windows that move with the bytes aioquic has passed on in order.
+
+    aioquic doubles a stream's window (MAX_STREAM_DATA) once the client has sent past
+    half of it, and the connection's (MAX_DATA) likewise, by the highest offset seen:
+    whether the bytes before it came or not. A client that never sends a stream's first
+    byte and one byte at the far end of each window it is granted has aioquic hold the
+    hole, zero-filled, waiting for the bytes that would fill it: the window, and the
+    worker, doubled each round trip (+890 MB from about ten one-byte frames). Here a
+    stream may send `max_stream_data` past what aioquic has delivered in order, and a
+    connection `max_data` past what its streams have delivered, so what aioquic holds
+    out of order is at most `max_data` per connection. What it delivers goes on to the
+    HTTP/3 layer, which holds no more than a head (nestgate.wire.http3) or a body up
+    to `max_body`."""
+    stream_window = quic._configuration.max_stream_data
+    connection_window = quic._configuration.max_data
+    write_stream_limits = quic._write_stream_limits
+    write_connection_limits = quic._write_connection_limits
+
+    def stream_limits(builder, space, stream) -> None:
+        receiver = stream.receiver
+        granted = receiver.starting_offset() + stream_window
+        if stream.max_stream_data_local and \
+                granted - stream.max_stream_data_local >= stream_window // 2:
+            stream.max_stream_data_local = granted       # in halves, not every packet
+        # aioquic's own method sends the new limit; its doubling is kept from acting
+        # by a highest offset of 0 for the time of the call.
+        highest, receiver.highest_offset = receiver.highest_offset, 0
+        try:
+            write_stream_limits(builder, space, stream)
+        finally:
+            receiver.highest_offset = highest
+
+    def connection_limits(builder, space) -> None:
+        max_data = quic._local_max_data
+        used = max_data.used              # bytes up to each stream's highest offset
+        if used * 2 > max_data.value:     # where aioquic would double it
+            held = sum(s.receiver.highest_offset - s.receiver.starting_offset()
+                       for s in quic._streams.values())
+            granted = used - held + connection_window
+            if granted - max_data.value >= connection_window // 2:
+                max_data.value = granted
+        max_data.used = 0
+        try:
+            write_connection_limits(builder, space)
+        finally:
+            max_data.used = used
+
+    quic._write_stream_limits = stream_limits
+    quic._write_connection_limits = connection_limits
+
+
 async def serve_quic(ctx, listener, sock, tls_book):
     """Serve HTTP/3 on this worker's UDP socket of `listener`: the `QuicListener`, whose
     `certificates.book` the worker refreshes with the others."""
@@ -136,6 +188,7 @@ async def serve_quic(ctx, listener, sock, tls_book):
 
     def connection(quic, stream_handler=None):
         choose_certificate_by_name(quic, certificates)
+        grant_credit_as_delivered(quic)
         return HTTP3Connection(ctx, quic, stream_handler)
 
     _transport, server = await ctx.loop.create_datagram_endpoint(

@@ -16,7 +16,8 @@ The abuse limits of HTTP/2 hold here too:
   * header size: the bytes of a request stream before its head is decoded are counted
     as they arrive, and past `max_header_bytes` + HEADER_BLOCK_SLACK (+ one datagram)
     the connection ends with H3_EXCESSIVE_LOAD; a decoded head over `max_header_bytes`
-    is a 431 on its stream, as on HTTP/2;
+    is a 431 on its stream, as on HTTP/2; the same bound holds for what aioquic keeps
+    of any stream waiting for a frame to come whole (trailers, a control stream's);
   * resets: streams the client resets before their answer are counted as on HTTP/2
     (`too_many_resets`), and too many end the connection with H3_EXCESSIVE_LOAD;
   * bodies in tiny DATA frames: as on HTTP/2 (`body_chunk_allowance`,
@@ -28,8 +29,8 @@ A client is judged by its address, as on TCP: the first datagram's, then a new o
 the client moved to (RFC 9000 9) once aioquic has validated it; a request from an
 address not validated yet is rejected (H3_REQUEST_REJECTED), neither judged by an
 address the sender may have forged nor by the one it left.
-aioquic gives the client flow-control credit as body bytes arrive, not as a handler
-reads them: a body the handler has not read yet is held, at most `max_body` per stream
+aioquic gives the client flow-control credit as body bytes arrive in order
+(`nestgate.wire.h3quic.grant_credit_as_delivered`), not as a handler reads them: a body the handler has not read yet is held, at most `max_body` per stream
 (413 past it). An answer waits for the client: `write` returns once the stream holds
 fewer than STREAM_HIGH_WATER bytes the client has not acknowledged.
 
@@ -289,6 +290,19 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
                     self._calm("small_data_frames")
                     return
                 self._data(h3_event)
+        if kind is StreamDataReceived and not self._ended and \
+                self._unread(event.stream_id) > self._head_limit:
+            self._calm("header_block")
+
+    def _unread(self, stream_id: int) -> int:
+        """The bytes aioquic holds of a stream for a frame it reads only whole (a head,
+        trailers, a SETTINGS frame) or behind a head it cannot decode yet. A request's
+        head is counted before it comes this far (`_over_head`); trailers, or a
+        control stream's frame, of any announced size were held whole, and copied
+        again with each datagram: a 100 MB trailers frame held the worker's memory
+        and a core."""
+        stream = self._http._stream.get(stream_id)
+        return 0 if stream is None else len(stream.buffer)
 
     def _body_ended(self) -> None:
         """The last piece counted was its body's last: the stream ended after it
