@@ -20,6 +20,7 @@ import datetime as dt
 import hashlib
 import math
 import os
+import re
 import threading
 
 import jinja2
@@ -38,6 +39,21 @@ _RENDER_VERSION = 1          # bump when markdown_renderer's output changes
 # The key of a render's `env` holding how many more bytes of link and image targets it
 # may write (absent: no limit).
 LINK_BUDGET = "nestgate_link_budget"
+
+
+# Characters XML 1.0 does not allow (C0 controls but tab, LF and CR; U+FFFE, U+FFFF):
+# one of them in a note's title, summary, tag or text made the Atom feed, which holds
+# every recent note, a document no feed reader takes. Markdown and JSON let them through.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def xml_characters(value):
+    """`value` as a template writes it: text with each character XML does not allow
+    replaced by U+FFFD (the page shows where it was), still Markup when it was."""
+    if isinstance(value, str) and _NOT_XML.search(value):
+        cleaned = _NOT_XML.sub("\ufffd", value)
+        return Markup(cleaned) if isinstance(value, Markup) else cleaned
+    return value
 
 
 class PageTooLarge(Exception):
@@ -86,7 +102,7 @@ class Renderer:
             loaders.insert(0, jinja2.FileSystemLoader(site_config.templates))
         self.env = jinja2.Environment(
             loader=jinja2.ChoiceLoader(loaders),
-            autoescape=jinja2.select_autoescape(["html", "xml"]),
+            autoescape=jinja2.select_autoescape(["html", "xml"]), finalize=xml_characters,
             trim_blocks=True, lstrip_blocks=True, auto_reload=False)
         raw_html = notes.raw_html if notes else False
         self.md = markdown_renderer(raw_html)
