@@ -32,7 +32,11 @@ address the sender may have forged nor by the one it left.
 aioquic gives the client flow-control credit as body bytes arrive in order
 (`nestgate.wire.h3quic.grant_credit_as_delivered`), not as a handler reads them: a body the handler has not read yet is held, at most `max_body` per stream
 (413 past it). An answer waits for the client: `write` returns once the stream holds
-fewer than STREAM_HIGH_WATER bytes the client has not acknowledged.
+fewer than STREAM_HIGH_WATER bytes the client has not acknowledged, and the connection
+fewer than CONNECTION_HIGH_WATER; a ready answer's body larger than READY_AT_ONCE that
+does not fit under CONNECTION_HIGH_WATER follows in a task that waits the same way
+(aioquic copies what it is given and keeps it until acknowledged: a client that
+acknowledged nothing had a worker hold 128 copies of a cached file per connection).
 
 Stopping (a reload, a stop): a connection finishes its streams and closes with
 H3_NO_ERROR, for at most `shutdown_timeout`.
@@ -64,6 +68,8 @@ log = logging.getLogger("nestgate.http3")
 
 STREAM_HIGH_WATER = 256 * 1024    # unacknowledged answer bytes a stream may hold
 STREAM_LOW_WATER = 64 * 1024      # ... and where a waiting writer goes on
+CONNECTION_HIGH_WATER = 1024 * 1024   # ... all streams of a connection (HTTP/2's budget)
+READY_AT_ONCE = 16 * 1024         # a ready answer's body sent whole whatever is held
 DATAGRAM = 1500                   # a request stream's bytes past its head in one read, at most
 # Why a protection ended a connection: the key of its counter ("h3_<key>") and its words.
 PROTECTIONS = {
@@ -175,6 +181,7 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         self._pieces = self._piece_bytes = 0  # body DATA frames but a body's last, bytes
         self._piece_stream = -1              # the stream of the last piece counted
         self._waiters: dict[int, list] = {}  # stream id -> [future, seconds waited]
+        self._sending: set[int] = set()      # streams of ready answers sent in pieces
         self._draining = False
         self._ended = False
         self._sender = None                  # the address of the datagram being read
@@ -398,6 +405,7 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         their answer."""
         self._heads.pop(stream_id, None)
         req = self._streams.pop(stream_id, None)
+        self._sending.discard(stream_id)
         self._fail_writer(stream_id)
         if req is None:
             return False                       # answered already: nothing was wasted
@@ -468,10 +476,32 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         fields.append((b"date", CLOCK.date))
         body = b"" if head_only else response.body
         self._http.send_headers(stream_id, fields, end_stream=not body)
-        if body:
-            self._http.send_data(stream_id, body, end_stream=True)
+        if len(body) <= READY_AT_ONCE or \
+                self._held_all() + len(body) <= CONNECTION_HIGH_WATER:
+            if body:
+                self._http.send_data(stream_id, body, end_stream=True)
+        else:
+            self._sending.add(stream_id)
+            self.loop.create_task(self._send_rest(stream_id, body))
         self._transmit_soon()
         return len(body)
+
+    async def _send_rest(self, stream_id: int, body: bytes) -> None:
+        """A ready answer's body, a piece at a time as the client takes it (`drained`:
+        `send_timeout` resets a stream that waits that long)."""
+        view = memoryview(body)
+        try:
+            for at in range(0, len(body), STREAM_LOW_WATER):
+                await self.drained(stream_id)
+                self._check_open(stream_id)
+                self._http.send_data(stream_id, bytes(view[at:at + STREAM_LOW_WATER]),
+                                     end_stream=at + STREAM_LOW_WATER >= len(body))
+                self._transmit_soon()
+        except (ConnectionResetError, RuntimeError):
+            pass                    # the stream (reset, stopped) or the connection ended
+        finally:
+            self._sending.discard(stream_id)
+            self._after_answer()
 
     def send_head(self, stream_id: int, fields: list, end: bool) -> None:
         self._check_open(stream_id)
@@ -484,7 +514,8 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         self._check_open(stream_id)
         self._http.send_data(stream_id, data, end_stream=False)
         self._transmit_soon()
-        return self._held(stream_id) > STREAM_HIGH_WATER
+        return self._held(stream_id) > STREAM_HIGH_WATER or \
+            self._held_all() > CONNECTION_HIGH_WATER
 
     def end_stream(self, stream_id: int) -> None:
         self._check_open(stream_id)
@@ -497,7 +528,7 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
             self._transmit_soon()
 
     def _check_open(self, stream_id: int) -> None:
-        if self._ended or stream_id not in self._streams:
+        if self._ended or (stream_id not in self._streams and stream_id not in self._sending):
             raise ConnectionResetError("stream or connection gone")
 
     def _held(self, stream_id: int) -> int:
@@ -505,10 +536,16 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         stream = self._quic._streams.get(stream_id)
         return 0 if stream is None else len(stream.sender._buffer)
 
+    def _held_all(self) -> int:
+        """What every stream of the connection holds unacknowledged, answered ones too."""
+        return sum(len(stream.sender._buffer) for stream in self._quic._streams.values())
+
     async def drained(self, stream_id: int) -> None:
-        """Until the stream holds fewer than STREAM_LOW_WATER unacknowledged bytes (the
-        tick resets it if that takes `send_timeout`)."""
-        while self._held(stream_id) > STREAM_LOW_WATER:
+        """Until the stream holds fewer than STREAM_LOW_WATER unacknowledged bytes and
+        the connection fewer than CONNECTION_HIGH_WATER (the tick resets the stream if
+        that takes `send_timeout`)."""
+        while self._held(stream_id) > STREAM_LOW_WATER or \
+                self._held_all() > CONNECTION_HIGH_WATER:
             self._check_open(stream_id)
             waiter = self.loop.create_future()
             self._waiters[stream_id] = [waiter, 0.0]
@@ -518,6 +555,8 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
                 self._waiters.pop(stream_id, None)
 
     def _wake_writers(self) -> None:
+        if self._held_all() > CONNECTION_HIGH_WATER:
+            return
         for stream_id, (waiter, _waited) in list(self._waiters.items()):
             if not waiter.done() and self._held(stream_id) <= STREAM_LOW_WATER:
                 waiter.set_result(None)
@@ -534,7 +573,7 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         return self._opened
 
     def _after_answer(self) -> None:
-        if self._draining and not self._streams and not self._ended:
+        if self._draining and not self._streams and not self._sending and not self._ended:
             self.close(error_code=ErrorCode.H3_NO_ERROR)
 
     def tick(self, elapsed: float) -> None:
