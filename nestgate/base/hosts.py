@@ -9,12 +9,23 @@ _HOST_CHARS = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 
 def valid_host(value: bytes) -> bool:
-    """uri-host [ ":" port ]: nothing outside the host characters, digits for a port
-    (an IPv6 literal's colons are not a port)."""
+    """uri-host [ ":" port ] (RFC 3986 3.2.2): nothing outside the host characters; a
+    name or IPv4 address with at most one colon, or an IP literal in brackets (its
+    colons are not a port); a port of digits. `example.com:443:`, `a:1:2` and
+    `[::1]example.com` were taken, and routed by a name no site has (a catch-all site's)
+    while the upstream got the Host as it came."""
     if value.translate(None, _HOST_CHARS):
         return False
-    _, colon, port = value.rpartition(b":")
-    return not colon or 93 in port or port.isdigit() or port == b""     # 93: "]"
+    if value[:1] == b"[":
+        end = value.find(b"]")
+        if end < 0 or b"[" in value[1:] or b"]" in value[end + 1:]:
+            return False
+        port = value[end + 1:]
+        return not port or (port[:1] == b":" and (port[1:].isdigit() or port == b":"))
+    if b"[" in value or b"]" in value:
+        return False
+    _, colon, port = value.partition(b":")
+    return not colon or port.isdigit() or port == b""
 
 
 # What a host name (or IP literal) is made of once lower-cased, without the characters
