@@ -42,7 +42,7 @@ H2_PROTECTIONS = ("control_flood", "window_update_flood", "priority_flood", "emp
                   "small_data_frames", "header_block", "header_timeout", "rapid_reset",
                   "protocol_error", "send_timeout")
 # The HTTP/3 ones (nestgate.wire.http3), as "h3_<reason>".
-H3_PROTECTIONS = ("header_block", "rapid_reset", "small_data_frames")
+H3_PROTECTIONS = ("header_block", "header_timeout", "rapid_reset", "small_data_frames")
 EVENTS = ("signin_success", "signin_failure", "signin_refused", "session_forged",
           "notes_written",
           "notes_deleted", *(f"h2_{reason}" for reason in H2_PROTECTIONS),

@@ -18,6 +18,8 @@ The abuse limits of HTTP/2 hold here too:
     the connection ends with H3_EXCESSIVE_LOAD; a decoded head over `max_header_bytes`
     is a 431 on its stream, as on HTTP/2; the same bound holds for what aioquic keeps
     of any stream waiting for a frame to come whole (trailers, a control stream's);
+  * slow heads: a request head not whole `header_timeout` after its first byte ends
+    the connection with H3_EXCESSIVE_LOAD, as HTTP/2 ends one for a header block;
   * resets: streams the client resets before their answer are counted as on HTTP/2
     (`too_many_resets`), and too many end the connection with H3_EXCESSIVE_LOAD;
   * bodies in tiny DATA frames: as on HTTP/2 (`body_chunk_allowance`,
@@ -74,6 +76,7 @@ DATAGRAM = 1500                   # a request stream's bytes past its head in on
 # Why a protection ended a connection: the key of its counter ("h3_<key>") and its words.
 PROTECTIONS = {
     "header_block": "request head over max_header_bytes",
+    "header_timeout": "request head not whole within header_timeout",
     "rapid_reset": "streams reset before their answer (rapid reset)",
     "small_data_frames": "DATA frames too small (min_body_chunk_average)",
 }
@@ -175,6 +178,7 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         self._http: H3Connection | None = None
         self._streams: dict[int, H3Request] = {}
         self._heads: dict[int, int] = {}     # request streams before their head: bytes so far
+        self._head_since: dict[int, float] = {}  # ... those begun: when their first byte came
         self._next_stream = 0                # the lowest client stream id not seen yet
         self._head_limit = self.limits.max_header_bytes + HEADER_BLOCK_SLACK + DATAGRAM
         self._opened = self._wasted = 0
@@ -342,12 +346,15 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         taken = self._heads.get(stream_id)
         if taken is None:
             return False
+        if not taken and event.data:
+            self._head_since[stream_id] = CLOCK.now
         taken += len(event.data)
         self._heads[stream_id] = taken
         return taken > self._head_limit
 
     def _headers(self, event) -> None:
         stream_id = event.stream_id
+        self._head_since.pop(stream_id, None)
         if self._heads.pop(stream_id, None) is None:
             # Trailers (never passed on), or a stream answered already. Trailers that
             # end the stream end its body, as an empty DATA frame with a FIN would.
@@ -404,6 +411,7 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
         cancelled): its work is dropped. True when it did so to too many streams before
         their answer."""
         self._heads.pop(stream_id, None)
+        self._head_since.pop(stream_id, None)
         req = self._streams.pop(stream_id, None)
         self._sending.discard(stream_id)
         self._fail_writer(stream_id)
@@ -577,7 +585,14 @@ class HTTP3Connection(StreamAdapter, QuicConnectionProtocol):
             self.close(error_code=ErrorCode.H3_NO_ERROR)
 
     def tick(self, elapsed: float) -> None:
-        """Reset the streams whose answer waited `send_timeout` for the client."""
+        """Reset the streams whose answer waited `send_timeout` for the client; end the
+        connection when a request head begun `header_timeout` ago is still not whole
+        (as HTTP/2 ends one for a header block: a client trickling its heads held up
+        to 128 streams' worth of them, and the connection, for as long as it liked)."""
+        if self._head_since and not self._ended and \
+                CLOCK.now - min(self._head_since.values()) >= self.limits.header_timeout:
+            self._calm("header_timeout")
+            return
         for stream_id, entry in list(self._waiters.items()):
             entry[1] += elapsed
             if entry[1] >= self.limits.send_timeout:
