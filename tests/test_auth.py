@@ -70,7 +70,8 @@ ROUTE = Prebuilt(200, b"ok")
 
 
 class _Gate:
-    """What SignIn.admit reads of a route's gate: the handler each user gets."""
+    """What SignIn.admit reads of a route's gate: the handler each user gets (no
+    upgrades passed, so no connection is noted)."""
     answers = {"ann": ROUTE}
     upgrades = False
 
@@ -106,12 +107,12 @@ def test_a_session_in_use_is_checked_again_before_its_check_runs_out():
     async def scenario():
         store = _SessionStore(("ann", time.time() + 3600, "password totp", ""))
         signin, headers = _checked_ago(store, 0.5)
-        assert signin.admit(GATE, headers, "192.0.2.7") is ROUTE
+        assert signin.admit(GATE, headers, "192.0.2.7", None) is ROUTE
         await asyncio.sleep(0.01)
         assert store.asked == 0                     # checked recently enough
         signin, headers = _checked_ago(store, REFRESH_AFTER + 0.05)
         for _ in range(3):                          # nobody waits; one question at a time
-            assert signin.admit(GATE, headers, "192.0.2.7") is ROUTE
+            assert signin.admit(GATE, headers, "192.0.2.7", None) is ROUTE
         await asyncio.sleep(0.01)
         assert store.asked == 1
         (_user, _expires, checked), = signin._sessions.values()
@@ -122,9 +123,9 @@ def test_a_session_in_use_is_checked_again_before_its_check_runs_out():
 def test_a_session_ended_elsewhere_is_refused_after_the_check_ahead():
     async def scenario():
         signin, headers = _checked_ago(_SessionStore(None), REFRESH_AFTER + 0.05)
-        assert signin.admit(GATE, headers, "192.0.2.7") is ROUTE
+        assert signin.admit(GATE, headers, "192.0.2.7", None) is ROUTE
         await asyncio.sleep(0.01)
-        assert isinstance(signin.admit(GATE, headers, "192.0.2.7"), SessionCheck)
+        assert isinstance(signin.admit(GATE, headers, "192.0.2.7", None), SessionCheck)
     asyncio.run(scenario())
 
 
@@ -132,10 +133,10 @@ def test_a_check_ahead_that_finds_the_store_down_changes_nothing(caplog):
     async def scenario():
         store = _SessionStore(StoreUnavailable("down"))
         signin, headers = _checked_ago(store, REFRESH_AFTER + 0.05)
-        assert signin.admit(GATE, headers, "192.0.2.7") is ROUTE
+        assert signin.admit(GATE, headers, "192.0.2.7", None) is ROUTE
         await asyncio.sleep(0.01)
         assert store.asked == 1 and not signin._asking
-        assert signin.admit(GATE, headers, "192.0.2.7") is ROUTE   # until RECHECK ends
+        assert signin.admit(GATE, headers, "192.0.2.7", None) is ROUTE   # until RECHECK ends
     asyncio.run(scenario())
     assert "never retrieved" not in caplog.text
 

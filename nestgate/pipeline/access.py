@@ -196,7 +196,7 @@ class Gate:
             return self.to_https
         if self.auth is None:
             return self.inner
-        return self.auth.admit(self, headers, client)
+        return self.auth.admit(self, headers, client, conn)
 
     def decide(self, client: str) -> int:
         return network_verdict(self.policy, self.dynamic, client)

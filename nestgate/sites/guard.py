@@ -138,6 +138,8 @@ class Gateway(Service):
 
     def tick(self, now: float) -> None:
         self.state.tick(now)                 # (ticked only when it has a state)
+        if self.signin is not None:
+            self.signin.tunnels.sweep()
 
     def _policy(self, cfg: AccessConfig | None) -> Policy | None:
         if cfg is None:

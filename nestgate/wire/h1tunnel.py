@@ -42,6 +42,15 @@ class Tunnels:
         tail, self._upgrade_tail = self._upgrade_tail or b"", None
         return tail
 
+    def tunnelled(self) -> bool:
+        """The connection is a tunnel, or about to be one (an upgrade being answered)."""
+        return self.phase in (UPGRADING, TUNNEL)
+
+    def cut_tunnel(self) -> None:
+        """End the tunnel the connection carries, if any (its session ended)."""
+        if self.tunnelled():
+            self.transport.close()
+
     def set_sink(self, sink) -> None:
         """After `Request.take_over`: `sink(bytes)` gets what the client sends; reading
         resumes. Nothing to do when the client has gone meanwhile."""

@@ -48,6 +48,13 @@ class StreamAdapter:
         req.stream_id = stream_id
         return req
 
+    def tunnelled(self) -> bool:
+        """Never: a stream per request has no upgrade (RFC 9113 8.6, RFC 9114 4.5)."""
+        return False
+
+    def cut_tunnel(self) -> None:
+        pass
+
     def _abandon(self, req) -> None:
         """The stream's handler and body are of no more use: stopped."""
         if req.body is not None:

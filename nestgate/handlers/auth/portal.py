@@ -69,6 +69,7 @@ from nestgate.handlers.auth.passwords import verify_password
 from nestgate.handlers.auth.policy import (NO_SECOND_FACTOR, NOT_ALLOWED, PASSWORD,
                                            RECOVERY, TOTP, session_user)
 from nestgate.handlers.auth.sessiontoken import new_token, token_hash
+from nestgate.handlers.auth.tunnels import SessionTunnels
 from nestgate.base.clock import CLOCK
 from nestgate.pipeline.dispatch import resolve
 from nestgate.base.hosts import host_name, plain_host_name
@@ -193,20 +194,32 @@ class SignIn:
         # Signing out may go on to a provider's end-session endpoint.
         self.allow_form_redirects(origin(p.issuer) for p in cfg.providers if p.end_session)
         self.challenge = Challenge(self)
+        self.tunnels = SessionTunnels(self)     # cut when their session ends
         self.login = LoginPage(self)
         self.logout = Logout(self)
 
     # ------------------------------------------------------ the gate's question
-    def admit(self, gate, headers, client: str):
+    def admit(self, gate, headers, client: str, conn):
         """The handler for a request to `gate`'s route, which answers each user with
-        `gate.answers` (user name -> handler, compiled with the route's policy)."""
+        `gate.answers` (user name -> handler, compiled with the route's policy), on
+        the connection `conn`."""
         hashed = self._session_hash(headers)
         if not hashed:
             return self.challenge
         user = self._checked_user(hashed)
         if user is None:
             return SessionCheck(self, gate, hashed)
+        if gate.upgrades:
+            self.tunnels.note(hashed, conn)
         return self.answer(gate, user) or self.challenge
+
+    def still_live(self, hashed: bytes) -> bool:
+        """The store said the session was live less than RECHECK ago."""
+        return self._checked_user(hashed) is not None
+
+    def ask_store(self, hashed: bytes) -> asyncio.Future:
+        """The store's answer about a session: its key, or None when it is not live."""
+        return self._asking_store(hashed)
 
     def answer(self, gate, key):
         """The handler `gate`'s route gives a session's `key` (policy.session_key, or
@@ -564,6 +577,8 @@ class SessionCheck:
         user = await self.signin.session_user(self.hashed)
         handler = self.signin.answer(self.gate, user) if user is not None else None
         if handler is not None:
+            if self.upgrades:
+                self.signin.tunnels.note(self.hashed, request.connection)
             await answer_with(handler, request)
         else:
             await self.signin.challenge.handle(request)
