@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import Browser, admin_headers
+from conftest import WS_HANDSHAKE, Browser, admin_headers
 
 pytestmark = pytest.mark.attack
 
@@ -24,10 +24,13 @@ def _open_tunnel(port: int, browser: Browser) -> socket.socket:
     cookie = "; ".join(f"{k}={v}" for k, v in browser.jar.items())
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     sock.sendall(b"GET /ws HTTP/1.1\r\nHost: private.test\r\nConnection: Upgrade\r\n"
-                 b"Upgrade: websocket\r\nCookie: %s\r\n\r\n" % cookie.encode())
+                 b"Upgrade: websocket\r\n%sCookie: %s\r\n\r\n"
+                 % (WS_HANDSHAKE, cookie.encode()))
     data = b""
     while not data.endswith(b"hello"):
-        data += sock.recv(65536)
+        chunk = sock.recv(65536)
+        assert chunk, data                  # closed before the tunnel's greeting
+        data += chunk
     assert data.startswith(b"HTTP/1.1 101")
     return sock
 
