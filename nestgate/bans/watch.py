@@ -420,9 +420,10 @@ class NotedNotFound:
 class BannedRouter:
     """What a connection of a client banned with `ban_answer = "403"` is routed by:
     every Host and path is the page saying until when (HTTP/1.1's and HTTP/2's lookups,
-    `site_for` and `route`, are both answered)."""
+    `site_for` and `route`, are both answered; HTTP/1.1's memos, `exact_raw` and
+    `found`, are empty)."""
 
-    __slots__ = ("exact_raw", "the_route")
+    __slots__ = ("exact_raw", "found", "the_route")
 
     def __init__(self, ban, client: str) -> None:
         detail = (f"This address is banned until {utc(ban.until)} UTC "
@@ -430,6 +431,7 @@ class BannedRouter:
         page = Prebuilt(403, error_html(403, detail, client), HTML,
                         [("cache-control", "no-store")])
         self.exact_raw: dict = {}
+        self.found: dict = {}
         self.the_route = Route(page, NO_PARAMS, "banned", "", DEFAULT_PAGES,
                                TALLY.route("-", "banned"))
 

@@ -127,6 +127,11 @@ class ErrorAnswer(ReadyChoice):
     def choose(self, headers) -> Prebuilt:
         return self.json if wants_json(headers) else self.page
 
+    def peek(self, path: str, method: bytes, headers) -> Prebuilt:
+        # `choose` without the call through it: a site's 404 is what scanners and
+        # unknown Hosts cost.
+        return self.json if wants_json(headers) else self.page
+
 
 class ErrorPages:
     """One site's error answers (the default site's when `custom` is empty)."""

@@ -43,20 +43,31 @@ class LaterOutput:
         self.writelines = self.parts.extend
 
     def flush(self) -> None:
-        parts = self.parts
-        if not parts:
-            return
-        transport = self.transport
-        if not transport.is_closing():
-            if len(parts) == 1:
-                transport.write(parts[0])
-            else:
-                transport.writelines(parts)
-        parts.clear()
+        write_out((self,))
+
+
+def write_out(outputs) -> None:
+    """Write what each of `outputs` holds to its transport (one that is closing drops
+    it) and empty it. An output added to `outputs` while this runs (a write's side
+    effect) is reached too: a list is walked by index."""
+    for output in outputs:
+        parts = output.parts
+        if parts:
+            transport = output.transport
+            if not transport.is_closing():
+                if len(parts) == 1:
+                    transport.write(parts[0])
+                else:
+                    transport.writelines(parts)
+            parts.clear()
 
 
 class LaterBatch:
-    """The answers waiting in this worker's event loop."""
+    """The answers waiting in this worker's event loop.
+
+    `waiting` is one list for the worker's life (emptied, never replaced), so the
+    HTTP/1 parser callback can hold it and add a connection's output without a call
+    (`nestgate.wire.h1parse`): `if not waiting: loop.call_soon(flush)`, then append."""
 
     __slots__ = ("waiting",)
 
@@ -75,9 +86,13 @@ class LaterBatch:
         output.parts.append(data)
 
     def flush(self) -> None:
-        waiting, self.waiting = self.waiting, []
-        for output in waiting:
-            output.flush()
+        # One call for the batch, not one per connection answered in it. Emptied
+        # even if a write raises: a list left full would never be flushed again.
+        try:
+            write_out(self.waiting)
+        finally:
+            self.waiting.clear()
 
 
 LATER = LaterBatch()
+WAITING = LATER.waiting

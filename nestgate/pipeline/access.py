@@ -155,7 +155,7 @@ class Gate:
 
     is_async = GATED
     __slots__ = ("inner", "policy", "auth", "answers", "dynamic", "errors", "to_https",
-                 "upgrades", "geo", "user_policy")
+                 "upgrades", "geo", "user_policy", "plain")
 
     def __init__(self, inner, policy: Policy | None, auth, dynamic, errors,
                  answers: dict | None = None, to_https=None, geo=None,
@@ -172,6 +172,9 @@ class Gate:
         self.to_https = to_https      # the redirect of plain-HTTP requests, or None
         self.upgrades = getattr(inner, "upgrades", False)
         self.geo = geo                # nestgate.pipeline.geoip.GeoLookup: the 403 names the country
+        # No sign-in and no redirect to HTTPS: whoever the network rules let in (PASS or
+        # SIGN_IN) gets the route itself.
+        self.plain = auth is None and to_https is None
 
     def admit(self, conn, headers):
         """The handler that answers this request."""
@@ -187,6 +190,8 @@ class Gate:
         else:
             verdict = self.decide(client)
             cache[self.policy] = (client, dynamic.version, verdict)
+        if verdict and self.plain:           # (DENY is 0)
+            return self.inner
         if verdict == DENY:
             return self.errors.forbidden(client, headers,
                                          self.geo.country(client) if self.geo else "")

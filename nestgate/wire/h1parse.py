@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import time
 
-from nestgate.pipeline.dispatch import GATED, PEEK, refresh_client, resolve
+from nestgate.base.later import LATER, WAITING as _WAITING
+from nestgate.pipeline.dispatch import GATED, PEEK, refresh_client
 from nestgate.base.errors import RequestError
 from nestgate.wire.h1phases import BODY, CLOSING, HEAD, IDLE, LAST
 from nestgate.wire.h1request import HTTP1Request
@@ -43,6 +44,9 @@ def _learn_spelling(name: bytes) -> tuple[bytes, int | None]:
         _SPELLED.clear()                # many odd names: start over rather than grow
     _SPELLED[name] = known
     return known
+
+
+_flush_later = LATER.flush
 
 
 class AfterLast(Exception):
@@ -243,7 +247,9 @@ class RequestReader:
             else:
                 qmark = -1
                 raw_path = url
-            route = site.route(raw_path)
+            # A path routed before by prefix or to the 404 (the site's memo, as
+            # `SiteRoutes.route` asks it after the exact table) costs no call.
+            route = site.found.get(raw_path) or site.route(raw_path)
         handler = route.handler
         path = route.path
         method = parser.get_method()
@@ -251,16 +257,27 @@ class RequestReader:
             raise RequestError(400, "CONNECT: nestgate is not a forward proxy")
         kind = handler.is_async
         if kind:
-            if kind is PEEK:                # the common cached-file/page case, inline
+            # dispatch.resolve, inline: a site's gate, then the route's own choice,
+            # then a ready answer the handler may have (a cached file or page).
+            while kind is GATED:
+                handler = handler.admit(self, headers)
+                kind = handler.is_async
+            if kind is PEEK:
                 handler = handler.peek(path, method, headers) or handler
-            elif kind is GATED:
-                handler = resolve(handler, self, path, method, headers)
-            kind = handler.is_async
+                kind = handler.is_async
 
         if not kind and not has_body and keep_alive and not self.logging \
                 and self._active is None and not self._queue and not self.write_paused:
-            # The common case, answered from here: a ready response, nothing ahead of it.
-            self.write_ready(handler, self.keep_alive_mode, method == b"HEAD")
+            # The common case, answered from here: a ready response, nothing ahead of it,
+            # written after the batch of reads (write_ready's usual case, inline).
+            later = self._later
+            if later.parts:
+                self.write_ready(handler, self.keep_alive_mode, method == b"HEAD")
+            else:
+                if not _WAITING:
+                    self.loop.call_soon(_flush_later)
+                _WAITING.append(later)
+                self.bytes_out += handler.write_to(later, self.keep_alive_mode, method == b"HEAD")
             route.tally.codes[handler.status] += 1     # RouteTally.count, inline
             return
 

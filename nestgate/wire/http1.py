@@ -313,7 +313,7 @@ class HTTP1Connection(Phases, RequestReader, AnswerQueue, ReadPacing, Tunnels,
             return
         if self.state:
             self._unfinished(len(data))
-        if self.write_paused or len(self._queue) > PIPELINE_HIGH:
+        if self.write_paused or self._queue and len(self._queue) > PIPELINE_HIGH:
             if self.phase < CLOSING:
                 self._hold(b"")
 

@@ -186,24 +186,23 @@ class TLSSocketTransport:
         if read != self._reader_on or write != self._writer_on:
             self._set_watch(read, write)
 
-    def _on_readable(self) -> None:
-        if self._write_wants_read:
-            self._write_wants_read = False
-            self._flush()
-        if self._reading and not self._closed:
-            self._read()
-
     def _on_writable(self) -> None:
         if self._read_wants_write:
             self._read_wants_write = False
             self._update_watch()
-            if self._reading:
-                self._read()
+            self._on_readable()
         if not self._closed:
             self._flush()
 
     # ---------------------------------------------------------------- reading
-    def _read(self) -> None:
+    def _on_readable(self) -> None:
+        """The socket has bytes (or a write waits for them): the records there are
+        read, decrypted and handed to the protocol, one per recv."""
+        if self._write_wants_read:
+            self._write_wants_read = False
+            self._flush()
+        if not self._reading or self._closed:
+            return
         tls, protocol = self._tls, self._protocol
         while True:
             try:
@@ -251,7 +250,7 @@ class TLSSocketTransport:
 
     # ---------------------------------------------------------------- writing
     def write(self, data) -> None:
-        if self._closing or self._closed or not data:
+        if self._closing or not data:        # (_closed is never set without _closing)
             return
         if self._inflight is not None:
             self._queue.append(bytes(data))
@@ -343,7 +342,7 @@ class TLSSocketTransport:
 
     # ---------------------------------------------------------------- ending
     def is_closing(self) -> bool:
-        return self._closing or self._closed
+        return self._closing
 
     def close(self) -> None:
         if self._closing or self._closed:
