@@ -80,10 +80,15 @@ class LaterBatch:
         self.waiting.append(output)
 
     def append(self, output: LaterOutput, data: bytes, loop) -> None:
-        """`data` after whatever `output` holds, written after this batch."""
-        if not output.parts:
-            self.add(output, loop)
-        output.parts.append(data)
+        """`data` after whatever `output` holds, written after this batch. (What `add`
+        does, written out: the proxy comes here twice per request.)"""
+        parts = output.parts
+        if not parts:
+            waiting = self.waiting
+            if not waiting:
+                loop.call_soon(self.flush)
+            waiting.append(output)
+        parts.append(data)
 
     def flush(self) -> None:
         # One call for the batch, not one per connection answered in it. Emptied

@@ -56,9 +56,10 @@ def forwarded_path(raw: bytes) -> bytes:
     `/public/x` may route on the raw path (Node, Express and many apps do not remove
     dot segments) and serve `/admin/` to whoever `/public/` lets in. Called only for
     a target `decode_path` accepted; one that needs nothing is returned as it is."""
-    if raw.find(b"/.") < 0 and raw.find(b"//") < 0 and raw.find(b"%2e") < 0 \
-            and raw.find(b"%2E") < 0:
+    if 37 not in raw and raw.find(b"/.") < 0 and raw.find(b"//") < 0:
         return raw                          # the usual target: nothing to remove
+    # A percent sign (perhaps an encoded dot) or a dot or slash after a slash: the
+    # segments are read.
     qmark = raw.find(b"?")
     path, query = (raw, b"") if qmark < 0 else (raw[:qmark], raw[qmark:])
     segments = path.split(b"/")

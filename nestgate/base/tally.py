@@ -50,7 +50,8 @@ EVENTS = ("signin_success", "signin_failure", "signin_refused", "session_forged"
 
 
 class SiteTimes:
-    """One site's duration histogram: counts per bucket (the last is +Inf), sum, count."""
+    """One site's duration histogram: counts per bucket (the last is +Inf), sum, count
+    (`RouteTally.timed` adds to them)."""
 
     __slots__ = ("buckets", "sum", "count")
 
@@ -58,11 +59,6 @@ class SiteTimes:
         self.buckets = [0] * (len(BUCKETS) + 1)
         self.sum = 0.0
         self.count = 0
-
-    def observe(self, seconds: float) -> None:
-        self.buckets[bisect_left(BUCKETS, seconds)] += 1
-        self.sum += seconds
-        self.count += 1
 
 
 class RouteTally:
@@ -84,7 +80,12 @@ class RouteTally:
 
     def timed(self, status: int, seconds: float) -> None:
         self.codes[status or CLIENT_GONE] += 1
-        self.times.observe(seconds)
+        # The site's histogram, added to here rather than through a method of its
+        # own: every request that is not a ready answer comes here.
+        times = self.times
+        times.buckets[bisect_left(BUCKETS, seconds)] += 1
+        times.sum += seconds
+        times.count += 1
 
 
 @dataclass

@@ -177,23 +177,18 @@ def log_ready(conn, status: int, sent: int, method: bytes, host: bytes, path: st
 
 
 def start(req) -> None:
-    """`req`'s turn: its handler takes it to answer from callbacks, or a task answers it."""
-    if not begin(req):
-        req.task = req.connection.loop.create_task(run(req))
+    """`req`'s turn: its handler takes it to answer from callbacks, or a task answers it.
+    A handler with a `begin` that returns True took it (it then calls `req.answered()`
+    or `req.answer_in_task()`); with False, or none, a task answers it."""
+    if req.answers_from_callbacks:
+        take = getattr(req.handler, "begin", None)
+        if take is not None and take(req):
+            return
+    req.task = req.connection.loop.create_task(run(req))
 
 
 async def run(req) -> None:
     req.connection.conclude(req, await answer(req))
-
-
-def begin(req) -> bool:
-    """True when `req`'s handler took it to answer from callbacks (it then calls
-    `req.answered()` or `req.answer_in_task()`); False: answer it in a task."""
-    if req.answers_from_callbacks:
-        take = getattr(req.handler, "begin", None)
-        if take is not None:
-            return take(req)
-    return False
 
 
 async def answer(req) -> int:

@@ -82,7 +82,8 @@ class AnswerQueue:
     def start_answer(self, req: HTTP1Request) -> None:
         """`req`'s turn: its handler answers it, from callbacks or in a task."""
         self._active = req
-        self.write_later()
+        if self._later.parts:           # `write_later`, without a call when nothing waits
+            self._later.flush()
         start(req)
 
     def finish(self, req: HTTP1Request, status: int = 0) -> None:

@@ -221,7 +221,7 @@ class ProxyHandler(Service, TellsIdentity):
         req.cancel = ex.cancel
         # Sent after this batch of reads (nestgate.base.later): nothing else writes to
         # the connection before its answer, and a client that leaves closes it.
-        LATER.append(conn.later, head, req.loop)
+        LATER.append(conn.later, head, req.connection.loop)
         return True
 
     def settled(self, ex: Exchange) -> None:
@@ -316,20 +316,21 @@ class ProxyHandler(Service, TellsIdentity):
             if not path.startswith(b"/"):
                 path = b"/" + path
         host = req.host
-        line = (req.method, b" ", path, b" HTTP/1.1\r\nhost: ",
-                target.authority if self.host_from_target or not host else host, b"\r\n")
         if req.body is not None:
-            return b"".join(line + (self._fields(req, identity)[0],))
-        # The fields depend on nothing else (`_fields` says when they do not).
-        key = (host, req.client, req.scheme, identity, tuple(req.headers))
-        fields = self._fields_made.get(key)
-        if fields is None:
-            fields, kept = self._fields(req, identity)
-            if kept and len(fields) <= _FIELDS_KEPT_BYTES:
-                if len(self._fields_made) >= _FIELDS_LIMIT:
-                    self._fields_made.clear()
-                self._fields_made[key] = fields
-        return b"".join(line + (fields,))
+            fields = self._fields(req, identity)[0]
+        else:
+            # The fields depend on nothing else (`_fields` says when they do not).
+            key = (host, req.client, req.scheme, identity, tuple(req.headers))
+            fields = self._fields_made.get(key)
+            if fields is None:
+                fields, kept = self._fields(req, identity)
+                if kept and len(fields) <= _FIELDS_KEPT_BYTES:
+                    if len(self._fields_made) >= _FIELDS_LIMIT:
+                        self._fields_made.clear()
+                    self._fields_made[key] = fields
+        return b"".join((req.method, b" ", path, b" HTTP/1.1\r\nhost: ",
+                         target.authority if self.host_from_target or not host else host,
+                         b"\r\n", fields))
 
     def _fields(self, req, identity: bytes) -> tuple[bytes, bool]:
         """The header lines after Host: the headers as parsed, less the dropped ones,

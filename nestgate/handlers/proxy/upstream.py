@@ -296,14 +296,16 @@ class Exchange:
         req = self.req
         if req.head_only:
             return False
-        self.block, length, self.chunked, self.upgrade_value, lines, status, keep_alive, _ = known
+        # Such a head is never chunked nor an upgrade: `chunked` and `upgrade_value`
+        # stay as `_reset` left them, and its lines go out without `block`.
+        block, length, _, _, lines, status, keep_alive, _ = known
         self.length = length
         self.status = status
         self.started = True
         start = end + 4
         got = len(data) - start
         try:
-            self.relay.start_counted(status, self.block, lines, length,
+            self.relay.start_counted(status, block, lines, length,
                                      data[start:start + length] if got else b"", got >= length)
         except ConnectionResetError:
             # The client's stream was reset in this same turn of the loop, before
