@@ -275,8 +275,18 @@ class RefreshGrant(grants.RefreshTokenGrant):
 
     def authenticate_refresh_token(self, refresh_token):
         hashed = digest(refresh_token)
-        grant = self.server.state().grant_by_refresh(hashed)
-        return TokenModel(grant, self.server, hashed) if grant else None
+        state = self.server.state()
+        grant = state.grant_by_refresh(hashed)
+        if grant:
+            return TokenModel(grant, self.server, hashed)
+        # A token spent before, sent again by its own client: the client or someone
+        # who copied the token holds the grant's newer tokens, and nobody can tell
+        # which, so the grant ends (RFC 9700 4.14.2). Another client's word about a
+        # token it was never given ends nothing.
+        spent = state.spent_refresh(hashed)
+        if spent is not None and spent[1] == self.request.client.get_client_id():
+            state.delete_grant(spent[0])
+        return None
 
     def authenticate_user(self, refresh_token):
         # Spent here, once the client is known to be the token's: a token sent twice

@@ -12,6 +12,10 @@ Races that must have one winner, whichever worker or instance they reach:
     script), so a code sent to two instances at once yields one grant; a code seen
     again ends the grant it gave (RFC 6749 4.1.2);
   - a refresh token's use: taken in one statement (UPDATE ... RETURNING, GETDEL).
+    A spent refresh token is remembered (its grant and client) for as long as it
+    would have lived: presented again by its client, it ends the grant (RFC 9700
+    4.14.2), since either the client or someone who copied the token is using a
+    token the other already spent, and nobody can tell which.
 
 Both classes answer the same calls; `provider_state(store)` picks by the store.
 """
@@ -38,6 +42,9 @@ CREATE TABLE IF NOT EXISTS oidc_grants (
     refresh_hash BLOB, refresh_expires REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS oidc_grants_access ON oidc_grants (access_hash);
 CREATE INDEX IF NOT EXISTS oidc_grants_refresh ON oidc_grants (refresh_hash);
+CREATE TABLE IF NOT EXISTS oidc_spent_refresh (
+    refresh_hash BLOB PRIMARY KEY, grant_id TEXT NOT NULL, client_id TEXT NOT NULL,
+    expires REAL NOT NULL);
 """
 
 GRANT_FIELDS = ("id", "client_id", "user", "scope", "created", "auth_time",
@@ -151,12 +158,30 @@ class SQLiteProviderState(_Purging):
 
     def take_refresh(self, hashed: bytes) -> dict | None:
         """The grant of a live refresh token, which is now spent (refreshing issues
-        the next one)."""
-        row = self.db.execute(
-            f"UPDATE oidc_grants SET refresh_hash = NULL, access_hash = NULL WHERE "
-            f"refresh_hash = ? AND refresh_expires > ? RETURNING {', '.join(GRANT_FIELDS)}",
-            (hashed, time.time())).fetchone()
-        return dict(zip(GRANT_FIELDS, row)) if row else None
+        the next one) and remembered as spent until it would have expired."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            row = self.db.execute(
+                f"UPDATE oidc_grants SET refresh_hash = NULL, access_hash = NULL WHERE "
+                f"refresh_hash = ? AND refresh_expires > ? RETURNING "
+                f"{', '.join(GRANT_FIELDS)}", (hashed, time.time())).fetchone()
+            if row is None:
+                return None
+            grant = dict(zip(GRANT_FIELDS, row))
+            self.db.execute("INSERT OR REPLACE INTO oidc_spent_refresh (refresh_hash, "
+                            "grant_id, client_id, expires) VALUES (?, ?, ?, ?)",
+                            (hashed, grant["id"], grant["client_id"],
+                             grant["refresh_expires"]))
+            return grant
+        finally:
+            self.db.execute("COMMIT")
+
+    def spent_refresh(self, hashed: bytes) -> tuple[str, str] | None:
+        """(grant id, client id) of a refresh token spent before and not yet expired."""
+        row = self.db.execute("SELECT grant_id, client_id FROM oidc_spent_refresh WHERE "
+                              "refresh_hash = ? AND expires > ?",
+                              (hashed, time.time())).fetchone()
+        return (row[0], row[1]) if row else None
 
     def delete_grant(self, grant_id: str) -> bool:
         return self.db.execute("DELETE FROM oidc_grants WHERE id = ?",
@@ -176,6 +201,7 @@ class SQLiteProviderState(_Purging):
             self.db.execute("DELETE FROM oidc_codes WHERE expires <= ?", (now,))
             self.db.execute("DELETE FROM oidc_grants WHERE access_expires <= ? AND "
                             "refresh_expires <= ?", (now, now))
+            self.db.execute("DELETE FROM oidc_spent_refresh WHERE expires <= ?", (now,))
 
 
 # KEYS: code:<hex>; ARGV: now, used memory. The code's data when it was unused and
@@ -200,6 +226,8 @@ class RedisProviderState(_Purging):
         oidc-grant:<id>          hash: the grant's fields; expires with its last token
         oidc-access:<hash hex>   the grant id of an access token
         oidc-refresh:<hash hex>  the grant id of a refresh token
+        oidc-spent:<hash hex>    "<grant id> <client id>" of a spent refresh token,
+                                 expiring when the token would have
         oidc-grants              sorted set of grant ids by their last expiry
     """
 
@@ -286,9 +314,21 @@ class RedisProviderState(_Purging):
         grant = self._grant(self.db.getdel(self.key("oidc-refresh", hashed.hex())))
         if grant is None or grant["_refresh"] != hashed.hex():
             return None
-        self.db.delete(self.key("oidc-access", grant.pop("_access")))
+        with self.db.pipeline() as pipe:
+            pipe.delete(self.key("oidc-access", grant.pop("_access")))
+            pipe.set(self.key("oidc-spent", hashed.hex()),
+                     f"{grant['id']} {grant['client_id']}",
+                     exat=int(grant["refresh_expires"]) + 1)
+            pipe.execute()
         grant.pop("_refresh")
         return grant
+
+    def spent_refresh(self, hashed: bytes) -> tuple[str, str] | None:
+        value = self.db.get(self.key("oidc-spent", hashed.hex()))
+        if value is None:
+            return None
+        grant_id, _, client_id = value.decode().partition(" ")
+        return grant_id, client_id
 
     def delete_grant(self, grant_id: str) -> bool:
         name = self.key("oidc-grant", grant_id)
