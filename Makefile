@@ -32,7 +32,8 @@ serve: $(STAMP)
 # install under /opt, valgrind for the bench's instruction counts, perf for its CPU
 # profiles, Apache with mod_auth_openidc as a relying party of nestgate's OpenID provider, CrowdSec's Local
 # API and cscli for the bouncer, glewlwyd as the OpenID provider of the "Sign in with
-# ..." tests).
+# ..." tests), php-cgi as a FastCGI PHP behind Caddy's php_fastcgi (what a PHP app reads
+# of the identity headers).
 # Installed only when missing and only when running as root. crowdsec's post-install
 # registers with CrowdSec's central API, which fails offline and leaves dpkg with a
 # broken package (every later apt-get install fails too); a non-empty
@@ -62,6 +63,7 @@ debian-deps:
 	test -e /usr/lib/apache2/modules/mod_auth_openidc.so || \
 	  missing="$$missing libapache2-mod-auth-openidc"; \
 	command -v glewlwyd >/dev/null || missing="$$missing glewlwyd"; \
+	command -v php-cgi >/dev/null || missing="$$missing php-cgi"; \
 	/usr/bin/python3 -c "import ensurepip" 2>/dev/null || missing="$$missing python3-venv"; \
 	command -v cscli >/dev/null || missing="$$missing crowdsec"; \
 	if [ -n "$$missing" ]; then \

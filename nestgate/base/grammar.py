@@ -5,11 +5,15 @@ leaves the bad ones: a value is well formed when nothing is left. That is cheape
 than a regular expression for the short values a request carries.
 """
 
+import re
+
 TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # A token in lower case: an HTTP/2 field name (RFC 9113 8.2.1).
 LOWER_TCHAR = TCHAR.translate(None, b"ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 VISIBLE = bytes(range(0x21, 0x7F))          # VCHAR: a request target's bytes
-_MIXED_DASHES_MAX = 8
+_SEPARATORS = (b"-", b"_", b".")
+_SEPARATOR = re.compile(rb"[-_.]")
+_MIXED_SEPARATORS_MAX = 6
 
 # The methods llhttp takes in an HTTP/1.x request line (its METHODS_HTTP), but CONNECT,
 # which nestgate refuses on every protocol (it is no forward proxy). An HTTP/1.1 request
@@ -24,26 +28,30 @@ METHODS = frozenset((
     b"UNLINK", b"SOURCE", b"QUERY"))
 
 
-def with_underscore_spellings(names) -> frozenset[bytes]:
-    """Lower-case field `names` and every spelling of each with any of its `-` written
-    `_` (`remote_user`, `x_forwarded-for`...).
+def with_cgi_spellings(names) -> frozenset[bytes]:
+    """Lower-case field `names` and every spelling of each with any of its separators
+    (`-`, `_`, `.`) written as another (`remote_user`, `remote.user`, `x_forwarded-for`...).
 
     CGI, WSGI, PHP and the servers built on them read a field by a name in which `-`
     and `_` are one character (`HTTP_REMOTE_USER`), so a client's `Remote_User: ann`
     reaches such an app as the identity header nestgate vouches for, beside or instead
-    of nestgate's own `Remote-User`. A set of names no client may send must hold these
-    spellings too (nginx ignores every name with `_` for the same reason). A name has
-    few dashes, so the set stays small and the lookup per field stays one set test."""
+    of nestgate's own `Remote-User`. PHP also turns every `.` of a variable's name into
+    `_`: where the server in front of PHP-FPM passes `Remote.User` on as
+    `HTTP_REMOTE.USER` (Caddy's `php_fastcgi` does), PHP fills
+    `$_SERVER['HTTP_REMOTE_USER']` from it, and from whichever of the two came last.
+    A set of names no client may send must hold these spellings too (nginx ignores
+    every name with `_` or `.` for the same reason). A name has few separators, so the
+    set stays small and the lookup per field stays one set test."""
     spelt: set[bytes] = set()
     for name in names:
-        parts = name.lower().split(b"-")
-        if len(parts) > _MIXED_DASHES_MAX + 1:
-            # Past a few dashes only the two uniform spellings (2^n mixed ones would be
+        parts = _SEPARATOR.split(name.lower())
+        if len(parts) > _MIXED_SEPARATORS_MAX + 1:
+            # Past a few separators only the uniform spellings (3^n mixed ones would be
             # too many to hold); the names nestgate and proxies use have at most three.
-            spelt.update((b"-".join(parts), b"_".join(parts)))
+            spelt.update(sep.join(parts) for sep in _SEPARATORS)
             continue
         variants = [parts[0]]
         for part in parts[1:]:
-            variants = [v + sep + part for v in variants for sep in (b"-", b"_")]
+            variants = [v + sep + part for v in variants for sep in _SEPARATORS]
         spelt.update(variants)
     return frozenset(spelt)

@@ -4,7 +4,9 @@
    identity headers (every spelling, repeated, as lists, with the configured names):
    the upstream sees only nestgate's Remote-User for each, and the worker stays small.
    Spellings with `_` for `-` count: a CGI, WSGI or PHP app reads `Remote_User` as
-   `HTTP_REMOTE_USER`, the field nestgate vouches for.
+   `HTTP_REMOTE_USER`, the field nestgate vouches for; so do spellings with `.`, which
+   PHP turns into `_` where the server in front of it (Caddy's `php_fastcgi`) passes
+   the name on: `Remote.User` fills `$_SERVER['HTTP_REMOTE_USER']`.
 2. The same user tries to reach the admins' route by the forged headers, by spelling
    the path otherwise (percent-encoded, dot segments) and by a session cookie of a
    user who no longer exists: refused each time, and the upstream never sees it.
@@ -161,3 +163,28 @@ def test_underscore_spellings_never_reach_the_upstream(start_server, upstream):
         assert ("x-forwarded-for", "127.0.0.1") in as_cgi
         assert not [v for n, v in as_cgi if n in ("remote-user", "x-webauth-user")
                     and v != "bob"], request
+
+
+def test_dot_spellings_never_reach_the_upstream(start_server, upstream):
+    """`Remote.User: ann` went upstream beside nestgate's `Remote-User: bob`: Caddy's
+    php_fastcgi passes it to PHP as HTTP_REMOTE.USER, which PHP registers as
+    HTTP_REMOTE_USER, in Caddy's (random) order against nestgate's own; on a route
+    without sign-in it was the only one."""
+    up = upstream()
+    server = start_server(CONFIG.replace("{up}", up.url))
+    bob = Browser(server.port(), "home.test")
+    assert bob.sign_in("bob")[0].status == 303
+    forged = {"Remote.User": "ann", "remote.groups": "admins", "X.WebAuth.User": "ann",
+              "x-webauth.user": "ann", "X_WebAuth.User": "ann", "X.Forwarded.For": "10.0.0.1",
+              "x-forwarded.host": "evil.test", "X.Real_IP": "10.0.0.1"}
+    for path, cookies in (("/x", True), ("/open/x", False)):
+        resp, _ = bob.request("GET", path, headers=forged, cookies=cookies)
+        assert resp.status == 200, (path, resp.status)
+    assert [r["target"] for r in up.requests] == ["/x", "/open/x"]
+    for request in up.requests:
+        names = [n for n, _v in request["headers"]]
+        assert not [n for n in names if "." in n or "_" in n], (request["target"], names)
+        php = [(n.replace("-", "_").replace(".", "_"), v) for n, v in request["headers"]]
+        assert not [v for n, v in php if n in ("remote_user", "x_webauth_user")
+                    and v != "bob"], request
+        assert not [v for n, v in php if n == "x_forwarded_for" and v != "127.0.0.1"]

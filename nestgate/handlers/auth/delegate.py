@@ -33,7 +33,7 @@ import httptools
 
 from nestgate.handlers.auth.portal import answer_with
 from nestgate.base.errors import HandlerError
-from nestgate.base.grammar import with_underscore_spellings
+from nestgate.base.grammar import with_cgi_spellings
 from nestgate.base.handler import TellsIdentity
 from nestgate.base.paths import forwarded_path
 from nestgate.handlers.proxy.handler import client_ssl_context
@@ -130,7 +130,7 @@ class AuthServer:
         self.names = frozenset(name.encode() for name in options.copy_headers)
         # A client's copies are removed under every spelling an upstream may read as
         # the same field (`Remote_User` is `HTTP_REMOTE_USER` to a CGI-style app).
-        self.refused = with_underscore_spellings(self.names)
+        self.refused = with_cgi_spellings(self.names)
 
     def _head(self, req) -> bytes:
         parts = [b"GET ", self.options.target, b" HTTP/1.1\r\nhost: ",

@@ -28,7 +28,7 @@ from nestgate.base.paths import forwarded_path
 from nestgate.base.clock import CLOCK
 from nestgate.base.errors import HandlerError
 from nestgate.base.flow import Reading, Signal, hold
-from nestgate.base.grammar import TCHAR, with_underscore_spellings
+from nestgate.base.grammar import TCHAR, with_cgi_spellings
 from nestgate.base.handler import Service, TellsIdentity
 from nestgate.handlers.proxy.balancer import Balancer
 from nestgate.handlers.proxy.upstream import (PLAIN_CONNECTION, Exchange, Target, give_back,
@@ -132,7 +132,7 @@ class ProxyHandler(Service, TellsIdentity):
         # an HTTP/1.1 upstream joined by "; " (RFC 9113 8.2.3); many read only one line.
         drop.add(b"cookie")
         # Also as `_` spellings, which CGI-style upstreams read as the same field.
-        self.drop = with_underscore_spellings(drop)
+        self.drop = with_cgi_spellings(drop)
         self._picked: dict = {}                 # request -> target `begin` chose for `handle`
         # (client, scheme) -> the X-Forwarded-For and -Proto lines and the start of
         # X-Forwarded-Host, made once per client rather than formatted per request.
