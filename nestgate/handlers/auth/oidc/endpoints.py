@@ -67,6 +67,7 @@ class OpenIDProvider:
         signin.allow_form_redirects(origin(uri) for client in auth.provider.clients
                                     for uri in client.redirect_uris)
         self._pools: dict[bool, ThreadPoolExecutor] = {}
+        self._checks = ChecksUnderWay()
         self._errors = store_errors()
         self.discovery = json.dumps(self.server.metadata).encode()
 
@@ -95,14 +96,28 @@ class OpenIDProvider:
         """`fn(req)` for an endpoint where the client authenticates. A client address
         gets `[auth] max_failures` failed authentications per `failure_window` (the
         sign-in's numbers, counted apart from sign-in failures), then 429: each guess
-        at a secret costs an argon2 check."""
+        at a secret costs an argon2 check. Guesses sent together all found the count
+        under the limit before any was counted (40 at once: 40 secrets checked), so
+        an address has at most as many checks under way in this worker as it has
+        failures left; the others wait their turn, and get 429 once the limit is
+        reached (an app's own requests at once only wait for one another)."""
         key, auth = "oidc-client:" + address_key(request.client), self.auth
         state = self.signin.state
-        if await state.run("failures", key, auth.failure_window) >= auth.max_failures:
-            return _too_many(auth.failure_window)
-        result = await self.call(fn, req, secrets=True)
-        if result[0] == 401:
-            await state.run("add_failure", key)
+        checks = self._checks
+        while True:
+            left = auth.max_failures - await state.run("failures", key, auth.failure_window)
+            if left <= 0:
+                return _too_many(auth.failure_window)
+            if checks.under_way(key) < left:
+                break
+            await checks.one_ends(key)
+        checks.begin(key)
+        try:
+            result = await self.call(fn, req, secrets=True)
+            if result[0] == 401:
+                await state.run("add_failure", key)
+        finally:
+            checks.end(key)
         return result
 
     def stop(self) -> None:
@@ -177,6 +192,37 @@ async def _read_form(request) -> dict[str, list[str]] | None:
 _BAD_REQUEST = (400, [("Content-Type", "application/json"), ("Cache-Control", "no-store")],
                 json.dumps({"error": "invalid_request",
                             "error_description": "A malformed or oversized request."}).encode())
+
+
+class ChecksUnderWay:
+    """Client-secret checks under way in this worker, per client address, and a way to
+    wait for one of them to end."""
+
+    def __init__(self) -> None:
+        self._count: dict[str, int] = {}
+        self._ended: dict[str, asyncio.Future] = {}
+
+    def under_way(self, key: str) -> int:
+        return self._count.get(key, 0)
+
+    def begin(self, key: str) -> None:
+        self._count[key] = self._count.get(key, 0) + 1
+
+    def end(self, key: str) -> None:
+        left = self._count[key] - 1
+        if left:
+            self._count[key] = left
+        else:
+            del self._count[key]
+        ended = self._ended.pop(key, None)
+        if ended is not None and not ended.done():
+            ended.set_result(None)
+
+    async def one_ends(self, key: str) -> None:
+        ended = self._ended.get(key)
+        if ended is None:
+            ended = self._ended[key] = asyncio.get_running_loop().create_future()
+        await asyncio.shield(ended)
 
 
 def _too_many(window: float):
