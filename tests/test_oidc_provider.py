@@ -273,6 +273,10 @@ def test_explicit_consent_asks_and_a_public_client_redeems_with_pkce(rp):
     resp = rp.redeem(code, verifier, client_id="spa", secret=None,
                      redirect_uri="https://spa.test/cb")
     assert resp.status_code == 200, resp.text
+    # prompt=none shows no page: consent_required, for a client that asks silently
+    # (before: the consent page, which a hidden frame never shows).
+    resp, _ = rp.authorize(client_id="spa", redirect_uri="https://spa.test/cb", prompt="none")
+    _redirect_error(resp, "consent_required", "https://spa.test/cb")
 
 
 def test_two_instances_share_codes_grants_and_keys_through_redis(tmp_path, certs):

@@ -32,7 +32,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 from authlib.oauth2 import OAuth2Error
 from authlib.oauth2.base import invalid_error_characters
 from authlib.oauth2.rfc6749 import scope_to_list
-from authlib.oidc.core.errors import LoginRequiredError
+from authlib.oidc.core.errors import ConsentRequiredError, LoginRequiredError
 
 from nestgate.handlers.auth.oidc.config import (AUTHORIZE_PATH, DISCOVERY_PATH, JWKS_PATH,
                                                 REVOKE_PATH, TOKEN_PATH, USERINFO_PATH)
@@ -353,6 +353,14 @@ class Authorize(_Endpoint):
             return
         if decision is None and client.client.admits(user) and (
                 client.client.consent == "explicit" or getattr(grant, "prompt", "") == "consent"):
+            if "none" in _prompts(query):
+                # OpenID Connect Core 3.1.2.1: with prompt=none no page is shown; the
+                # client learns that the user must be asked (a silent check in a frame
+                # would otherwise wait for a page its frame may not show).
+                refusal = ConsentRequiredError(state=req.payload.state,
+                                               redirect_uri=grant.redirect_uri)
+                await _answer(request, provider.server.error(req, refusal))
+                return
             await self.consent_page(request, client.client, user, req)
             return
         granted = UserModel(user) if decision is not False and client.client.admits(user) \
@@ -367,7 +375,7 @@ class Authorize(_Endpoint):
         round for ever); the ID token's `auth_time` then tells the client when the user
         signed in. With `prompt=none` that cannot be: login_required. True when
         answered here."""
-        prompts = set(query.get("prompt", [""])[0].split())
+        prompts = _prompts(query)
         max_age = query.get("max_age", [None])[0]
         stale = max_age is not None and (
             not max_age.isdigit() or time.time() - req.auth_time > int(max_age))
@@ -401,6 +409,10 @@ class Authorize(_Endpoint):
                   '<button type="submit" name="decision" value="deny">Deny</button>')
         await self.provider.signin._form_page(request, 200, AUTHORIZE_PATH,
                                               f"Sign in to {client.name}", fields, "Allow")
+
+
+def _prompts(query: dict[str, list[str]]) -> set[str]:
+    return set(query.get("prompt", [""])[0].split())
 
 
 def _query_text(query: dict[str, list[str]]) -> str:
