@@ -10,6 +10,8 @@ import base64
 import hashlib
 import hmac
 import json
+import subprocess
+import sys
 import time
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
@@ -17,10 +19,10 @@ import httpx
 import pytest
 
 from browser import Browser as Chromium
-from conftest import HASH, HTML, Browser, Server, Upstream, _env, admin_headers
+from conftest import HASH, HTML, Browser, Server, Upstream, _env, admin_headers, admin_token
 from glewlwyd import Glewlwyd
-from nestgate.handlers.auth.oidc.client import Http, Provider, Refused
-from nestgate.handlers.auth.config import AuthConfig
+from nestgate.handlers.auth.oidc.client import Http, Provider, Refused, identity
+from nestgate.handlers.auth.config import AuthConfig, User
 from nestgate.handlers.auth.portal import SignIn
 from nestgate.handlers.auth.providers import OidcProvider
 
@@ -336,6 +338,60 @@ def test_a_sign_in_through_the_provider_is_one_factor_and_two_factor_refuses_it(
                        headers=admin_headers(port), timeout=10).json()["sessions"]
     factors = {tuple(s["factors"]) for s in listed if s["user"] in ("carol", "ann")}
     assert factors == {("oidc:glew",)}
+
+
+def test_a_provider_account_made_anew_under_a_user_s_name_is_not_that_user(world):
+    """carol's first sign-in binds nestgate's carol to her glewlwyd account (its `sub`).
+    An account made anew at glewlwyd with her name (hers deleted, the name taken
+    again) is refused, with a log line naming her and the provider, until the owner
+    unbinds her (`nestgate ctl unbind`); then the new account binds."""
+    provider, server, _site = world
+    first = visitor(server)
+    back = provider_answer(provider_session(provider, "carol"), to_provider(first))
+    assert first.request("GET", back)[0].status == 303
+    provider._call("DELETE", "/user/carol")
+    provider.add_user("carol", PASSWORDS["carol"])
+    taken = visitor(server)
+    start = len(server.lines)
+    back = provider_answer(provider_session(provider, "carol"), to_provider(taken))
+    resp, page = taken.request("GET", back, headers=HTML)
+    assert resp.status == 403 and b"is not the one that signs in as carol" in page, page
+    assert "nestgate_session" not in taken.jar
+    line = server.wait_for("carol is bound to another subject", start=start)
+    assert "glew" in line and provider.issuer in line
+    # The owner says the account is hers now: the next sign-in binds it.
+    port = server.admin_port()
+    unbind = subprocess.run(
+        [sys.executable, "-m", "nestgate", "ctl", "--address", f"127.0.0.1:{port}",
+         "--token", admin_token(port), "unbind", "--user", "carol"],
+        capture_output=True, text=True, env=_env(), timeout=30)
+    assert unbind.returncode == 0 and unbind.stdout == "unbound 1\n", unbind
+    again = visitor(server)
+    back = provider_answer(provider_session(provider, "carol"), to_provider(again))
+    assert again.request("GET", back)[0].status == 303
+    assert seen(again.request("GET", "/echo")[1])["remote-user"] == "carol"
+    answer = httpx.delete(f"http://127.0.0.1:{port}/v1/users/nobody/providers",
+                          headers=admin_headers(port), timeout=10)
+    assert answer.status_code == 200 and answer.json() == {"unbound": 0}
+
+
+def test_an_email_the_provider_has_not_verified_names_nobody(world):
+    """With `user_claim = "email"`, glewlwyd's real claims (an address, and no
+    email_verified) sign in as nobody, not even a configured user of that name."""
+    provider, server, _site = world
+    claims = check(provider.issuer, nestgate_token(provider, server, "n-7"), "n-7")
+    assert claims["email"] == "ann@example.test" and "email_verified" not in claims
+    by_email = OidcProvider("glew", provider.issuer, "nestgate", SECRET, user_claim="email")
+    ann = User("ann@example.test", "", groups=("family",))
+    for unverified in (claims, {**claims, "email_verified": False},
+                       {**claims, "email_verified": "true"}):
+        with pytest.raises(Refused, match="email_verified is not true") as info:
+            identity(by_email, unverified, [ann], frozenset())
+        assert info.value.status == 403 and "has not verified" in info.value.message
+    assert identity(by_email, {**claims, "email_verified": True}, [ann], frozenset()) is ann
+    # A claim other than the address is not held to it.
+    assert identity(OidcProvider("glew", provider.issuer, "nestgate", SECRET), claims,
+                    [User("ann", "")], frozenset()).name == "ann"
 
 
 def test_forward_auth_answers_a_provider_s_user_as_the_gate_does(world):

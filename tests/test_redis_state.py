@@ -529,3 +529,28 @@ def test_passkeys_and_recovery_codes_are_shared_and_single_use_over_both_instanc
     assert fresh.post_form("/__auth__/account", {"csrf": fresh_csrf, "revoke": cred})[0] \
         .status == 303
     assert softauthn.sign_in(Browser(b.port()), key)[0].status == 401
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_a_user_stays_bound_to_the_provider_account_that_came_first(backend, request,
+                                                                     tmp_path):
+    """The binding of a configured user to a provider's subject, in either store: the
+    first subject stays, per provider, until the owner unbinds the user."""
+    from nestgate.handlers.auth.redisstore import RedisStore, redis_locator
+    from nestgate.handlers.auth.store import Store
+    if backend == "redis":
+        store = RedisStore(redis_locator(request.getfixturevalue("redis_server").url, "b:"))
+    else:
+        store = Store(str(tmp_path / "state.db"))
+    one, two = "https://id.example.test", "https://other.example.test"
+    try:
+        assert store.bind_subject(one, "carol", "sub-1") == "sub-1"
+        assert store.bind_subject(one, "carol", "sub-2") == "sub-1"     # renamed account
+        assert store.bind_subject(two, "carol", "sub-2") == "sub-2"     # another provider
+        assert store.bind_subject(one, "ann", "sub-2") == "sub-2"       # another user
+        assert store.unbind_subjects("carol") == 2
+        assert store.unbind_subjects("carol") == 0
+        assert store.bind_subject(one, "carol", "sub-2") == "sub-2"     # made anew
+        assert store.bind_subject(one, "ann", "sub-1") == "sub-2"
+    finally:
+        store.close()

@@ -29,7 +29,7 @@ from nestgate.admin import metrics
 from nestgate.admin.answers import AnswerCounts
 from nestgate.admin.guessing import Guesses, Held, given_token
 from nestgate.admin.origin import OwnAddress, SameOrigin, ip_loopback
-from nestgate.admin.stateapi import AllowList, Passkeys, Sessions
+from nestgate.admin.stateapi import AllowList, Passkeys, ProviderBindings, Sessions
 from nestgate.admin.configapi import ConfigAPI
 from nestgate.admin.operations import Operations
 from nestgate.admin.replies import error, method_not_allowed, reply
@@ -318,6 +318,8 @@ def admin_router(state: AdminState, config, store_path: str = "") -> Router:
     site.add_exact("/v1/sessions", sessions)
     site.add_exact("/v1/sessions/{id}", sessions)
     site.add_exact("/v1/users/{user}/sessions", sessions)
+    site.add_exact("/v1/users/{user}/providers",
+                   ProviderBindings(store_path, state.audit, error, reply))
     from nestgate.admin.oidcapi import Grants
     site.add_exact("/v1/oidc/clients", Endpoint(state.oidc_clients))
     grants = Grants(store_path, state.audit, error, reply)

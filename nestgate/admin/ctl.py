@@ -13,6 +13,8 @@
     nestgate ctl sessions                          the live sign-in sessions
     nestgate ctl revoke ID | --user NAME           end one session, or all of a user's
     nestgate ctl users                             the users and their groups
+    nestgate ctl unbind --user NAME                forget the provider accounts NAME signed
+                                                   in through first (made anew there)
     nestgate ctl passkeys [--user NAME]            the registered passkeys
     nestgate ctl passkeys revoke ID                revoke one
 
@@ -36,7 +38,7 @@ from urllib.parse import quote
 NOT_READY, CONFIG_PROBLEMS, UNREACHABLE = 1, 2, 3
 PATHS = {"status": "/v1/status", "ready": "/v1/ready", "metrics": "/metrics",
          "reload": "/v1/config/reload", "allow": "/v1/allow", "sessions": "/v1/sessions",
-         "revoke": "/v1/sessions", "users": "/v1/users", "validate": "/v1/config/validate",
+         "revoke": "/v1/sessions", "users": "/v1/users", "unbind": "/v1/users", "validate": "/v1/config/validate",
          "upstreams": "/v1/upstreams", "drain": "/v1/upstreams/drain",
          "undrain": "/v1/upstreams/undrain", "purge": "/v1/notes/purge",
          "reread": "/v1/notes/reread", "install-cert": "/v1/certificates",
@@ -48,7 +50,7 @@ _POSTS = frozenset(("reload", "purge", "reread"))
 def ctl_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nestgate ctl", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.split("\n")[2:20]))
+                                     epilog="\n".join(__doc__.split("\n")[2:22]))
     parser.add_argument("what", choices=sorted(PATHS))
     parser.add_argument("rest", nargs="*", help="for allow: list, add CIDR, remove ID; "
                         "for revoke: a session id; for validate: a file; for drain and "
@@ -60,7 +62,7 @@ def ctl_main(argv: list[str]) -> int:
                         help="allow add: take 0.0.0.0/0 or ::/0 (every address), which "
                         "is refused without it")
     parser.add_argument("--user", help="revoke: every session of this user; passkeys: "
-                        "this user's")
+                        "this user's; unbind: this user")
     parser.add_argument("--cert", help="install-cert: the PEM chain file")
     parser.add_argument("--key", help="install-cert: the PEM key file")
     parser.add_argument("--config", metavar="FILE", help="the server's config file")
@@ -137,6 +139,8 @@ def ctl_main(argv: list[str]) -> int:
                   f"seen {_when(s['last_seen'])}  until {_when(s['expires'])}")
     elif args.what == "revoke":
         print(f"revoked {answer['revoked']}")
+    elif args.what == "unbind":
+        print(f"unbound {answer['unbound']}")
     elif args.what == "passkeys":
         for p in answer["passkeys"]:
             print(f"{p['id']}  {p['user']:<16}  {p['name']:<24}  "
@@ -195,6 +199,9 @@ def _request(args):
         if len(rest) == 1 and not args.user:
             return "DELETE", f"/v1/sessions/{quote(rest[0], safe='')}", None, ""
         return None
+    if what == "unbind":
+        return ("DELETE", f"/v1/users/{quote(args.user, safe='')}/providers", None, "") \
+            if args.user and not rest else None
     if what == "passkeys":
         if not rest:
             query = f"?user={quote(args.user, safe='')}" if args.user else ""

@@ -238,6 +238,10 @@ PATHS = {
     "/v1/users/{user}/sessions": {"delete": _op("Revoke all of a user's sessions", {
         "200": _json(_obj({"revoked": _INT}, ("revoked",)), "revoked"), "409": _ERROR,
         "503": _ERROR}, parameters=("user",))},
+    "/v1/users/{user}/providers": {"delete": _op(
+        "Unbind the provider accounts a user signed in through first (made anew there)", {
+            "200": _json(_obj({"unbound": _INT}, ("unbound",)), "unbound"), "409": _ERROR,
+            "503": _ERROR}, parameters=("user",))},
     "/v1/oidc/clients": {"get": _op("The OpenID provider's clients (never a secret's hash)", {
         "200": _json(_obj({"clients": {"type": "array", "items": _CLIENT}}, ("clients",)),
                      "the clients")})},

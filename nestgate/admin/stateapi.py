@@ -9,6 +9,8 @@ a reload.
     GET    /v1/sessions               the live sign-in sessions (never their secret)
     DELETE /v1/sessions/{id}          revoke one
     DELETE /v1/users/{name}/sessions  revoke all of a user's
+    DELETE /v1/users/{name}/providers unbind the provider accounts the user signed in
+                                      through first (the next sign-in binds anew)
     GET    /v1/passkeys               the registered passkeys (?user=NAME: one user's)
     DELETE /v1/passkeys/{id}          revoke one (its id: the credential id, base64url)
 """
@@ -190,6 +192,23 @@ class Sessions(StoreEndpoint):
 
 
 SESSION_ID_HEX = 16
+
+
+class ProviderBindings(StoreEndpoint):
+    """A configured user's bindings to provider accounts (nestgate.handlers.auth.oidc.
+    client.bound_subject), undone when the person's account at a provider was made
+    anew: the next sign-in through each provider binds the account it comes from."""
+
+    __slots__ = ()
+
+    async def answer(self, request) -> str:
+        if request.method != b"DELETE":
+            return "DELETE"
+        user = request.params["user"]
+        count = self.ask("unbind_subjects", user)
+        self.audit(request, "users.unbind_providers", {"user": user, "unbound": count})
+        await self.reply(request, 200, {"unbound": count})
+        return ""
 
 
 class Passkeys(StoreEndpoint):

@@ -25,6 +25,7 @@ Keys (all under the configured prefix, `nestgate:` by default):
     ceremony:<id hex>       hash: challenge, purpose, user, bound; expires with the ceremony
     ceremonies              sorted set of ceremony ids by expiry (how many are under way)
     recovery:<user>         set of the hashes of a user's unused recovery codes
+    subjects:<user>         hash: provider issuer -> the subject the user is bound to
 
 The checks that must not race between instances (a sign-in attempt counted before the
 next is judged, a TOTP step used once, a passkey's counter only going up) are Lua
@@ -402,6 +403,21 @@ class RedisStore:
 
     def recovery_left(self, user: str) -> int:
         return self.db.scard(self.key("recovery", user))
+
+    # ------------------------------------------------------ provider accounts
+    def bind_subject(self, issuer: str, user: str, subject: str) -> str:
+        key = self.key("subjects", user)
+        with self.db.pipeline() as pipe:       # MULTI: HSETNX then the field, at once
+            pipe.hsetnx(key, issuer, subject)
+            pipe.hget(key, issuer)
+            return pipe.execute()[1].decode()
+
+    def unbind_subjects(self, user: str) -> int:
+        key = self.key("subjects", user)
+        with self.db.pipeline() as pipe:
+            pipe.hlen(key)
+            pipe.delete(key)
+            return pipe.execute()[0]
 
     # ------------------------------------------------------ dynamic allow-list
     def add_allow(self, cidr: str, ttl: float, comment: str = "") -> int:

@@ -1,7 +1,8 @@
 """The state every worker shares: sessions (with the factors they were signed in
 with), failed sign-ins (per address and per account), the addresses each user signed
 in from, the last TOTP step each user signed in with, dynamic allow entries, passkeys
-(WebAuthn credentials), the WebAuthn ceremonies under way, hashed recovery codes.
+(WebAuthn credentials), the WebAuthn ceremonies under way, hashed recovery codes, the
+provider account each configured user signed in through first.
 
 One SQLite file (WAL, so readers never wait for the writer) opened by each worker.
 The supervisor creates and migrates it once (`prepare_store`) before any worker
@@ -72,6 +73,9 @@ CREATE TABLE IF NOT EXISTS bans (
     network TEXT PRIMARY KEY, until REAL NOT NULL, origin TEXT NOT NULL, rule TEXT NOT NULL,
     reason TEXT NOT NULL, answer TEXT NOT NULL, strikes INTEGER NOT NULL,
     created REAL NOT NULL, forget REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS provider_subjects (
+    issuer TEXT NOT NULL, user TEXT NOT NULL, subject TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (issuer, user));
 """
 # Columns added after a table was first made: (table, column, definition). `migrate`
 # adds the missing ones to a store made by an older version.
@@ -348,6 +352,22 @@ class Store:
     def recovery_left(self, user: str) -> int:
         return self.db.execute("SELECT count(*) FROM recovery_codes WHERE user = ?",
                                (user,)).fetchone()[0]
+
+    # ------------------------------------------------------ provider accounts
+    def bind_subject(self, issuer: str, user: str, subject: str) -> str:
+        """The subject of `issuer` that `user` is bound to: `subject` when none was
+        (it is now), else the one bound first. One statement each way, so two first
+        sign-ins at once bind one subject."""
+        self.db.execute("INSERT OR IGNORE INTO provider_subjects (issuer, user, subject, "
+                        "created) VALUES (?, ?, ?, ?)", (issuer, user, subject, time.time()))
+        return self.db.execute("SELECT subject FROM provider_subjects WHERE issuer = ? AND "
+                               "user = ?", (issuer, user)).fetchone()[0]
+
+    def unbind_subjects(self, user: str) -> int:
+        """Forget which provider accounts `user` is bound to: the next sign-in through
+        each provider binds anew. How many bindings there were."""
+        return self.db.execute("DELETE FROM provider_subjects WHERE user = ?",
+                               (user,)).rowcount
 
     # ------------------------------------------------------ dynamic allow-list
     def add_allow(self, cidr: str, ttl: float, comment: str = "") -> int:

@@ -19,7 +19,11 @@ and kept for an hour; a token signed with a key id the cached JWKS lacks fetches
 again once (the provider rotated its keys). Its answers are read up to MAX_ANSWER.
 
 Which nestgate user the claims make (`identity`): `user_claim` names the user. A
-configured user of that name is that user (their groups and details, as configured).
+configured user of that name is that user (their groups and details, as configured),
+and stays bound to the provider's account (`sub`) that first signed in as them
+(`bound_subject`): a name is not unique at a provider over time (OpenID Connect Core
+5.7), so an account renamed, or made anew, to a configured user's name is refused.
+An `email` user claim counts only with `email_verified` true.
 Anyone else enters as themselves only with `allow_unknown`, or when a group from
 `groups_claim` is a group this config knows. A provider's `allowed_users` and
 `allowed_groups` come first: a subject outside them is refused. Names and groups
@@ -361,6 +365,11 @@ def identity(provider, claims: dict, config_users, known_groups) -> User:
     if not isinstance(name, str) or not _NAME_TEXT.fullmatch(name):
         raise Refused(403, "The sign-in provider did not say who you are.",
                       f"claim {provider.user_claim!r} is {name!r}")
+    # An address names someone only once the provider has checked that they receive
+    # its mail: anyone may type any address into a new account at most providers.
+    if provider.user_claim == "email" and claims.get("email_verified") is not True:
+        raise Refused(403, f"{provider.label} has not verified the address {name}, so it "
+                      "cannot sign you in here.", f"{name}: email_verified is not true")
     groups = _groups(claims.get(provider.groups_claim)) if provider.groups_claim else ()
     if (provider.allowed_users or provider.allowed_groups) \
             and name not in provider.allowed_users \
@@ -375,6 +384,19 @@ def identity(provider, claims: dict, config_users, known_groups) -> User:
                       f"{name}: no such user, and no known group among {list(groups)}")
     return User(name, "", groups=groups, display_name=_line(claims.get("name")),
                 email=_line(claims.get("email")))
+
+
+async def bound_subject(state, provider, user_name: str, subject: str) -> None:
+    """Trust on first use: the first sign-in through `provider` as the configured user
+    `user_name` binds that user to the provider's `subject` in the shared state; a
+    sign-in by another subject is Refused(403). The binding is undone through the
+    admin API (DELETE /v1/users/{name}/providers) when the person's account at the
+    provider was made anew."""
+    bound = await state.run("bind_subject", provider.issuer, user_name, subject)
+    if bound != subject:
+        raise Refused(403, f"This {provider.label} account is not the one that signs in "
+                      f"as {user_name} here.",
+                      f"{user_name} is bound to another subject of {provider.issuer}")
 
 
 def _groups(value) -> tuple[str, ...]:

@@ -15,8 +15,8 @@ from urllib.parse import parse_qs
 
 from nestgate.handlers.auth.config import OIDC_PATH
 from nestgate.handlers.auth.oidc.client import (FLOW_COOKIE, FLOW_TTL, Flow, Refused,
-                                                callback_path, identity, provider_factor,
-                                                session_identity)
+                                                bound_subject, callback_path, identity,
+                                                provider_factor, session_identity)
 from nestgate.handlers.auth.portal import cookies, safe_next
 from nestgate.base.tally import TALLY
 
@@ -128,4 +128,6 @@ class ProviderCallback(_ProviderPage):
         claims, id_token = await provider.claims(query["code"], flow)
         user = identity(provider.cfg, claims, signin.cfg.users, signin.known_groups)
         configured = signin.cfg.user(user.name) is not None
+        if configured:
+            await bound_subject(signin.state, provider.cfg, user.name, str(claims["sub"]))
         return user.name, session_identity(provider.cfg.name, user, configured, id_token)
