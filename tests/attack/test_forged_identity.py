@@ -18,6 +18,7 @@ import socket
 import time
 
 from conftest import PASSWORD_HASH, Browser
+from h2client import H2Client
 
 REQUESTS = 4_000
 BATCH = 200
@@ -165,6 +166,19 @@ def test_underscore_spellings_never_reach_the_upstream(start_server, upstream):
                     and v != "bob"], request
 
 
+def _no_forged_spelling_reached(requests) -> None:
+    """The upstream saw /x then /open/x, no field spelt with `.` or `_`, and nothing a
+    CGI server (PHP) would read as the identity or the client's address but nestgate's."""
+    assert [r["target"] for r in requests] == ["/x", "/open/x"]
+    for request in requests:
+        names = [n for n, _v in request["headers"]]
+        assert not [n for n in names if "." in n or "_" in n], (request["target"], names)
+        php = [(n.replace("-", "_").replace(".", "_"), v) for n, v in request["headers"]]
+        assert not [v for n, v in php if n in ("remote_user", "x_webauth_user")
+                    and v != "bob"], request
+        assert not [v for n, v in php if n == "x_forwarded_for" and v != "127.0.0.1"]
+
+
 def test_dot_spellings_never_reach_the_upstream(start_server, upstream):
     """`Remote.User: ann` went upstream beside nestgate's `Remote-User: bob`: Caddy's
     php_fastcgi passes it to PHP as HTTP_REMOTE.USER, which PHP registers as
@@ -180,11 +194,26 @@ def test_dot_spellings_never_reach_the_upstream(start_server, upstream):
     for path, cookies in (("/x", True), ("/open/x", False)):
         resp, _ = bob.request("GET", path, headers=forged, cookies=cookies)
         assert resp.status == 200, (path, resp.status)
-    assert [r["target"] for r in up.requests] == ["/x", "/open/x"]
-    for request in up.requests:
-        names = [n for n, _v in request["headers"]]
-        assert not [n for n in names if "." in n or "_" in n], (request["target"], names)
-        php = [(n.replace("-", "_").replace(".", "_"), v) for n, v in request["headers"]]
-        assert not [v for n, v in php if n in ("remote_user", "x_webauth_user")
-                    and v != "bob"], request
-        assert not [v for n, v in php if n == "x_forwarded_for" and v != "127.0.0.1"]
+    _no_forged_spelling_reached(up.requests)
+
+
+def test_dot_spellings_never_reach_the_upstream_over_http2(start_server, upstream):
+    """The same forged spellings in an HTTP/2 request (h2c), signed in and on the open
+    route: dropped as over HTTP/1.1."""
+    up = upstream()
+    server = start_server(CONFIG.replace("{up}", up.url).replace(
+        'address = "127.0.0.1:0"', 'address = "127.0.0.1:0"\nhttp2_cleartext = true', 1))
+    bob = Browser(server.port(), "home.test")
+    assert bob.sign_in("bob")[0].status == 303
+    cookie = "; ".join(f"{k}={v}" for k, v in bob.jar.items()).encode()
+    forged = [(b"remote.user", b"ann"), (b"x.webauth.user", b"ann"),
+              (b"x_webauth.user", b"ann"), (b"x.forwarded.for", b"10.0.0.1")]
+    client = H2Client(server.port(), None, server_hostname="home.test")
+    try:
+        status, _h, _b = client.request("GET", "/x", headers=[(b"cookie", cookie), *forged])
+        assert status == 200
+        status, _h, _b = client.request("GET", "/open/x", headers=forged)
+        assert status == 200
+    finally:
+        client.close()
+    _no_forged_spelling_reached(up.requests)
